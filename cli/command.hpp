@@ -1,0 +1,12 @@
+#pragma once
+// Subcommands of the one `conveyor` executable. Each returns the process exit code.
+#include <string>
+#include <vector>
+
+namespace conveyor::cli {
+
+using args = std::vector<std::string>;
+
+int generate_main(const args& argv);
+
+}  // namespace conveyor::cli

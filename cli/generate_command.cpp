@@ -1,0 +1,84 @@
+// conveyor generate: the engine alone, in one process, on the CPU backend.
+#include <cstdio>
+
+#include "command.hpp"
+#include "conveyor/engine/local_pipeline.hpp"
+#include "conveyor/kernels/cpu_backend.hpp"
+#include "flags.hpp"
+
+namespace conveyor::cli {
+
+namespace {
+
+int fail(const error& e) {
+  std::fprintf(stderr, "conveyor generate: %s\n", e.message.c_str());
+  return 1;
+}
+
+}  // namespace
+
+int generate_main(const args& argv) {
+  auto f = flags::parse(argv, {"model", "prompt-ids", "max-new-tokens", "temperature", "top-k", "top-p", "seed",
+                               "stages", "format", "ignore-eos", "threads"},
+                        {"ignore-eos"});
+  if (!f) return fail(f.err());
+  auto model = f->get("model");
+  if (!model) return fail(make_error(errc::invalid_argument, "--model DIR is required"));
+  if (!f->has("prompt-ids")) return fail(make_error(errc::invalid_argument, "--prompt-ids 1,2,3 is required"));
+  auto ids = f->get_int_list("prompt-ids");
+  if (!ids) return fail(ids.err());
+  if (ids->empty()) return fail(make_error(errc::invalid_argument, "--prompt-ids is empty"));
+  auto max_new = f->get_int("max-new-tokens", 16, 0, 1 << 20);
+  auto temperature = f->get_double("temperature", 0.0, 0.0, 100.0);
+  auto top_k = f->get_int("top-k", 0, 0, 1 << 30);
+  auto top_p = f->get_double("top-p", 1.0, 1e-6, 1.0);
+  auto seed = f->get_int("seed", 0, 0, INT64_MAX);
+  auto stages = f->get_int("stages", 1, 1, 1 << 16);
+  auto threads = f->get_int("threads", 0, 0, 4096);
+  for (const auto* r : {&max_new, &top_k, &seed, &stages, &threads}) {
+    if (!*r) return fail(r->err());
+  }
+  for (const auto* r : {&temperature, &top_p}) {
+    if (!*r) return fail(r->err());
+  }
+  const std::string format = f->get("format").value_or("json");
+  if (format != "json" && format != "text") {
+    return fail(make_error(errc::invalid_argument, "--format must be json or text, got \"" + format + "\""));
+  }
+
+  auto backend = kernels::make_cpu_backend({static_cast<int>(*threads)});
+  engine::executor_options opts;
+  const int context = static_cast<int>(ids->size() + *max_new);
+  opts.kv_block_size = 16;
+  opts.kv_blocks = std::max(1, (context + 15) / 16);
+  opts.max_step_tokens = std::max(1, std::min(static_cast<int>(ids->size()), 2048));
+  opts.max_seqs = 1;
+  auto pipe = engine::local_pipeline::create(*backend, *model, static_cast<int>(*stages), opts);
+  if (!pipe) return fail(pipe.err());
+  if (context > (*pipe)->config().max_position_embeddings) {
+    std::fprintf(stderr, "conveyor generate: warning: %d tokens exceed max_position_embeddings (%d)\n", context,
+                 (*pipe)->config().max_position_embeddings);
+  }
+  engine::generation_request req;
+  req.prompt.assign(ids->begin(), ids->end());
+  req.max_new_tokens = static_cast<int>(*max_new);
+  req.sampling.temperature = static_cast<float>(*temperature);
+  req.sampling.top_k = static_cast<int>(*top_k);
+  req.sampling.top_p = static_cast<float>(*top_p);
+  req.sampling.seed = static_cast<std::uint64_t>(*seed);
+  req.stop_at_eos = !f->has("ignore-eos");
+  auto res = (*pipe)->generate({req});
+  if (!res) return fail(res.err());
+  const auto& toks = (*res)[0].tokens;
+  if (format == "json") {
+    std::printf("{\"tokens\":[");
+    for (std::size_t i = 0; i < toks.size(); ++i) std::printf("%s%d", i ? "," : "", toks[i]);
+    std::printf("],\"finish_reason\":\"%s\"}\n", (*res)[0].finish_reason.c_str());
+  } else {
+    for (std::size_t i = 0; i < toks.size(); ++i) std::printf("%s%d", i ? " " : "", toks[i]);
+    std::printf("\n");
+  }
+  return 0;
+}
+
+}  // namespace conveyor::cli

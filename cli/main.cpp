@@ -1,0 +1,39 @@
+// conveyor: one executable, many subcommands (generate now; serve, worker, client, launch, plan,
+// bench come with later issues).
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "command.hpp"
+
+namespace {
+
+void usage(std::FILE* out) {
+  std::fputs(
+      "usage: conveyor <command> [flags]\n"
+      "commands:\n"
+      "  generate   run a model in this process and print new token ids\n"
+      "             --model DIR --prompt-ids 1,2,3 [--max-new-tokens N] [--temperature T]\n"
+      "             [--top-k K] [--top-p P] [--seed S] [--stages K] [--format json|text]\n"
+      "             [--ignore-eos] [--threads N]\n"
+      "  help       this text\n",
+      out);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    usage(stderr);
+    return 2;
+  }
+  const std::string cmd = argv[1];
+  conveyor::cli::args rest(argv + 2, argv + argc);
+  if (cmd == "generate") return conveyor::cli::generate_main(rest);
+  if (cmd == "help" || cmd == "--help" || cmd == "-h") {
+    usage(stdout);
+    return 0;
+  }
+  std::fprintf(stderr, "conveyor: unknown command \"%s\" (try: conveyor help)\n", cmd.c_str());
+  return 2;
+}

@@ -1,0 +1,136 @@
+#pragma once
+// The backend interface: a small table of operations with declared capabilities (after ggml's backend).
+// The engine plans a step on the host, then calls these ops with pointers into backend memory; the ops
+// never allocate, so a decode step can later be captured in a CUDA graph. Host-only header: the engine
+// compiles without nvcc.
+//
+// Shapes and layouts shared by every backend (the contract a CUDA twin must meet):
+// - Activations are row-major [rows, width] in caps().act_dtype.
+// - A weight matrix is [rows = out_features, cols = in_features] (HF's nn.Linear layout), stored in
+//   caps().weight_dtype; `linear` computes out = x · Wᵀ (+ bias).
+// - The packed qkv row of one token is [q heads | k heads | v heads], each head `head_dim` wide.
+// - The gate_up row of one token is [gate (ffn) | up (ffn)].
+// - The paged KV cache of one layer is [num_blocks, block_size, num_kv_heads, head_dim] for K and
+//   the same for V; a token's slot is block * block_size + offset.
+// - Query row i of sequence s (rows q_start[s] .. q_start[s+1]) sits at position
+//   ctx_len[s] - (q_start[s+1] - q_start[s]) + (i - q_start[s]) and attends causally to keys
+//   max(0, pos - window + 1) .. pos (window 0 = unlimited).
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "conveyor/kernels/dtype.hpp"
+
+namespace conveyor::kernels {
+
+/// A matrix or vector in a backend's memory. Vectors have rows == 1.
+struct weight {
+  const void* data = nullptr;
+  dtype type = dtype::f32;
+  std::int64_t rows = 0;
+  std::int64_t cols = 0;
+  bool empty() const { return data == nullptr; }
+};
+
+struct backend_caps {
+  std::string name;             ///< "cpu", "cuda"
+  bool host_memory = true;      ///< backend pointers can be read by the host directly
+  dtype act_dtype = dtype::f32;     ///< activations, residual stream and logits
+  dtype weight_dtype = dtype::f32;  ///< what upload_weight converts to
+  dtype kv_dtype = dtype::f32;      ///< K/V cache elements
+};
+
+/// Head geometry of one attention layer.
+struct attn_shape {
+  int num_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  float scale = 1.0f;      ///< softmax scale, normally 1/sqrt(head_dim)
+  int sliding_window = 0;  ///< 0 = attend to the whole context
+};
+
+struct kv_layout {
+  int num_blocks = 0;
+  int block_size = 0;
+};
+
+/// Per-sequence description of a batched attention call; all pointers are in backend memory.
+struct attention_batch {
+  int num_seqs = 0;
+  const std::int32_t* q_start = nullptr;      ///< [num_seqs + 1]
+  const std::int32_t* ctx_len = nullptr;      ///< [num_seqs] keys cached after this step's write
+  const std::int32_t* block_table = nullptr;  ///< [num_seqs, max_blocks_per_seq]
+  int max_blocks_per_seq = 0;
+  int max_ctx_len = 0;  ///< host-known maxima, for launch planning
+  int max_q_len = 0;
+};
+
+/// Sampling of one row of logits. temperature <= 0 or top_k == 1 means greedy.
+struct sample_params {
+  float temperature = 0.0f;
+  int top_k = 0;        ///< 0 = no limit
+  float top_p = 1.0f;   ///< 1 = no limit
+  std::uint64_t seed = 0;
+  std::uint64_t step = 0;  ///< position of the token drawn; with seed it fixes the random number
+};
+
+/// Interface of a compute backend. One instance owns one device stream; calls are ordered.
+class backend {
+ public:
+  virtual ~backend() = default;
+  virtual const backend_caps& caps() const = 0;
+
+  // --- memory ---
+  /// Returns nullptr when the memory is not available (the engine turns that into an error value).
+  virtual void* alloc(std::size_t bytes) = 0;
+  virtual void release(void* ptr) = 0;
+  virtual void upload(void* dst, const void* host_src, std::size_t bytes) = 0;
+  virtual void download(void* host_dst, const void* src, std::size_t bytes) = 0;
+  virtual void fill_bytes(void* dst, std::uint8_t value, std::size_t bytes) = 0;
+  /// Waits for every op issued so far.
+  virtual void synchronize() = 0;
+  /// Free and total bytes of the memory this backend allocates from.
+  virtual void memory_info(std::size_t* free_bytes, std::size_t* total_bytes) = 0;
+
+  /// Copies a host tensor of `src_type` into backend memory as caps().weight_dtype (or f32 for
+  /// vectors: norms and biases stay f32 everywhere). Returns an empty weight when out of memory.
+  virtual weight upload_weight(const void* host_src, dtype src_type, std::int64_t rows,
+                               std::int64_t cols, bool is_vector) = 0;
+  /// Converts `count` activations to float32 on the host (for logits, tests and transport).
+  virtual void read_f32(const void* src, std::size_t count, float* host_dst) = 0;
+  /// Writes host float32 values as activations (for activations received from another stage).
+  virtual void write_f32(void* dst, const float* host_src, std::size_t count) = 0;
+
+  // --- ops ---
+  virtual void embedding(const std::int32_t* ids, int n, const weight& table, void* out) = 0;
+  /// out = rmsnorm(x) * w
+  virtual void rmsnorm(const void* x, int n, int width, const weight& w, float eps, void* out) = 0;
+  /// residual += x; out = rmsnorm(residual) * w
+  virtual void add_rmsnorm(void* residual, const void* x, int n, int width, const weight& w,
+                           float eps, void* out) = 0;
+  /// acc += x over `count` elements
+  virtual void add(void* acc, const void* x, std::size_t count) = 0;
+  /// out[n, w.rows] = x[n, w.cols] · wᵀ + bias (bias may be empty)
+  virtual void linear(const void* x, int n, const weight& w, const weight& bias, void* out) = 0;
+  /// Rotates the q and k heads of packed qkv rows in place (HF's rotate_half convention).
+  /// inv_freq: [head_dim / 2] float32 in backend memory, scaling already applied.
+  virtual void rope(void* qkv, int n, const attn_shape& shape, const std::int32_t* positions,
+                    const float* inv_freq, float attention_scaling) = 0;
+  /// Stores the k and v heads of packed qkv rows into the cache slots.
+  virtual void kv_write(const void* qkv, int n, const attn_shape& shape, const std::int32_t* slots,
+                        const kv_layout& layout, void* k_cache, void* v_cache) = 0;
+  /// out[n, num_heads * head_dim] = softmax(q kᵀ · scale + causal mask) v over the paged cache.
+  virtual void attention(const void* qkv, const attn_shape& shape, const attention_batch& batch,
+                         const kv_layout& layout, const void* k_cache, const void* v_cache,
+                         void* out) = 0;
+  /// out[n, ffn] = silu(gate) * up, from gate_up rows [gate | up].
+  virtual void silu_mul(const void* gate_up, int n, int ffn, void* out) = 0;
+  /// out[i] = x[rows[i]] for i < n, each row `width` activations.
+  virtual void gather_rows(const void* x, const std::int32_t* rows, int n, int width,
+                           void* out) = 0;
+  /// Draws one token per row of logits[n, vocab]. params and tokens are host arrays.
+  virtual void sample(const void* logits, int n, int vocab, const sample_params* params,
+                      std::int32_t* tokens) = 0;
+};
+
+}  // namespace conveyor::kernels

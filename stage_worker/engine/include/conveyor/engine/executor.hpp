@@ -1,0 +1,82 @@
+#pragma once
+// Runs a stage's layer range on a batch of sequences: plan on the host (validate, build index
+// arrays), then run the backend's ops over preallocated workspace, never allocating per step.
+#include <functional>
+#include <memory>
+#include <span>
+
+#include "conveyor/base/result.hpp"
+#include "conveyor/engine/checkpoint.hpp"
+#include "conveyor/engine/kv_cache.hpp"
+#include "conveyor/engine/model_config.hpp"
+#include "conveyor/engine/stage.hpp"
+#include "conveyor/engine/stage_weights.hpp"
+#include "conveyor/engine/step_plan.hpp"
+#include "conveyor/kernels/backend.hpp"
+
+namespace conveyor::engine {
+
+struct executor_options {
+  int max_step_tokens = 1024;  ///< tokens per step the workspace is sized for
+  int max_seqs = 256;          ///< sequences per step
+  int kv_blocks = 256;         ///< blocks in this stage's KV pools
+  int kv_block_size = 16;
+};
+
+/// Called with the residual stream at model layer `index` (index = input of that layer; index ==
+/// num_layers is the output of the final norm), [rows, hidden] float32 on the host.
+using hidden_observer = std::function<void(int index, std::span<const float> hidden)>;
+
+class stage_executor {
+ public:
+  static result<std::unique_ptr<stage_executor>> create(kernels::backend& backend, checkpoint& ckpt,
+                                                        const model_config& config, stage_range range,
+                                                        const executor_options& options);
+
+  /// Runs one step. `hidden_in` is [num_tokens, hidden] float32 for a stage without the embedding
+  /// and empty for the first stage. Bad plans (ids out of range, short block tables, too many
+  /// tokens) are errors, not crashes.
+  result<step_output> run(const step_plan& plan, std::span<const float> hidden_in);
+
+  /// Test hook: observe the residual stream between layers (slower: it materialises each layer's output).
+  void set_observer(hidden_observer observer) { observer_ = std::move(observer); }
+
+  const model_config& config() const { return config_; }
+  stage_range range() const { return range_; }
+  const executor_options& options() const { return options_; }
+  std::size_t weight_bytes() const { return weights_->bytes; }
+  std::size_t kv_bytes() const { return kv_.bytes(); }
+
+ private:
+  stage_executor(kernels::backend& b, const model_config& c, stage_range r, const executor_options& o)
+      : backend_(b), config_(c), range_(r), options_(o) {}
+  status validate(const step_plan& plan, std::span<const float> hidden_in) const;
+  void upload_plan(const step_plan& plan);
+  void run_layer(int layer_index, int n, bool first);
+  void observe(int index, const void* data, int rows);
+
+  kernels::backend& backend_;
+  model_config config_;
+  stage_range range_;
+  executor_options options_;
+  std::unique_ptr<stage_weights> weights_;
+  kv_pools kv_;
+  device_buffer inv_freq_;
+  float attention_scaling_ = 1.0f;
+  kernels::attn_shape shape_;
+  int max_blocks_per_seq_ = 0;
+  int table_stride_ = 1;  ///< block-table row length of the current step
+
+  // Workspace (activations) and the plan's index arrays, sized once at create.
+  device_buffer residual_, normed_, qkv_, attn_, delta_, gate_up_, act_, head_in_, logits_;
+  device_buffer plan_ints_;
+  std::vector<std::int32_t> host_ints_;
+  struct plan_view {
+    const std::int32_t *ids, *positions, *slots, *q_start, *ctx_len, *block_table, *logit_rows;
+    int num_tokens, num_seqs, num_logit_rows, max_ctx, max_q;
+  } pv_{};
+  hidden_observer observer_;
+  std::vector<float> observe_buf_;
+};
+
+}  // namespace conveyor::engine

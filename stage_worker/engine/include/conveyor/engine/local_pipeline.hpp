@@ -1,0 +1,54 @@
+#pragma once
+// K consecutive stages in one process, activations handed from one to the next: the engine's own
+// driver for `conveyor generate`, the golden tests and the GPU benchmarks (no actors involved).
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "conveyor/base/result.hpp"
+#include "conveyor/engine/executor.hpp"
+#include "conveyor/engine/kv_cache.hpp"
+
+namespace conveyor::engine {
+
+struct generation_request {
+  std::vector<std::int32_t> prompt;
+  int max_new_tokens = 16;
+  kernels::sample_params sampling;  ///< step is filled in per token
+  bool stop_at_eos = true;
+};
+
+struct generation_result {
+  std::vector<std::int32_t> tokens;
+  std::string finish_reason;  ///< "length" or "stop"
+};
+
+class local_pipeline {
+ public:
+  /// Loads the model in `model_dir` split into `stages` even layer ranges.
+  static result<std::unique_ptr<local_pipeline>> create(kernels::backend& backend, const std::string& model_dir,
+                                                        int stages, const executor_options& options);
+
+  /// Runs one step through every stage.
+  result<step_output> step(const step_plan& plan);
+
+  /// Generates for all requests together: prompts are prefilled in chunks of at most
+  /// max_step_tokens, then every running sequence decodes one token per step.
+  result<std::vector<generation_result>> generate(const std::vector<generation_request>& requests);
+
+  const model_config& config() const { return config_; }
+  kv_block_manager& blocks() { return blocks_; }
+  std::vector<std::unique_ptr<stage_executor>>& stages() { return stages_; }
+
+ private:
+  local_pipeline(model_config c, const executor_options& o)
+      : config_(std::move(c)), options_(o), blocks_(o.kv_blocks, o.kv_block_size) {}
+
+  model_config config_;
+  executor_options options_;
+  kv_block_manager blocks_;
+  std::vector<std::unique_ptr<stage_executor>> stages_;
+  std::int64_t next_seq_id_ = 1;
+};
+
+}  // namespace conveyor::engine

@@ -1,0 +1,44 @@
+#pragma once
+// The weights one stage owns, uploaded to its backend. q/k/v are fused into one matrix and gate/up
+// into another at load, so a layer runs two fewer matrix products per step.
+#include <memory>
+#include <vector>
+
+#include "conveyor/base/result.hpp"
+#include "conveyor/engine/checkpoint.hpp"
+#include "conveyor/engine/device_buffer.hpp"
+#include "conveyor/engine/model_config.hpp"
+#include "conveyor/engine/stage.hpp"
+#include "conveyor/kernels/backend.hpp"
+
+namespace conveyor::engine {
+
+struct layer_weights {
+  kernels::weight input_norm;
+  kernels::weight qkv, qkv_bias;  ///< [(heads + 2 kv_heads) * head_dim, hidden]
+  kernels::weight o, o_bias;
+  kernels::weight post_norm;
+  kernels::weight gate_up, gate_up_bias;  ///< [2 * ffn, hidden]: gate rows, then up rows
+  kernels::weight down, down_bias;
+};
+
+class stage_weights {
+ public:
+  /// Reads only the tensors of `range` from the checkpoint; names the tensor on any mismatch.
+  static result<std::unique_ptr<stage_weights>> load(kernels::backend& backend, checkpoint& ckpt,
+                                                     const model_config& config, stage_range range);
+
+  kernels::weight embedding;   ///< set on the first stage
+  kernels::weight final_norm;  ///< set on the last stage
+  kernels::weight lm_head;     ///< set on the last stage (the embedding when tied)
+  std::vector<layer_weights> layers;  ///< layers[i] is model layer range.first_layer + i
+  std::size_t bytes = 0;              ///< backend memory held
+
+ private:
+  explicit stage_weights(kernels::backend& b) : backend_(&b) {}
+  kernels::backend* backend_;
+  std::vector<device_buffer> owned_;
+  friend class weight_loader;
+};
+
+}  // namespace conveyor::engine

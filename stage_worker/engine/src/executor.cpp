@@ -1,0 +1,297 @@
+#include "conveyor/engine/executor.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+namespace conveyor::engine {
+
+namespace {
+std::string seq_name(const sequence_step& s) { return "sequence " + std::to_string(s.seq_id); }
+}  // namespace
+
+result<std::unique_ptr<stage_executor>> stage_executor::create(kernels::backend& backend, checkpoint& ckpt,
+                                                               const model_config& config, stage_range range,
+                                                               const executor_options& options) {
+  if (range.first_layer < 0 || range.last_layer > config.num_layers || range.first_layer > range.last_layer) {
+    return make_error(errc::invalid_argument, "layer range [" + std::to_string(range.first_layer) + ", " +
+                                                  std::to_string(range.last_layer) + ") is outside the model's " +
+                                                  std::to_string(config.num_layers) + " layers");
+  }
+  if (options.max_step_tokens < 1 || options.max_seqs < 1 || options.kv_blocks < 1 || options.kv_block_size < 1) {
+    return make_error(errc::invalid_argument, "executor options must be positive");
+  }
+  std::unique_ptr<stage_executor> ex(new stage_executor(backend, config, range, options));
+  CONVEYOR_TRY_ASSIGN(weights, stage_weights::load(backend, ckpt, config, range));
+  ex->weights_ = std::move(weights);
+  CONVEYOR_TRY_ASSIGN(kv, kv_pools::create(backend, range.num_layers(), options.kv_blocks, options.kv_block_size,
+                                           config.num_kv_heads, config.head_dim));
+  ex->kv_ = std::move(kv);
+
+  const rope_tables rope = compute_rope_tables(config);
+  ex->inv_freq_ = device_buffer(backend, rope.inv_freq.size() * sizeof(float));
+  ex->attention_scaling_ = rope.attention_scaling;
+  ex->shape_ = kernels::attn_shape{config.num_heads, config.num_kv_heads, config.head_dim,
+                                   1.0f / std::sqrt(static_cast<float>(config.head_dim)), 0};
+
+  const std::size_t act = kernels::dtype_size(backend.caps().act_dtype);
+  const std::size_t t = options.max_step_tokens;
+  const std::size_t h = config.hidden_size;
+  const std::size_t qkv_w = static_cast<std::size_t>(config.num_heads + 2 * config.num_kv_heads) * config.head_dim;
+  const std::size_t attn_w = static_cast<std::size_t>(config.num_heads) * config.head_dim;
+  const std::size_t f = config.intermediate_size;
+  ex->residual_ = device_buffer(backend, t * h * act);
+  ex->normed_ = device_buffer(backend, t * h * act);
+  ex->delta_ = device_buffer(backend, t * h * act);
+  if (range.num_layers() > 0) {
+    ex->qkv_ = device_buffer(backend, t * qkv_w * act);
+    ex->attn_ = device_buffer(backend, t * attn_w * act);
+    ex->gate_up_ = device_buffer(backend, t * 2 * f * act);
+    ex->act_ = device_buffer(backend, t * f * act);
+  }
+  const std::size_t max_rows = t;  // logits rows never exceed the step's tokens
+  if (range.has_head) {
+    ex->head_in_ = device_buffer(backend, max_rows * h * act);
+    ex->logits_ = device_buffer(backend, max_rows * config.vocab_size * act);
+  }
+  const int max_ctx = std::max(1, std::min(options.kv_blocks * options.kv_block_size,
+                                           std::max(config.max_position_embeddings, options.kv_block_size)));
+  ex->max_blocks_per_seq_ = (max_ctx + options.kv_block_size - 1) / options.kv_block_size;
+  const std::size_t ints = 3 * t + 2 * options.max_seqs + 1 +
+                           static_cast<std::size_t>(options.max_seqs) * ex->max_blocks_per_seq_ + max_rows;
+  ex->plan_ints_ = device_buffer(backend, ints * sizeof(std::int32_t));
+  ex->host_ints_.reserve(ints);
+  for (const device_buffer* b : {&ex->inv_freq_, &ex->residual_, &ex->normed_, &ex->delta_, &ex->plan_ints_}) {
+    if (!b->valid()) return make_error(errc::out_of_memory, "out of " + backend.caps().name + " memory for the step workspace");
+  }
+  if ((range.num_layers() > 0 && (!ex->qkv_.valid() || !ex->attn_.valid() || !ex->gate_up_.valid() || !ex->act_.valid())) ||
+      (range.has_head && (!ex->head_in_.valid() || !ex->logits_.valid()))) {
+    return make_error(errc::out_of_memory, "out of " + backend.caps().name + " memory for the step workspace");
+  }
+  backend.upload(ex->inv_freq_.get(), rope.inv_freq.data(), rope.inv_freq.size() * sizeof(float));
+  return ex;
+}
+
+status stage_executor::validate(const step_plan& plan, std::span<const float> hidden_in) const {
+  auto bad = [](std::string what) { return make_error(errc::invalid_argument, std::move(what)); };
+  if (plan.seqs.empty()) return bad("a step needs at least one sequence");
+  if (static_cast<int>(plan.seqs.size()) > options_.max_seqs) {
+    return bad("step has " + std::to_string(plan.seqs.size()) + " sequences, the limit is " + std::to_string(options_.max_seqs));
+  }
+  const int total = plan.num_tokens();
+  if (total > options_.max_step_tokens) {
+    return bad("step has " + std::to_string(total) + " tokens, the workspace holds " + std::to_string(options_.max_step_tokens));
+  }
+  const int bs = options_.kv_block_size;
+  for (const auto& s : plan.seqs) {
+    const int n = static_cast<int>(s.tokens.size());
+    if (n == 0) return bad(seq_name(s) + " has no new tokens");
+    if (s.start_pos < 0) return bad(seq_name(s) + " has a negative start position");
+    const long long end = static_cast<long long>(s.start_pos) + n;
+    if (end > static_cast<long long>(max_blocks_per_seq_) * bs) {
+      return bad(seq_name(s) + " reaches position " + std::to_string(end) + ", beyond the context limit of " +
+                 std::to_string(max_blocks_per_seq_ * bs));
+    }
+    const long long need = (end + bs - 1) / bs;
+    if (static_cast<long long>(s.block_table.size()) < need) {
+      return bad(seq_name(s) + " has " + std::to_string(s.block_table.size()) + " KV blocks, needs " + std::to_string(need));
+    }
+    for (long long i = 0; i < need; ++i) {
+      if (s.block_table[i] < 0 || s.block_table[i] >= options_.kv_blocks) {
+        return bad(seq_name(s) + " names KV block " + std::to_string(s.block_table[i]) + ", the cache has " +
+                   std::to_string(options_.kv_blocks));
+      }
+    }
+    if (range_.has_embedding) {
+      for (auto id : s.tokens) {
+        if (id < 0 || id >= config_.vocab_size) {
+          return bad(seq_name(s) + ": token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                     std::to_string(config_.vocab_size) + ")");
+        }
+      }
+    }
+    if (s.sample && s.sampling.top_p <= 0.0f) return bad(seq_name(s) + ": top_p must be in (0, 1]");
+  }
+  if (range_.has_embedding && !hidden_in.empty()) return bad("the first stage takes token ids, not activations");
+  if (!range_.has_embedding && hidden_in.size() != static_cast<std::size_t>(total) * config_.hidden_size) {
+    return bad("activations hold " + std::to_string(hidden_in.size()) + " values, the plan needs " +
+               std::to_string(static_cast<std::size_t>(total) * config_.hidden_size));
+  }
+  return ok_status();
+}
+
+void stage_executor::upload_plan(const step_plan& plan) {
+  const int bs = options_.kv_block_size;
+  const int num_seqs = static_cast<int>(plan.seqs.size());
+  const int total = plan.num_tokens();
+  int max_blocks = 1, max_ctx = 0, max_q = 0;
+  for (const auto& s : plan.seqs) {
+    const int end = s.start_pos + static_cast<int>(s.tokens.size());
+    max_blocks = std::max(max_blocks, (end + bs - 1) / bs);
+    max_ctx = std::max(max_ctx, end);
+    max_q = std::max(max_q, static_cast<int>(s.tokens.size()));
+  }
+  auto& v = host_ints_;
+  v.clear();
+  for (const auto& s : plan.seqs) v.insert(v.end(), s.tokens.begin(), s.tokens.end());  // ids
+  for (const auto& s : plan.seqs)                                                          // positions
+    for (int i = 0; i < static_cast<int>(s.tokens.size()); ++i) v.push_back(s.start_pos + i);
+  for (const auto& s : plan.seqs)                                                          // slots
+    for (int i = 0; i < static_cast<int>(s.tokens.size()); ++i) {
+      const int pos = s.start_pos + i;
+      v.push_back(s.block_table[pos / bs] * bs + pos % bs);
+    }
+  const std::size_t q_start_at = v.size();
+  int acc = 0;
+  for (const auto& s : plan.seqs) {
+    v.push_back(acc);
+    acc += static_cast<int>(s.tokens.size());
+  }
+  v.push_back(acc);
+  const std::size_t ctx_at = v.size();
+  for (const auto& s : plan.seqs) v.push_back(s.start_pos + static_cast<int>(s.tokens.size()));
+  const std::size_t table_at = v.size();
+  for (const auto& s : plan.seqs) {
+    const int used = std::min(static_cast<int>(s.block_table.size()), max_blocks);
+    v.insert(v.end(), s.block_table.begin(), s.block_table.begin() + used);
+    v.insert(v.end(), max_blocks - used, 0);
+  }
+  // Logit rows: first the last row of every sequence that needs one (these are sampled), then the
+  // other rows of sequences that want logits everywhere.
+  const std::size_t rows_at = v.size();
+  int row0 = 0;
+  for (const auto& s : plan.seqs) {
+    const int n = static_cast<int>(s.tokens.size());
+    if (s.sample || s.logits != logits_mode::none) v.push_back(row0 + n - 1);
+    row0 += n;
+  }
+  row0 = 0;
+  for (const auto& s : plan.seqs) {
+    const int n = static_cast<int>(s.tokens.size());
+    if (s.logits == logits_mode::all)
+      for (int i = 0; i + 1 < n; ++i) v.push_back(row0 + i);
+    row0 += n;
+  }
+  backend_.upload(plan_ints_.get(), v.data(), v.size() * sizeof(std::int32_t));
+  const auto* base = plan_ints_.as<const std::int32_t>();
+  pv_ = plan_view{base, base + total, base + 2 * total, base + q_start_at, base + ctx_at, base + table_at,
+                  base + rows_at, total, num_seqs, static_cast<int>(v.size() - rows_at), max_ctx, max_q};
+  (void)max_blocks;
+  table_stride_ = max_blocks;
+}
+
+void stage_executor::observe(int index, const void* data, int rows) {
+  observe_buf_.resize(static_cast<std::size_t>(rows) * config_.hidden_size);
+  backend_.read_f32(data, observe_buf_.size(), observe_buf_.data());
+  observer_(index, observe_buf_);
+}
+
+void stage_executor::run_layer(int li, int n, bool first) {
+  const layer_weights& w = weights_->layers[li];
+  const int layer = range_.first_layer + li;
+  const int h = config_.hidden_size;
+  kernels::backend& b = backend_;
+  if (observer_) {
+    if (!first) b.add(residual_.get(), delta_.get(), static_cast<std::size_t>(n) * h);
+    observe(layer, residual_.get(), n);
+    b.rmsnorm(residual_.get(), n, h, w.input_norm, config_.rms_norm_eps, normed_.get());
+  } else if (first) {
+    b.rmsnorm(residual_.get(), n, h, w.input_norm, config_.rms_norm_eps, normed_.get());
+  } else {
+    b.add_rmsnorm(residual_.get(), delta_.get(), n, h, w.input_norm, config_.rms_norm_eps, normed_.get());
+  }
+  b.linear(normed_.get(), n, w.qkv, w.qkv_bias, qkv_.get());
+  kernels::attn_shape shape = shape_;
+  shape.sliding_window = config_.sliding_window[layer];
+  b.rope(qkv_.get(), n, shape, pv_.positions, inv_freq_.as<const float>(), attention_scaling_);
+  b.kv_write(qkv_.get(), n, shape, pv_.slots, kv_.layout(), kv_.k(li), kv_.v(li));
+  kernels::attention_batch batch{pv_.num_seqs, pv_.q_start, pv_.ctx_len, pv_.block_table, table_stride_,
+                                 pv_.max_ctx, pv_.max_q};
+  b.attention(qkv_.get(), shape, batch, kv_.layout(), kv_.k(li), kv_.v(li), attn_.get());
+  b.linear(attn_.get(), n, w.o, w.o_bias, delta_.get());
+  b.add_rmsnorm(residual_.get(), delta_.get(), n, h, w.post_norm, config_.rms_norm_eps, normed_.get());
+  b.linear(normed_.get(), n, w.gate_up, w.gate_up_bias, gate_up_.get());
+  b.silu_mul(gate_up_.get(), n, config_.intermediate_size, act_.get());
+  b.linear(act_.get(), n, w.down, w.down_bias, delta_.get());
+}
+
+result<step_output> stage_executor::run(const step_plan& plan, std::span<const float> hidden_in) {
+  CONVEYOR_TRY(validate(plan, hidden_in));
+  upload_plan(plan);
+  kernels::backend& b = backend_;
+  const int n = pv_.num_tokens;
+  const int h = config_.hidden_size;
+  if (range_.has_embedding) {
+    b.embedding(pv_.ids, n, weights_->embedding, residual_.get());
+  } else {
+    b.write_f32(residual_.get(), hidden_in.data(), hidden_in.size());
+  }
+  for (int li = 0; li < range_.num_layers(); ++li) run_layer(li, n, li == 0);
+  const bool ran_layers = range_.num_layers() > 0;
+
+  step_output out;
+  if (!range_.has_head) {
+    if (ran_layers) b.add(residual_.get(), delta_.get(), static_cast<std::size_t>(n) * h);
+    out.hidden.resize(static_cast<std::size_t>(n) * h);
+    b.read_f32(residual_.get(), out.hidden.size(), out.hidden.data());
+    return out;
+  }
+  if (ran_layers) {
+    b.add_rmsnorm(residual_.get(), delta_.get(), n, h, weights_->final_norm, config_.rms_norm_eps, normed_.get());
+  } else {
+    b.rmsnorm(residual_.get(), n, h, weights_->final_norm, config_.rms_norm_eps, normed_.get());
+  }
+  if (observer_) observe(config_.num_layers, normed_.get(), n);
+  const int rows = pv_.num_logit_rows;
+  const int vocab = config_.vocab_size;
+  out.tokens.assign(plan.seqs.size(), -1);
+  out.logits_offset.assign(plan.seqs.size(), -1);
+  if (rows == 0) return out;
+  b.gather_rows(normed_.get(), pv_.logit_rows, rows, h, head_in_.get());
+  b.linear(head_in_.get(), rows, weights_->lm_head, kernels::weight{}, logits_.get());
+
+  // Rows [0, last_rows) are each sampled sequence's last position, in plan order.
+  std::vector<kernels::sample_params> params;
+  std::vector<int> last_row_of;  // plan index -> row among the first block, or -1
+  bool any_logits = false;
+  for (const auto& s : plan.seqs) {
+    const bool has_row = s.sample || s.logits != logits_mode::none;
+    last_row_of.push_back(has_row ? static_cast<int>(params.size()) : -1);
+    if (has_row) {
+      kernels::sample_params p = s.sampling;
+      if (!s.sample) p.temperature = 0.0f;
+      params.push_back(p);
+    }
+    any_logits = any_logits || s.logits != logits_mode::none;
+  }
+  std::vector<std::int32_t> drawn(params.size());
+  b.sample(logits_.get(), static_cast<int>(params.size()), vocab, params.data(), drawn.data());
+  for (std::size_t i = 0; i < plan.seqs.size(); ++i) {
+    if (plan.seqs[i].sample) out.tokens[i] = drawn[last_row_of[i]];
+  }
+  if (!any_logits) return out;
+
+  std::vector<float> all(static_cast<std::size_t>(rows) * vocab);
+  b.read_f32(logits_.get(), all.size(), all.data());
+  // Reorder to plan order with each sequence's rows by position.
+  int extra = static_cast<int>(params.size());
+  for (std::size_t i = 0; i < plan.seqs.size(); ++i) {
+    const auto& s = plan.seqs[i];
+    const int n_seq = static_cast<int>(s.tokens.size());
+    if (s.logits == logits_mode::none) {
+      continue;
+    }
+    out.logits_offset[i] = static_cast<int>(out.logits.size() / vocab);
+    if (s.logits == logits_mode::all) {
+      for (int r = 0; r + 1 < n_seq; ++r, ++extra) {
+        out.logits.insert(out.logits.end(), all.begin() + static_cast<std::size_t>(extra) * vocab,
+                          all.begin() + static_cast<std::size_t>(extra + 1) * vocab);
+      }
+    }
+    const std::size_t last = static_cast<std::size_t>(last_row_of[i]) * vocab;
+    out.logits.insert(out.logits.end(), all.begin() + last, all.begin() + last + vocab);
+  }
+  return out;
+}
+
+}  // namespace conveyor::engine
