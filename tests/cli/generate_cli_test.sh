@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# conveyor generate from the outside: golden tokens, stage splits, and one clear line per bad input.
+# usage: generate_cli_test.sh CONVEYOR_BINARY FIXTURES_DIR
+set -u
+bin=$1; fx=$2
+fail=0
+check() {  # check NAME EXPECTED_RC REGEX -- ARGS...
+  local name=$1 want_rc=$2 regex=$3; shift 4
+  local out rc
+  out=$("$bin" "$@" 2>&1); rc=$?
+  if [ "$rc" != "$want_rc" ] || ! grep -qE -- "$regex" <<<"$out"; then
+    echo "FAIL $name: rc=$rc (want $want_rc), output: $out"; fail=1; return
+  fi
+  if [ "$want_rc" != 0 ] && [ "$(wc -l <<<"$out")" != 1 ]; then
+    echo "FAIL $name: error should be one line, got: $out"; fail=1; return
+  fi
+  echo "ok   $name"
+}
+# tiny-llama prompt 1 and its 24 HF greedy tokens (tests/fixtures/tiny-llama/golden.json).
+ids=989,229,186,822,100,504,324
+want='\{"tokens":\[371,119,801,572,692,735,572,698,641,53,1005,620,931,415,46,170,897,736,36,194,330,256,635,529\]'
+check golden_json 0 "$want" -- generate --model "$fx/tiny-llama" --prompt-ids $ids --max-new-tokens 24 --ignore-eos
+check golden_4_stages 0 "$want" -- generate --model "$fx/tiny-llama" --prompt-ids $ids --max-new-tokens 24 --ignore-eos --stages 4
+check text_format 0 '^371 119 801' -- generate --model "$fx/tiny-llama" --prompt-ids $ids --max-new-tokens 3 --format text
+check sampled_is_reproducible 0 '"tokens"' -- generate --model "$fx/tiny-qwen2" --prompt-ids 1,2,3 --max-new-tokens 8 --temperature 0.8 --top-k 50 --top-p 0.9 --seed 7
+a=$("$bin" generate --model "$fx/tiny-qwen2" --prompt-ids 1,2,3 --max-new-tokens 8 --temperature 0.8 --top-p 0.9 --seed 7 --ignore-eos)
+b=$("$bin" generate --model "$fx/tiny-qwen2" --prompt-ids 1,2,3 --max-new-tokens 8 --temperature 0.8 --top-p 0.9 --seed 7 --ignore-eos --stages 3)
+c=$("$bin" generate --model "$fx/tiny-qwen2" --prompt-ids 1,2,3 --max-new-tokens 8 --temperature 0.8 --top-p 0.9 --seed 8 --ignore-eos)
+if [ "$a" = "$b" ] && [ "$a" != "$c" ]; then echo "ok   seed_fixes_samples_across_splits"; else echo "FAIL seed: $a / $b / $c"; fail=1; fi
+check missing_dir 1 '/nonexistent/dir' -- generate --model /nonexistent/dir --prompt-ids 1
+check bad_ids 1 'prompt-ids.*"x"' -- generate --model "$fx/tiny-llama" --prompt-ids 1,x,3
+check id_out_of_vocab 1 'vocabulary' -- generate --model "$fx/tiny-llama" --prompt-ids 1,99999
+check too_many_stages 1 'stages' -- generate --model "$fx/tiny-llama" --prompt-ids 1 --stages 9
+check unknown_flag 1 'unknown flag --bogus' -- generate --model "$fx/tiny-llama" --prompt-ids 1 --bogus 3
+check bad_format 1 'format' -- generate --model "$fx/tiny-llama" --prompt-ids 1 --format xml
+check bad_top_p 1 'top-p' -- generate --model "$fx/tiny-llama" --prompt-ids 1 --top-p 0
+check missing_model 1 'model' -- generate --prompt-ids 1
+check unknown_command 2 'unknown command' -- frobnicate
+exit $fail
