@@ -1,0 +1,326 @@
+// The CUDA backend: one device, one stream, one cuBLAS handle. Kernels live in the .cu files
+// (launch.hpp); this file is plain host C++ (memory, copies, cuBLAS calls, dispatch).
+#include "conveyor/kernels/cuda_backend.hpp"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "check.hpp"
+#include "conveyor/kernels/sampling.hpp"
+#include "launch.hpp"
+
+namespace conveyor::kernels {
+
+namespace {
+
+using namespace cuda;
+
+cudaDataType_t cuda_type(dtype t) { return t == dtype::bf16 ? CUDA_R_16BF : CUDA_R_32F; }
+
+class cuda_backend final : public backend {
+ public:
+  static result<std::unique_ptr<backend>> create(const cuda_backend_options& options) {
+    int count = 0;
+    if (const cudaError_t err = cudaGetDeviceCount(&count); err != cudaSuccess) {
+      cudaGetLastError();  // a failed query must not poison later calls
+      return make_error(errc::unsupported, std::string("no usable CUDA device: ") + cudaGetErrorString(err));
+    }
+    if (count == 0) return make_error(errc::unsupported, "no usable CUDA device: none found");
+    if (options.device < 0 || options.device >= count) {
+      return make_error(errc::invalid_argument, "CUDA device " + std::to_string(options.device) +
+                                                    " does not exist (this machine has " + std::to_string(count) + ")");
+    }
+    if (options.compute_dtype != dtype::bf16 && options.compute_dtype != dtype::f32) {
+      return make_error(errc::unsupported, "the CUDA backend computes in bf16 or f32, not " +
+                                               std::string(dtype_name(options.compute_dtype)));
+    }
+    if (options.sample_rows_per_pass < 1) return make_error(errc::invalid_argument, "sample_rows_per_pass must be >= 1");
+    std::unique_ptr<cuda_backend> b(new cuda_backend(options));
+    CONVEYOR_TRY(b->init());
+    return std::unique_ptr<backend>(std::move(b));
+  }
+
+  ~cuda_backend() override {
+    cudaSetDevice(device_);
+    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    if (cublas_ != nullptr) cublasDestroy(cublas_);
+    for (void* p : {cublas_ws_, static_cast<void*>(partials_), static_cast<void*>(params_dev_),
+                    static_cast<void*>(tokens_dev_)}) {
+      if (p != nullptr) cudaFree(p);
+    }
+    free_sample_workspace();
+    if (params_host_ != nullptr) cudaFreeHost(params_host_);
+    if (tokens_host_ != nullptr) cudaFreeHost(tokens_host_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+
+  const backend_caps& caps() const override { return caps_; }
+
+  // --- memory ---
+  void* alloc(std::size_t bytes) override {
+    set_device();
+    void* p = nullptr;
+    if (cudaMalloc(&p, std::max<std::size_t>(bytes, 256)) != cudaSuccess) {
+      cudaGetLastError();  // out of memory is reported as nullptr, not left as a sticky error
+      return nullptr;
+    }
+    return p;
+  }
+  void release(void* ptr) override {
+    if (ptr == nullptr) return;
+    set_device();
+    CONVEYOR_CUDA_CHECK(cudaFree(ptr));
+  }
+  // Copies from pageable host memory, then waits: the caller may reuse its buffer at once.
+  void upload(void* dst, const void* src, std::size_t bytes) override {
+    set_device();
+    CONVEYOR_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+    CONVEYOR_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  void download(void* dst, const void* src, std::size_t bytes) override {
+    set_device();
+    CONVEYOR_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+    CONVEYOR_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  void fill_bytes(void* dst, std::uint8_t value, std::size_t bytes) override {
+    set_device();
+    CONVEYOR_CUDA_CHECK(cudaMemsetAsync(dst, value, bytes, stream_));
+  }
+  void synchronize() override {
+    set_device();
+    CONVEYOR_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  void memory_info(std::size_t* free_bytes, std::size_t* total_bytes) override {
+    set_device();
+    CONVEYOR_CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
+  }
+
+  weight upload_weight(const void* src, dtype src_type, std::int64_t rows, std::int64_t cols,
+                       bool is_vector) override {
+    const dtype target = is_vector ? dtype::f32 : caps_.weight_dtype;
+    const std::size_t count = static_cast<std::size_t>(rows) * cols;
+    void* mem = alloc(count * dtype_size(target));
+    if (mem == nullptr) return {};
+    const void* host = src;
+    if (src_type != target) {
+      // Host conversion: loading is once per process, and it keeps a second device copy out of the
+      // memory plan.
+      convert_buf_.resize(count);
+      convert_to_f32(src, src_type, count, convert_buf_.data());
+      host = convert_buf_.data();
+      if (target == dtype::bf16) {
+        u16_buf_.resize(count);
+        for (std::size_t i = 0; i < count; ++i) u16_buf_[i] = f32_to_bf16(convert_buf_[i]);
+        host = u16_buf_.data();
+      }
+    }
+    upload(mem, host, count * dtype_size(target));
+    release_staging();
+    return weight{mem, target, rows, cols};
+  }
+  void read_f32(const void* src, std::size_t count, float* dst) override {
+    if (caps_.act_dtype == dtype::f32) return download(dst, src, count * 4);
+    u16_buf_.resize(count);
+    download(u16_buf_.data(), src, count * 2);
+    for (std::size_t i = 0; i < count; ++i) dst[i] = bf16_to_f32(u16_buf_[i]);
+  }
+  void write_f32(void* dst, const float* src, std::size_t count) override {
+    if (caps_.act_dtype == dtype::f32) return upload(dst, src, count * 4);
+    u16_buf_.resize(count);
+    for (std::size_t i = 0; i < count; ++i) u16_buf_[i] = f32_to_bf16(src[i]);
+    upload(dst, u16_buf_.data(), count * 2);
+  }
+
+  // --- ops ---
+  void embedding(const std::int32_t* ids, int n, const weight& table, void* out) override {
+    set_device();
+    launch_embedding(t_, ids, n, table.data, static_cast<int>(table.cols), out, stream_);
+  }
+  void rmsnorm(const void* x, int n, int width, const weight& w, float eps, void* out) override {
+    set_device();
+    launch_rmsnorm(t_, nullptr, x, n, width, static_cast<const float*>(w.data), eps, out, stream_);
+  }
+  void add_rmsnorm(void* residual, const void* x, int n, int width, const weight& w, float eps,
+                   void* out) override {
+    set_device();
+    launch_rmsnorm(t_, residual, x, n, width, static_cast<const float*>(w.data), eps, out, stream_);
+  }
+  void add(void* acc, const void* x, std::size_t count) override {
+    set_device();
+    launch_add(t_, acc, x, count, stream_);
+  }
+  // Row-major out[n, rows] = x[n, cols] · Wᵀ is, in cuBLAS's column-major terms,
+  // out(rows × n) = op_T(W: cols × rows) · x(cols × n).
+  void linear(const void* x, int n, const weight& w, const weight& bias, void* out) override {
+    if (n <= 0) return;
+    set_device();
+    const float one = 1.0f, zero = 0.0f;
+    const int rows = static_cast<int>(w.rows), cols = static_cast<int>(w.cols);
+    CONVEYOR_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, w.data,
+                                       cuda_type(w.type), cols, x, cuda_type(t_), cols, &zero, out, cuda_type(t_),
+                                       rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    // TODO(perf): fuse the bias into the GEMM epilogue (cuBLASLt) instead of a second pass.
+    if (!bias.empty()) launch_add_bias(t_, out, static_cast<const float*>(bias.data), n, rows, stream_);
+  }
+  void rope(void* qkv, int n, const attn_shape& shape, const std::int32_t* positions, const float* inv_freq,
+            float attention_scaling) override {
+    set_device();
+    launch_rope(t_, qkv, n, shape, positions, inv_freq, attention_scaling, stream_);
+  }
+  void kv_write(const void* qkv, int n, const attn_shape& shape, const std::int32_t* slots,
+                const kv_layout& /*layout*/, void* k_cache, void* v_cache) override {
+    set_device();
+    launch_kv_write(t_, qkv, n, shape, slots, k_cache, v_cache, stream_);
+  }
+  void attention(const void* qkv, const attn_shape& shape, const attention_batch& batch, const kv_layout& layout,
+                 const void* k_cache, const void* v_cache, void* out) override {
+    set_device();
+    launch_attention(t_, qkv, shape, batch, layout, k_cache, v_cache, out, partials_, partial_floats_, num_sms_,
+                     stream_);
+  }
+  void silu_mul(const void* gate_up, int n, int ffn, void* out) override {
+    set_device();
+    launch_silu_mul(t_, gate_up, n, ffn, out, stream_);
+  }
+  void gather_rows(const void* x, const std::int32_t* rows, int n, int width, void* out) override {
+    set_device();
+    launch_gather_rows(t_, x, rows, n, width, out, stream_);
+  }
+  void sample(const void* logits, int n, int vocab, const sample_params* params, std::int32_t* tokens) override {
+    if (n <= 0) return;
+    set_device();
+    ensure_sample_workspace(vocab);
+    const std::size_t row_bytes = static_cast<std::size_t>(vocab) * dtype_size(t_);
+    for (int r0 = 0; r0 < n; r0 += rows_per_pass_) {
+      const int rows = std::min(rows_per_pass_, n - r0);
+      bool any_random = false;
+      for (int i = 0; i < rows; ++i) {
+        const sample_params& p = params[r0 + i];
+        const bool greedy = p.temperature <= 0.0f || p.top_k == 1;
+        params_host_[i] = device_sample_params{p.temperature, p.top_k, p.top_p, greedy ? 1 : 0,
+                                               greedy ? 0.0 : sample_uniform(p.seed, p.step)};
+        any_random = any_random || !greedy;
+      }
+      CONVEYOR_CUDA_CHECK(cudaMemcpyAsync(params_dev_, params_host_, rows * sizeof(device_sample_params),
+                                          cudaMemcpyHostToDevice, stream_));
+      launch_sample(t_, static_cast<const std::uint8_t*>(logits) + r0 * row_bytes, rows, vocab, params_dev_,
+                    any_random, sample_ws_, tokens_dev_, stream_);
+      CONVEYOR_CUDA_CHECK(cudaMemcpyAsync(tokens_host_, tokens_dev_, rows * sizeof(std::int32_t),
+                                          cudaMemcpyDeviceToHost, stream_));
+      CONVEYOR_CUDA_CHECK(cudaStreamSynchronize(stream_));  // also frees params_host_ for the next pass
+      std::memcpy(tokens + r0, tokens_host_, rows * sizeof(std::int32_t));
+    }
+  }
+
+ private:
+  explicit cuda_backend(const cuda_backend_options& o)
+      : device_(o.device), t_(o.compute_dtype), rows_per_pass_(o.sample_rows_per_pass) {
+    caps_.name = "cuda";
+    caps_.host_memory = false;
+    caps_.act_dtype = caps_.weight_dtype = caps_.kv_dtype = o.compute_dtype;
+    partial_floats_ = o.attention_workspace_bytes / sizeof(float);
+  }
+
+  // Everything an op could need, so ops never allocate (the sort workspace, which depends on the
+  // vocabulary, is the exception: allocated at the first sample call).
+  status init() {
+    auto fail = [](const char* what, const char* why) {
+      return make_error(errc::internal, std::string("CUDA backend: ") + what + ": " + why);
+    };
+    if (auto e = cudaSetDevice(device_); e != cudaSuccess) return fail("cudaSetDevice", cudaGetErrorString(e));
+    if (auto e = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking); e != cudaSuccess) {
+      return fail("cudaStreamCreate", cudaGetErrorString(e));
+    }
+    if (auto e = cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device_); e != cudaSuccess) {
+      return fail("cudaDeviceGetAttribute", cudaGetErrorString(e));
+    }
+    if (auto st = cublasCreate(&cublas_); st != CUBLAS_STATUS_SUCCESS) {
+      cublas_ = nullptr;
+      return fail("cublasCreate", cublasGetStatusString(st));
+    }
+    CONVEYOR_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+    // A fixed cuBLAS workspace: no allocation inside a GEMM (CUDA-graph capture needs that).
+    constexpr std::size_t cublas_ws_bytes = 32ull << 20;
+    cublas_ws_ = alloc(cublas_ws_bytes);
+    partials_ = static_cast<float*>(alloc(partial_floats_ * sizeof(float)));
+    params_dev_ = static_cast<device_sample_params*>(alloc(rows_per_pass_ * sizeof(device_sample_params)));
+    tokens_dev_ = static_cast<std::int32_t*>(alloc(rows_per_pass_ * sizeof(std::int32_t)));
+    if (cublas_ws_ == nullptr || partials_ == nullptr || params_dev_ == nullptr || tokens_dev_ == nullptr) {
+      return make_error(errc::out_of_memory, "CUDA backend: no device memory for its workspace");
+    }
+    CONVEYOR_CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_ws_, cublas_ws_bytes));
+    if (cudaMallocHost(reinterpret_cast<void**>(&params_host_), rows_per_pass_ * sizeof(device_sample_params)) !=
+            cudaSuccess ||
+        cudaMallocHost(reinterpret_cast<void**>(&tokens_host_), rows_per_pass_ * sizeof(std::int32_t)) !=
+            cudaSuccess) {
+      cudaGetLastError();
+      return make_error(errc::out_of_memory, "CUDA backend: no pinned host memory for sampling");
+    }
+    return ok_status();
+  }
+
+  void set_device() { CONVEYOR_CUDA_CHECK(cudaSetDevice(device_)); }
+
+  void ensure_sample_workspace(int vocab) {
+    if (sample_ws_.vocab == vocab) return;
+    free_sample_workspace();
+    sample_workspace& ws = sample_ws_;
+    ws.rows = rows_per_pass_;
+    ws.vocab = vocab;
+    const std::size_t cells = static_cast<std::size_t>(ws.rows) * vocab;
+    ws.keys_in = static_cast<float*>(alloc(cells * 4));
+    ws.keys_out = static_cast<float*>(alloc(cells * 4));
+    ws.idx_in = static_cast<std::int32_t*>(alloc(cells * 4));
+    ws.idx_out = static_cast<std::int32_t*>(alloc(cells * 4));
+    ws.offsets = static_cast<std::int32_t*>(alloc((ws.rows + 1) * 4));
+    ws.sort_temp_bytes = sample_sort_temp_bytes(ws.rows, vocab);
+    ws.sort_temp = alloc(ws.sort_temp_bytes);
+    if (!ws.keys_in || !ws.keys_out || !ws.idx_in || !ws.idx_out || !ws.offsets || !ws.sort_temp) {
+      fail_cuda("sampling workspace", "out of device memory", __FILE__, __LINE__);
+    }
+    launch_sample_init(ws, stream_);
+  }
+  void free_sample_workspace() {
+    sample_workspace& ws = sample_ws_;
+    for (void* p : {static_cast<void*>(ws.keys_in), static_cast<void*>(ws.keys_out), static_cast<void*>(ws.idx_in),
+                    static_cast<void*>(ws.idx_out), static_cast<void*>(ws.offsets), ws.sort_temp}) {
+      if (p != nullptr) cudaFree(p);
+    }
+    ws = sample_workspace{};
+  }
+  // Weight staging can be gigabytes for an embedding table: give it back after each upload.
+  void release_staging() {
+    if (convert_buf_.capacity() > (1u << 24)) std::vector<float>().swap(convert_buf_);
+    if (u16_buf_.capacity() > (1u << 24)) std::vector<std::uint16_t>().swap(u16_buf_);
+  }
+
+  backend_caps caps_;
+  int device_;
+  dtype t_;
+  int rows_per_pass_;
+  int num_sms_ = 0;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  void* cublas_ws_ = nullptr;
+  float* partials_ = nullptr;
+  std::size_t partial_floats_ = 0;
+  device_sample_params* params_dev_ = nullptr;
+  device_sample_params* params_host_ = nullptr;
+  std::int32_t* tokens_dev_ = nullptr;
+  std::int32_t* tokens_host_ = nullptr;
+  sample_workspace sample_ws_;
+  std::vector<float> convert_buf_;
+  std::vector<std::uint16_t> u16_buf_;
+};
+
+}  // namespace
+
+result<std::unique_ptr<backend>> make_cuda_backend(const cuda_backend_options& options) {
+  return cuda_backend::create(options);
+}
+
+}  // namespace conveyor::kernels

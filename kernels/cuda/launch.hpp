@@ -1,0 +1,70 @@
+#pragma once
+// Launchers of the CUDA kernels, callable from host C++ (the backend is compiled by the host
+// compiler; only the .cu files go through nvcc). `t` is the element type of activations, weights
+// and the KV cache (f32 or bf16); vectors (norm weights, biases, inv_freq) are always float32.
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "conveyor/kernels/backend.hpp"
+
+namespace conveyor::kernels::cuda {
+
+// --- elementwise.cu ---
+void launch_embedding(dtype t, const std::int32_t* ids, int n, const void* table, int width, void* out,
+                      cudaStream_t s);
+void launch_rmsnorm(dtype t, void* residual, const void* x, int n, int width, const float* w, float eps,
+                    void* out, cudaStream_t s);  ///< residual == nullptr: plain rmsnorm of x
+void launch_add(dtype t, void* acc, const void* x, std::size_t count, cudaStream_t s);
+void launch_add_bias(dtype t, void* out, const float* bias, int n, int width, cudaStream_t s);
+void launch_rope(dtype t, void* qkv, int n, const attn_shape& shape, const std::int32_t* positions,
+                 const float* inv_freq, float attention_scaling, cudaStream_t s);
+void launch_kv_write(dtype t, const void* qkv, int n, const attn_shape& shape, const std::int32_t* slots,
+                     void* k_cache, void* v_cache, cudaStream_t s);
+void launch_silu_mul(dtype t, const void* gate_up, int n, int ffn, void* out, cudaStream_t s);
+void launch_gather_rows(dtype t, const void* x, const std::int32_t* rows, int n, int width, void* out,
+                        cudaStream_t s);
+/// Converts `count` floats on the device to `t` (upload staging).
+void launch_from_f32(dtype t, const float* src, std::size_t count, void* dst, cudaStream_t s);
+
+// --- attention.cu ---
+/// Scratch floats the decode kernel needs for `splits` partial results per (sequence, head).
+std::size_t attention_partial_floats(int num_seqs, int num_heads, int head_dim, int splits);
+/// `partials`/`partial_floats`: preallocated scratch; the launcher picks the number of splits that fits.
+void launch_attention(dtype t, const void* qkv, const attn_shape& shape, const attention_batch& batch,
+                      const kv_layout& layout, const void* k_cache, const void* v_cache, void* out,
+                      float* partials, std::size_t partial_floats, int num_sms, cudaStream_t s);
+
+// --- sampling.cu ---
+/// Per-row sampling parameters as the device reads them; `u` is sample_uniform(seed, step),
+/// computed on the host so both backends draw the very same number.
+struct device_sample_params {
+  float temperature;
+  int top_k;
+  float top_p;
+  int greedy;
+  double u;
+};
+
+/// Device workspace of the sampler for `rows` rows of `vocab` logits.
+struct sample_workspace {
+  float* keys_in = nullptr;
+  float* keys_out = nullptr;
+  std::int32_t* idx_in = nullptr;
+  std::int32_t* idx_out = nullptr;
+  std::int32_t* offsets = nullptr;  ///< [rows + 1]
+  void* sort_temp = nullptr;
+  std::size_t sort_temp_bytes = 0;
+  int rows = 0;
+  int vocab = 0;
+};
+/// Bytes of cub's temporary storage for sorting `rows` segments of `vocab` keys.
+std::size_t sample_sort_temp_bytes(int rows, int vocab);
+/// Fills ws.offsets for the workspace's shape (once, after allocation).
+void launch_sample_init(const sample_workspace& ws, cudaStream_t s);
+/// Draws one token per row into `tokens` (device). `any_random`: some row is not greedy.
+void launch_sample(dtype t, const void* logits, int n, int vocab, const device_sample_params* params,
+                   bool any_random, const sample_workspace& ws, std::int32_t* tokens, cudaStream_t s);
+
+}  // namespace conveyor::kernels::cuda

@@ -1,0 +1,167 @@
+// Token sampling on the device, the twin of kernels/cpu/sampling.cpp's sample_row: temperature, then
+// top-k, then top-p, then an inverse-CDF draw with the host-computed sample_uniform(seed, step).
+// To pick the very token the CPU picks, the candidates are put in the CPU's order (descending logit,
+// ties by lower index: a stable descending radix sort of (logit, index)) and the probabilities are
+// summed in double in that order. The only cub in the backend lives in this file (slow to compile).
+#include <cub/device/device_segmented_radix_sort.cuh>
+
+#include "device_types.cuh"
+#include "launch.hpp"
+
+namespace conveyor::kernels::cuda {
+
+namespace {
+
+constexpr unsigned threads = 256;
+
+// One block per row: index of the first maximum (torch.argmax's tie rule), for greedy rows.
+template <class T>
+__global__ void argmax_kernel(const T* logits, int vocab, const device_sample_params* params, std::int32_t* tokens) {
+  const int row = blockIdx.x;
+  if (!params[row].greedy) return;
+  const T* x = logits + static_cast<std::size_t>(row) * vocab;
+  float best = -INFINITY;
+  int best_i = vocab;  // sentinel: loses every tie
+  for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+    const float v = to_f32(x[i]);
+    if (best_i == vocab || v > best) {  // ascending i: the first maximum of this thread's share
+      best = v;
+      best_i = i;
+    }
+  }
+  __shared__ float sv[threads / 32];
+  __shared__ int si[threads / 32];
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
+    if (oi != vocab && (best_i == vocab || ov > best || (ov == best && oi < best_i))) { best = ov; best_i = oi; }
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) { sv[warp] = best; si[warp] = best_i; }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w) {
+      if (si[w] != vocab && (best_i == vocab || sv[w] > best || (sv[w] == best && si[w] < best_i))) {
+        best = sv[w];
+        best_i = si[w];
+      }
+    }
+    tokens[row] = best_i == vocab ? 0 : best_i;  // all-NaN row: token 0, like the CPU's argmax
+  }
+}
+
+// Sort keys: logit / temperature (float, as the CPU computes it), and the index.
+template <class T>
+__global__ void prepare_kernel(const T* logits, int vocab, const device_sample_params* params, float* keys,
+                               std::int32_t* idx) {
+  const int row = blockIdx.y;
+  const float temp = params[row].greedy ? 1.0f : params[row].temperature;
+  const std::size_t base = static_cast<std::size_t>(row) * vocab;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < vocab; i += gridDim.x * blockDim.x) {
+    keys[base + i] = to_f32(logits[base + i]) / temp;
+    idx[base + i] = i;
+  }
+}
+
+__global__ void offsets_kernel(std::int32_t* offsets, int rows, int vocab) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i <= rows) offsets[i] = i * vocab;
+}
+
+// One warp per non-greedy row over its sorted candidates. Every lane computes 32 probabilities at
+// once, then all lanes add them in index order (the CPU's order), so every lane holds the same sums.
+__global__ void finish_kernel(const float* keys, const std::int32_t* idx, int vocab,
+                              const device_sample_params* params, std::int32_t* tokens) {
+  const int row = blockIdx.x, lane = threadIdx.x;
+  const device_sample_params p = params[row];
+  if (p.greedy) return;
+  const float* k = keys + static_cast<std::size_t>(row) * vocab;
+  const std::int32_t* id = idx + static_cast<std::size_t>(row) * vocab;
+  int keep = (p.top_k > 0 && p.top_k < vocab) ? p.top_k : vocab;
+  const double max_logit = k[0];
+  auto prob = [&](int i) { return i < keep ? exp(static_cast<double>(k[i]) - max_logit) : 0.0; };
+  double total = 0.0;
+  for (int base = 0; base < keep; base += 32) {
+    const double pi = prob(base + lane);
+    for (int j = 0; j < 32; ++j) total += __shfl_sync(0xffffffffu, pi, j);  // adding 0.0 past keep is exact
+  }
+  if (p.top_p < 1.0f) {
+    double cum = 0.0;
+    int cut = keep;
+    bool found = false;
+    for (int base = 0; base < keep && !found; base += 32) {
+      const double pi = prob(base + lane);
+      for (int j = 0; j < 32; ++j) {
+        const double pj = __shfl_sync(0xffffffffu, pi, j);
+        if (!found && base + j < keep) {
+          cum += pj / total;
+          if (cum >= p.top_p) { cut = base + j + 1; found = true; }
+        }
+      }
+    }
+    keep = cut;
+    total = 0.0;
+    for (int base = 0; base < keep; base += 32) {
+      const double pi = prob(base + lane);
+      for (int j = 0; j < 32; ++j) total += __shfl_sync(0xffffffffu, pi, j);
+    }
+  }
+  const double u = p.u * total;
+  double cum = 0.0;
+  int chosen = keep - 1;
+  bool found = false;
+  for (int base = 0; base < keep && !found; base += 32) {
+    const double pi = prob(base + lane);
+    for (int j = 0; j < 32; ++j) {
+      const double pj = __shfl_sync(0xffffffffu, pi, j);
+      if (!found && base + j < keep) {
+        cum += pj;
+        if (u < cum) { chosen = base + j; found = true; }
+      }
+    }
+  }
+  if (lane == 0) tokens[row] = id[chosen];
+}
+
+}  // namespace
+
+std::size_t sample_sort_temp_bytes(int rows, int vocab) {
+  std::size_t bytes = 0;
+  cub::DoubleBuffer<float> keys(nullptr, nullptr);
+  cub::DoubleBuffer<std::int32_t> vals(nullptr, nullptr);
+  CONVEYOR_CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortPairsDescending(
+      nullptr, bytes, static_cast<const float*>(nullptr), static_cast<float*>(nullptr),
+      static_cast<const std::int32_t*>(nullptr), static_cast<std::int32_t*>(nullptr),
+      static_cast<std::int64_t>(rows) * vocab, rows, static_cast<const std::int32_t*>(nullptr),
+      static_cast<const std::int32_t*>(nullptr)));
+  return bytes;
+}
+
+void launch_sample_init(const sample_workspace& ws, cudaStream_t s) {
+  offsets_kernel<<<blocks_for(ws.rows + 1, threads), threads, 0, s>>>(ws.offsets, ws.rows, ws.vocab);
+  CONVEYOR_CUDA_LAUNCHED("sample offsets");
+}
+
+void launch_sample(dtype t, const void* logits, int n, int vocab, const device_sample_params* params,
+                   bool any_random, const sample_workspace& ws, std::int32_t* tokens, cudaStream_t s) {
+  if (n <= 0) return;
+  CONVEYOR_DISPATCH_T(t, {
+    argmax_kernel<T><<<n, threads, 0, s>>>(static_cast<const T*>(logits), vocab, params, tokens);
+    CONVEYOR_CUDA_LAUNCHED("sample argmax");
+    if (any_random) {
+      prepare_kernel<T><<<dim3(std::min(blocks_for(vocab, threads), 64u), n), threads, 0, s>>>(
+          static_cast<const T*>(logits), vocab, params, ws.keys_in, ws.idx_in);
+      CONVEYOR_CUDA_LAUNCHED("sample prepare");
+    }
+  });
+  if (!any_random) return;
+  std::size_t temp_bytes = ws.sort_temp_bytes;
+  // Radix sort is stable: equal logits keep ascending index order, the CPU's tie rule.
+  CONVEYOR_CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortPairsDescending(
+      ws.sort_temp, temp_bytes, ws.keys_in, ws.keys_out, ws.idx_in, ws.idx_out,
+      static_cast<std::int64_t>(n) * vocab, n, ws.offsets, ws.offsets + 1, 0, 32, s));
+  finish_kernel<<<n, 32, 0, s>>>(ws.keys_out, ws.idx_out, vocab, params, tokens);
+  CONVEYOR_CUDA_LAUNCHED("sample finish");
+}
+
+}  // namespace conveyor::kernels::cuda

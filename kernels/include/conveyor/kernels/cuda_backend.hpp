@@ -1,0 +1,26 @@
+#pragma once
+// Factory of the CUDA backend. Host-only header: callers compile without nvcc, and it exists (and
+// links) only where the build found CUDA (CONVEYOR_HAVE_CUDA).
+#include <memory>
+
+#include "conveyor/base/result.hpp"
+#include "conveyor/kernels/backend.hpp"
+
+namespace conveyor::kernels {
+
+struct cuda_backend_options {
+  int device = 0;                 ///< CUDA device ordinal
+  dtype compute_dtype = dtype::bf16;  ///< weights, activations and KV cache: bf16, or f32 for golden runs
+  /// Device scratch for flash-decoding partial results; longer contexts or bigger batches than it
+  /// holds use fewer splits (still correct, less parallel).
+  std::size_t attention_workspace_bytes = 64ull << 20;
+  /// Rows of logits sampled per pass; the sort workspace is sized for this many rows of the vocab.
+  int sample_rows_per_pass = 64;
+};
+
+/// Creates a backend on `options.device`: one stream, one cuBLAS handle, workspace allocated here.
+/// Returns an error value (not an exception, not an abort) when there is no usable device, the
+/// ordinal is out of range or the dtype is not bf16/f32.
+result<std::unique_ptr<backend>> make_cuda_backend(const cuda_backend_options& options = {});
+
+}  // namespace conveyor::kernels
