@@ -1,0 +1,92 @@
+#pragma once
+// What a frontend (Cap'n Proto RPC, HTTP) asks of the serving side, in plain C++: no CAF, no Cap'n
+// Proto. The coordinator implements it with actors; `local_inference_service` implements it over an
+// in-process engine. Callbacks may arrive on any thread: a frontend marshals them to its own loop.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "conveyor/base/result.hpp"
+#include "conveyor/kernels/backend.hpp"
+
+namespace conveyor::service {
+
+struct generate_request {
+  std::vector<std::int32_t> prompt;
+  int max_new_tokens = 16;
+  kernels::sample_params sampling;     ///< step is set per token by the scheduler
+  std::vector<std::int32_t> stop_ids;  ///< extra ids that end the sequence (besides the model's EOS)
+  bool ignore_eos = false;
+  double deadline_s = 0.0;  ///< seconds from submission; 0 = the server's default
+};
+
+struct generate_summary {
+  int prompt_tokens = 0;
+  int completion_tokens = 0;
+  std::string finish_reason;  ///< "length" | "stop" | "cancelled"
+  double queue_s = 0.0;       ///< submission to first scheduled step
+  double first_token_s = 0.0; ///< submission to first token
+  double total_s = 0.0;
+};
+
+/// Receives one request's tokens. on_tokens may be called many times, then on_done exactly once
+/// (with the summary, or an error saying why the request failed). Called from service threads.
+class token_sink {
+ public:
+  virtual ~token_sink() = default;
+  virtual void on_tokens(std::span<const std::int32_t> tokens) = 0;
+  virtual void on_done(result<generate_summary> summary) = 0;
+};
+
+struct stage_health {
+  int stage = 0;
+  int tp_rank = 0;
+  std::string state;  ///< "starting" | "loading" | "ready" | "failed" | "stopped"
+  std::string detail; ///< e.g. load progress or the failure
+};
+
+struct health_report {
+  bool ready = false;  ///< the canary token has passed every stage
+  std::vector<stage_health> stages;
+};
+
+struct stats_report {
+  std::int64_t requests_running = 0;
+  std::int64_t requests_waiting = 0;
+  std::int64_t requests_finished = 0;
+  std::int64_t requests_failed = 0;
+  std::int64_t tokens_generated = 0;
+  int kv_blocks_total = 0;
+  int kv_blocks_free = 0;
+  std::vector<double> stage_busy_s;  ///< per stage: time spent computing
+  std::vector<double> stage_idle_s;  ///< per stage: time waiting for work (the pipeline bubble)
+};
+
+struct model_info {
+  std::string model_dir;
+  std::string model_type;
+  int vocab_size = 0;
+  int num_layers = 0;
+  int hidden_size = 0;
+  int stages = 0;
+  int tp = 1;
+  int chunks = 1;
+  int max_context = 0;
+};
+
+class inference_service {
+ public:
+  virtual ~inference_service() = default;
+  /// Queues a request; returns its id (for cancel). Invalid requests reach the sink as errors.
+  virtual std::uint64_t submit(generate_request request, std::shared_ptr<token_sink> sink) = 0;
+  /// Cancels a request: its KV is freed on every stage and its sink gets finish_reason "cancelled".
+  virtual void cancel(std::uint64_t id) = 0;
+  virtual void health(std::function<void(health_report)> reply) = 0;
+  virtual void stats(std::function<void(stats_report)> reply) = 0;
+  virtual model_info info() const = 0;
+};
+
+}  // namespace conveyor::service

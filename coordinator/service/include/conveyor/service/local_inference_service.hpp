@@ -1,0 +1,26 @@
+#pragma once
+// inference_service over an in-process engine: the model split into `stages` layer ranges in this
+// process, driven by the batch scheduler on one service thread. For users without a cluster, and as
+// the real serving side in frontend tests.
+#include <memory>
+#include <string>
+
+#include "conveyor/base/result.hpp"
+#include "conveyor/service/inference_service.hpp"
+
+namespace conveyor::service {
+
+struct local_service_options {
+  int stages = 1;
+  int max_seqs_per_step = 64;
+  int max_step_tokens = 512;
+  int kv_blocks = 512;
+  int kv_block_size = 16;
+  int max_context = 0;  ///< 0 = the model's max_position_embeddings
+  int threads = 0;      ///< CPU threads for the matrix products, 0 = all
+};
+
+result<std::unique_ptr<inference_service>> make_local_inference_service(const std::string& model_dir,
+                                                                        const local_service_options& options);
+
+}  // namespace conveyor::service

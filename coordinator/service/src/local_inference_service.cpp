@@ -1,0 +1,158 @@
+#include "conveyor/service/local_inference_service.hpp"
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "conveyor/engine/local_pipeline.hpp"
+#include "conveyor/kernels/cpu_backend.hpp"
+#include "conveyor/scheduler/batch_scheduler.hpp"
+
+namespace conveyor::service {
+
+namespace {
+
+class local_inference_service final : public inference_service {
+ public:
+  local_inference_service(std::unique_ptr<kernels::backend> backend, std::unique_ptr<engine::local_pipeline> pipe,
+                          const scheduler::scheduler_options& sopts, model_info info)
+      : backend_(std::move(backend)), pipe_(std::move(pipe)), scheduler_(sopts), info_(std::move(info)),
+        thread_([this] { loop(); }) {}
+
+  ~local_inference_service() override {
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+  std::uint64_t submit(generate_request request, std::shared_ptr<token_sink> sink) override {
+    std::lock_guard lock(mu_);
+    const std::uint64_t ticket = next_ticket_++;
+    commands_.push_back([this, ticket, r = std::move(request), sink]() mutable {
+      auto id = scheduler_.add(std::move(r), sink);
+      if (!id) {
+        sink->on_done(id.err());
+        return;
+      }
+      ids_[ticket] = *id;
+    });
+    cv_.notify_all();
+    return ticket;
+  }
+
+  void cancel(std::uint64_t ticket) override {
+    post([this, ticket] {
+      if (auto it = ids_.find(ticket); it != ids_.end()) scheduler_.cancel(it->second);
+    });
+  }
+
+  void health(std::function<void(health_report)> reply) override {
+    post([this, reply = std::move(reply)] {
+      health_report h;
+      h.ready = true;
+      for (int s = 0; s < info_.stages; ++s) h.stages.push_back({s, 0, "ready", "in process"});
+      reply(std::move(h));
+    });
+  }
+
+  void stats(std::function<void(stats_report)> reply) override {
+    post([this, reply = std::move(reply)] {
+      const auto c = scheduler_.counters();
+      stats_report r;
+      r.requests_running = c.running;
+      r.requests_waiting = c.waiting;
+      r.requests_finished = c.finished + c.cancelled;
+      r.requests_failed = c.failed;
+      r.tokens_generated = c.tokens_generated;
+      r.kv_blocks_total = scheduler_.blocks().num_blocks();
+      r.kv_blocks_free = c.kv_blocks_free;
+      r.stage_busy_s.assign(info_.stages, busy_s_ / info_.stages);
+      r.stage_idle_s.assign(info_.stages, 0.0);
+      reply(std::move(r));
+    });
+  }
+
+  model_info info() const override { return info_; }
+
+ private:
+  void post(std::function<void()> fn) {
+    {
+      std::lock_guard lock(mu_);
+      commands_.push_back(std::move(fn));
+    }
+    cv_.notify_all();
+  }
+
+  void loop() {
+    for (;;) {
+      std::deque<std::function<void()>> batch;
+      {
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [&] { return stopping_ || !commands_.empty() || scheduler_.has_work(); });
+        if (stopping_) break;
+        batch.swap(commands_);
+      }
+      for (auto& fn : batch) fn();
+      auto plan = scheduler_.next_step(0);
+      if (!plan) continue;
+      const auto t0 = std::chrono::steady_clock::now();
+      auto out = pipe_->step(*plan);
+      busy_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (out) {
+        scheduler_.complete(0, out->tokens);
+      } else {
+        scheduler_.fail_step(0, out.err());
+      }
+      // Forget tickets of retired requests lazily: bounded by the requests in the scheduler.
+      if (ids_.size() > 4096 && !scheduler_.has_work()) ids_.clear();
+    }
+    scheduler_.fail_all(make_error(errc::internal, "the service is shutting down"));
+  }
+
+  std::unique_ptr<kernels::backend> backend_;
+  std::unique_ptr<engine::local_pipeline> pipe_;
+  scheduler::batch_scheduler scheduler_;  // touched only on thread_
+  model_info info_;
+  std::unordered_map<std::uint64_t, std::uint64_t> ids_;  // ticket -> scheduler id, on thread_
+  double busy_s_ = 0.0;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> commands_;
+  std::uint64_t next_ticket_ = 1;
+  bool stopping_ = false;
+  std::thread thread_;  // last: starts after everything above is constructed
+};
+
+}  // namespace
+
+result<std::unique_ptr<inference_service>> make_local_inference_service(const std::string& model_dir,
+                                                                        const local_service_options& o) {
+  auto backend = kernels::make_cpu_backend({o.threads});
+  CONVEYOR_TRY_ASSIGN(config, engine::load_model_config(model_dir));
+  const int max_context = o.max_context > 0 ? o.max_context : config.max_position_embeddings;
+  engine::executor_options eo;
+  eo.kv_blocks = o.kv_blocks;
+  eo.kv_block_size = o.kv_block_size;
+  eo.max_step_tokens = o.max_step_tokens;
+  eo.max_seqs = o.max_seqs_per_step;
+  CONVEYOR_TRY_ASSIGN(pipe, engine::local_pipeline::create(*backend, model_dir, o.stages, eo));
+  scheduler::scheduler_options so;
+  so.chunks = 1;  // one process runs the stages back to back: nothing to overlap
+  so.max_seqs_per_step = o.max_seqs_per_step;
+  so.max_step_tokens = o.max_step_tokens;
+  so.kv_blocks = o.kv_blocks;
+  so.kv_block_size = o.kv_block_size;
+  so.max_context = std::min(max_context, o.kv_blocks * o.kv_block_size);
+  so.vocab_size = config.vocab_size;
+  so.eos_ids = config.eos_token_ids;
+  model_info info{model_dir, config.model_type, config.vocab_size, config.num_layers, config.hidden_size,
+                  o.stages, 1, 1, so.max_context};
+  return std::unique_ptr<inference_service>(
+      new local_inference_service(std::move(backend), std::move(pipe), so, std::move(info)));
+}
+
+}  // namespace conveyor::service
