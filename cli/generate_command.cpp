@@ -1,9 +1,13 @@
-// conveyor generate: the engine alone, in one process, on the CPU backend.
+// conveyor generate: the engine alone, in one process, on the CPU or the CUDA backend.
 #include <cstdio>
 
 #include "command.hpp"
 #include "conveyor/engine/local_pipeline.hpp"
+#include "conveyor/engine/memory_plan.hpp"
 #include "conveyor/kernels/cpu_backend.hpp"
+#ifdef CONVEYOR_HAVE_CUDA
+#include "conveyor/kernels/cuda_backend.hpp"
+#endif
 #include "flags.hpp"
 
 namespace conveyor::cli {
@@ -15,11 +19,36 @@ int fail(const error& e) {
   return 1;
 }
 
+/// The backend `--device` and `--dtype` name; errors say what is allowed.
+result<std::unique_ptr<kernels::backend>> make_backend(const flags& f, int threads) {
+  const std::string device = f.get("device").value_or("cpu");
+  const std::string dtype = f.get("dtype").value_or(device == "cuda" ? "bf16" : "f32");
+  if (dtype != "bf16" && dtype != "f32") {
+    return make_error(errc::invalid_argument, "--dtype must be bf16 or f32, got \"" + dtype + "\"");
+  }
+  if (device == "cpu") {
+    if (dtype != "f32") return make_error(errc::invalid_argument, "--device cpu computes in f32 only");
+    return kernels::make_cpu_backend({threads});
+  }
+  if (device == "cuda") {
+#ifdef CONVEYOR_HAVE_CUDA
+    kernels::cuda_backend_options o;
+    o.compute_dtype = dtype == "f32" ? kernels::dtype::f32 : kernels::dtype::bf16;
+    auto b = kernels::make_cuda_backend(o);
+    if (!b) return make_error(b.err().code, "--device cuda: " + b.err().message);
+    return std::move(b).value();
+#else
+    return make_error(errc::unsupported, "--device cuda: this build of conveyor has no CUDA backend");
+#endif
+  }
+  return make_error(errc::invalid_argument, "--device must be cpu or cuda, got \"" + device + "\"");
+}
+
 }  // namespace
 
 int generate_main(const args& argv) {
   auto f = flags::parse(argv, {"model", "prompt-ids", "max-new-tokens", "temperature", "top-k", "top-p", "seed",
-                               "stages", "format", "ignore-eos", "threads"},
+                               "stages", "format", "ignore-eos", "threads", "device", "dtype"},
                         {"ignore-eos"});
   if (!f) return fail(f.err());
   auto model = f->get("model");
@@ -46,14 +75,26 @@ int generate_main(const args& argv) {
     return fail(make_error(errc::invalid_argument, "--format must be json or text, got \"" + format + "\""));
   }
 
-  auto backend = kernels::make_cpu_backend({static_cast<int>(*threads)});
+  auto backend = make_backend(*f, static_cast<int>(*threads));
+  if (!backend) return fail(backend.err());
   engine::executor_options opts;
   const int context = static_cast<int>(ids->size() + *max_new);
   opts.kv_block_size = 16;
   opts.kv_blocks = std::max(1, (context + 15) / 16);
   opts.max_step_tokens = std::max(1, std::min(static_cast<int>(ids->size()), 2048));
   opts.max_seqs = 1;
-  auto pipe = engine::local_pipeline::create(*backend, *model, static_cast<int>(*stages), opts);
+  {
+    // Check up front that weights, workspace and this request's KV blocks fit.
+    auto config = engine::load_model_config(*model);
+    if (!config) return fail(config.err());
+    auto ranges = engine::split_even(*config, static_cast<int>(*stages));
+    if (!ranges) return fail(ranges.err());
+    engine::memory_plan_options po;
+    po.min_blocks = po.max_blocks = opts.kv_blocks;
+    auto plan = engine::plan_memory(**backend, *config, *ranges, opts, po);
+    if (!plan) return fail(plan.err());
+  }
+  auto pipe = engine::local_pipeline::create(**backend, *model, static_cast<int>(*stages), opts);
   if (!pipe) return fail(pipe.err());
   if (context > (*pipe)->config().max_position_embeddings) {
     std::fprintf(stderr, "conveyor generate: warning: %d tokens exceed max_position_embeddings (%d)\n", context,

@@ -1,0 +1,383 @@
+// Parity of every CUDA op with its CPU twin (kernels/cpu), on fresh random inputs of several shapes,
+// with outputs poisoned before each run. Skips with the reason where no GPU is present.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+
+#include "conveyor/kernels/cpu_backend.hpp"
+#include "conveyor/kernels/sampling.hpp"
+#include "cuda_test_util.hpp"
+#include "../../kernels/cpu/cpu_ops.hpp"
+
+namespace conveyor {
+namespace {
+
+using kernels::dtype;
+using testing::dev_acts;
+using testing::dev_bytes;
+
+std::string name_of(dtype t) { return std::string(kernels::dtype_name(t)); }
+
+class cuda_ops : public ::testing::TestWithParam<dtype> {
+ protected:
+  void SetUp() override {
+    std::string why;
+    b_ = testing::try_cuda_backend(GetParam(), why);
+    if (!b_) GTEST_SKIP() << "no CUDA device: " << why;
+    rng_.seed(testing::test_seed() ^ std::hash<std::string>{}(
+                                         ::testing::UnitTest::GetInstance()->current_test_info()->name()));
+  }
+  dtype t() const { return GetParam(); }
+  std::string tag(const std::string& op) const { return op + " " + name_of(t()); }
+  /// A matrix weight uploaded from float32 host values; returns the values the device holds.
+  kernels::weight upload_matrix(std::vector<float>& host, int rows, int cols) {
+    for (auto& x : host) x = testing::representable(t(), x);
+    return b_->upload_weight(host.data(), dtype::f32, rows, cols, false);
+  }
+  kernels::weight upload_vector(const std::vector<float>& host) {
+    return b_->upload_weight(host.data(), dtype::f32, 1, static_cast<std::int64_t>(host.size()), true);
+  }
+
+  std::unique_ptr<kernels::backend> b_;
+  std::mt19937_64 rng_;
+};
+
+TEST_P(cuda_ops, write_and_read_round_trip) {
+  for (std::size_t n : {1u, 1000u, 100003u}) {
+    auto host = testing::random_values(rng_, n, t());
+    dev_acts d(*b_, host);
+    EXPECT_EQ(d.get(), host) << n;
+  }
+}
+
+TEST_P(cuda_ops, upload_weight_converts_every_source_dtype) {
+  const int rows = 37, cols = 129;
+  std::uniform_real_distribution<float> u(-4.0f, 4.0f);
+  std::vector<float> src(rows * cols);
+  for (auto& x : src) x = u(rng_);
+  std::vector<std::uint16_t> as_bf16(src.size()), as_f16(src.size());
+  for (std::size_t i = 0; i < src.size(); ++i) as_bf16[i] = kernels::f32_to_bf16(src[i]);
+  // f16 bits of small integers and halves are exact; use those for the f16 source.
+  std::vector<float> f16_vals(src.size());
+  for (std::size_t i = 0; i < src.size(); ++i) {
+    f16_vals[i] = std::round(src[i] * 2.0f) / 2.0f;
+    // float -> half for these exactly representable values
+    const float v = f16_vals[i];
+    std::uint32_t bits;
+    std::memcpy(&bits, &v, 4);
+    const std::uint16_t sign = (bits >> 16) & 0x8000u;
+    if (v == 0.0f) { as_f16[i] = sign; continue; }
+    const int exp = static_cast<int>((bits >> 23) & 0xff) - 127 + 15;
+    as_f16[i] = static_cast<std::uint16_t>(sign | (exp << 10) | ((bits >> 13) & 0x3ffu));
+  }
+  struct source { dtype type; const void* data; std::vector<float> want; };
+  std::vector<float> bf16_vals(src.size());
+  for (std::size_t i = 0; i < src.size(); ++i) bf16_vals[i] = kernels::bf16_to_f32(as_bf16[i]);
+  for (const auto& s : {source{dtype::f32, src.data(), src}, source{dtype::bf16, as_bf16.data(), bf16_vals},
+                        source{dtype::f16, as_f16.data(), f16_vals}}) {
+    for (bool vec : {false, true}) {
+      kernels::weight w = b_->upload_weight(s.data, s.type, vec ? 1 : rows, vec ? rows * cols : cols, vec);
+      ASSERT_FALSE(w.empty());
+      EXPECT_EQ(w.type, vec ? dtype::f32 : t());
+      std::vector<float> got(src.size());
+      if (w.type == dtype::f32) {
+        b_->download(got.data(), w.data, got.size() * 4);
+      } else {
+        std::vector<std::uint16_t> raw(src.size());
+        b_->download(raw.data(), w.data, raw.size() * 2);
+        for (std::size_t i = 0; i < raw.size(); ++i) got[i] = kernels::bf16_to_f32(raw[i]);
+      }
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        const float want = w.type == dtype::f32 ? s.want[i] : testing::representable(dtype::bf16, s.want[i]);
+        ASSERT_EQ(got[i], want) << "source " << kernels::dtype_name(s.type) << " element " << i;
+      }
+      b_->release(const_cast<void*>(w.data));
+    }
+  }
+}
+
+TEST_P(cuda_ops, embedding_and_gather_rows) {
+  for (auto [vocab, width, n] : {std::tuple{37, 67, 1}, {1000, 128, 13}, {5, 4096, 300}}) {
+    auto table_h = testing::random_values(rng_, static_cast<std::size_t>(vocab) * width, t());
+    kernels::weight table = upload_matrix(table_h, vocab, width);
+    std::uniform_int_distribution<int> pick(0, vocab - 1);
+    std::vector<std::int32_t> ids(n);
+    for (auto& i : ids) i = pick(rng_);
+    dev_bytes ids_d(*b_, ids);
+    dev_acts out(*b_, static_cast<std::size_t>(n) * width);
+    out.poison();
+    b_->embedding(ids_d.as<std::int32_t>(), n, table, out.get_ptr());
+    std::vector<float> ref;
+    for (int i : ids) ref.insert(ref.end(), table_h.begin() + static_cast<std::size_t>(i) * width,
+                                 table_h.begin() + static_cast<std::size_t>(i + 1) * width);
+    EXPECT_EQ(out.get(), ref) << "embedding " << vocab << "x" << width;
+
+    // gather_rows of the embedded rows, in a random order with repeats
+    std::uniform_int_distribution<int> row_pick(0, n - 1);
+    std::vector<std::int32_t> rows(std::max(1, n / 2 + 1));
+    for (auto& r : rows) r = row_pick(rng_);
+    dev_bytes rows_d(*b_, rows);
+    dev_acts g(*b_, rows.size() * width);
+    g.poison();
+    b_->gather_rows(out.get_ptr(), rows_d.as<std::int32_t>(), static_cast<int>(rows.size()), width, g.get_ptr());
+    std::vector<float> gref;
+    for (int r : rows) gref.insert(gref.end(), ref.begin() + static_cast<std::size_t>(r) * width,
+                                   ref.begin() + static_cast<std::size_t>(r + 1) * width);
+    EXPECT_EQ(g.get(), gref) << "gather_rows";
+    b_->release(const_cast<void*>(table.data));
+  }
+}
+
+TEST_P(cuda_ops, rmsnorm_and_add_rmsnorm) {
+  for (auto [n, width] : {std::pair{1, 1}, {7, 33}, {64, 128}, {3, 4097}, {17, 8192}}) {
+    const std::string shape = " " + std::to_string(n) + "x" + std::to_string(width);
+    auto x = testing::random_values(rng_, static_cast<std::size_t>(n) * width, t(), 3.0f);
+    auto res = testing::random_values(rng_, x.size(), t());
+    std::vector<float> w(width);
+    std::uniform_real_distribution<float> wd(0.5f, 1.5f);
+    for (auto& v : w) v = wd(rng_);
+    kernels::weight wd_ = upload_vector(w);
+    const float eps = 1e-5f;
+    dev_acts xd(*b_, x), rd(*b_, res), out(*b_, x.size());
+
+    out.poison();
+    b_->rmsnorm(xd.get_ptr(), n, width, wd_, eps, out.get_ptr());
+    std::vector<float> ref(x.size());
+    kernels::cpu::rmsnorm(x.data(), n, width, w.data(), eps, ref.data());
+    EXPECT_CLOSE(out.get(), ref, t(), tag("rmsnorm" + shape));
+
+    out.poison();
+    b_->add_rmsnorm(rd.get_ptr(), xd.get_ptr(), n, width, wd_, eps, out.get_ptr());
+    std::vector<float> res_ref = res;
+    kernels::cpu::add_rmsnorm(res_ref.data(), x.data(), n, width, w.data(), eps, ref.data());
+    EXPECT_CLOSE(out.get(), ref, t(), tag("add_rmsnorm out" + shape));
+    EXPECT_CLOSE(rd.get(), res_ref, t(), tag("add_rmsnorm residual" + shape));
+    b_->release(const_cast<void*>(wd_.data));
+  }
+}
+
+TEST_P(cuda_ops, add) {
+  for (std::size_t n : {1u, 1000u, (1u << 20) + 3u}) {
+    auto a = testing::random_values(rng_, n, t()), x = testing::random_values(rng_, n, t());
+    dev_acts ad(*b_, a), xd(*b_, x);
+    b_->add(ad.get_ptr(), xd.get_ptr(), n);
+    for (std::size_t i = 0; i < n; ++i) a[i] += x[i];
+    EXPECT_CLOSE(ad.get(), a, t(), tag("add " + std::to_string(n)));
+  }
+}
+
+TEST_P(cuda_ops, linear_with_and_without_bias) {
+  for (auto [n, rows, cols] : {std::tuple{1, 1, 1}, {3, 17, 33}, {64, 384, 256}, {130, 1000, 515}, {1, 4096, 2048}}) {
+    for (bool with_bias : {false, true}) {
+      const std::string shape = " n" + std::to_string(n) + " " + std::to_string(rows) + "x" + std::to_string(cols) +
+                                (with_bias ? " bias" : "");
+      auto x = testing::random_values(rng_, static_cast<std::size_t>(n) * cols, t());
+      auto wh = testing::random_values(rng_, static_cast<std::size_t>(rows) * cols, t(), 0.05f);
+      kernels::weight w = upload_matrix(wh, rows, cols);
+      std::vector<float> bias_h = with_bias ? testing::random_values(rng_, rows, dtype::f32) : std::vector<float>{};
+      kernels::weight bias = with_bias ? upload_vector(bias_h) : kernels::weight{};
+      dev_acts xd(*b_, x), out(*b_, static_cast<std::size_t>(n) * rows);
+      out.poison();
+      b_->linear(xd.get_ptr(), n, w, bias, out.get_ptr());
+      std::vector<float> ref(static_cast<std::size_t>(n) * rows);
+      kernels::cpu::linear(x.data(), n, wh.data(), rows, cols, with_bias ? bias_h.data() : nullptr, ref.data());
+      EXPECT_CLOSE(out.get(), ref, t(), tag("linear" + shape));
+      b_->release(const_cast<void*>(w.data));
+      if (with_bias) b_->release(const_cast<void*>(bias.data));
+    }
+  }
+}
+
+TEST_P(cuda_ops, rope) {
+  struct c { int heads, kv_heads, head_dim, n; float theta, scaling; };
+  for (auto s : {c{4, 2, 32, 1, 1e4f, 1.0f}, c{8, 2, 16, 77, 1e6f, 1.0f}, c{32, 8, 128, 300, 5e5f, 1.0f},
+                 c{5, 1, 64, 33, 1e4f, 1.1386294f}}) {
+    kernels::attn_shape sh{s.heads, s.kv_heads, s.head_dim, 1.0f, 0};
+    const int width = (s.heads + 2 * s.kv_heads) * s.head_dim;
+    auto qkv = testing::random_values(rng_, static_cast<std::size_t>(s.n) * width, t());
+    std::vector<std::int32_t> pos(s.n);
+    std::uniform_int_distribution<int> pd(0, 100000);
+    for (auto& p : pos) p = pd(rng_);
+    std::vector<float> inv_freq(s.head_dim / 2);
+    for (int i = 0; i < s.head_dim / 2; ++i) inv_freq[i] = std::pow(s.theta, -2.0f * i / s.head_dim);
+    dev_acts qd(*b_, qkv);
+    dev_bytes pos_d(*b_, pos), freq_d(*b_, inv_freq);
+    b_->rope(qd.get_ptr(), s.n, sh, pos_d.as<std::int32_t>(), freq_d.as<float>(), s.scaling);
+    kernels::cpu::rope(qkv.data(), s.n, sh, pos.data(), inv_freq.data(), s.scaling);
+    EXPECT_CLOSE(qd.get(), qkv, t(),
+                 tag("rope h" + std::to_string(s.heads) + "/" + std::to_string(s.kv_heads) + " d" +
+                     std::to_string(s.head_dim) + " n" + std::to_string(s.n)));
+  }
+}
+
+TEST_P(cuda_ops, silu_mul) {
+  for (auto [n, ffn] : {std::pair{1, 1}, {5, 353}, {100, 8192}}) {
+    auto gu = testing::random_values(rng_, static_cast<std::size_t>(n) * 2 * ffn, t(), 2.0f);
+    dev_acts gd(*b_, gu), out(*b_, static_cast<std::size_t>(n) * ffn);
+    out.poison();
+    b_->silu_mul(gd.get_ptr(), n, ffn, out.get_ptr());
+    std::vector<float> ref(static_cast<std::size_t>(n) * ffn);
+    kernels::cpu::silu_mul(gu.data(), n, ffn, ref.data());
+    EXPECT_CLOSE(out.get(), ref, t(), tag("silu_mul " + std::to_string(n) + "x" + std::to_string(ffn)));
+  }
+}
+
+TEST_P(cuda_ops, kv_write_touches_only_its_slots) {
+  for (auto [heads, kv_heads, head_dim, n] : {std::tuple{4, 2, 32, 1}, {8, 2, 16, 50}, {32, 8, 128, 257}}) {
+    kernels::attn_shape sh{heads, kv_heads, head_dim, 1.0f, 0};
+    const int block_size = 16, num_blocks = (n + 15) / 16 + 7;
+    const std::size_t cache = static_cast<std::size_t>(num_blocks) * block_size * kv_heads * head_dim;
+    auto k = testing::random_values(rng_, cache, t()), v = testing::random_values(rng_, cache, t());
+    auto qkv = testing::random_values(rng_, static_cast<std::size_t>(n) * (heads + 2 * kv_heads) * head_dim, t());
+    std::vector<std::int32_t> slots(num_blocks * block_size);
+    std::iota(slots.begin(), slots.end(), 0);
+    std::shuffle(slots.begin(), slots.end(), rng_);
+    slots.resize(n);
+    dev_acts kd(*b_, k), vd(*b_, v), qd(*b_, qkv);
+    dev_bytes sd(*b_, slots);
+    b_->kv_write(qd.get_ptr(), n, sh, sd.as<std::int32_t>(), {num_blocks, block_size}, kd.get_ptr(), vd.get_ptr());
+    kernels::cpu::kv_write(qkv.data(), n, sh, slots.data(), k.data(), v.data());
+    EXPECT_EQ(kd.get(), k) << "k cache, n " << n;
+    EXPECT_EQ(vd.get(), v) << "v cache, n " << n;
+  }
+}
+
+// One attention scenario: sequences with (new query rows, cached context) each.
+struct attn_case {
+  std::string name;
+  int heads, kv_heads, head_dim;
+  std::vector<std::pair<int, int>> seqs;  // (q_len, ctx_len)
+  int window = 0;
+  int block_size = 16;
+};
+
+void run_attention_case(kernels::backend& b, std::mt19937_64& rng, const attn_case& c) {
+  const dtype t = b.caps().act_dtype;
+  kernels::attn_shape sh{c.heads, c.kv_heads, c.head_dim, 1.0f / std::sqrt(static_cast<float>(c.head_dim)),
+                         c.window};
+  const int num_seqs = static_cast<int>(c.seqs.size());
+  int max_q = 0, max_ctx = 0, total_q = 0, max_blocks = 1, total_blocks = 0;
+  for (auto [q, ctx] : c.seqs) {
+    max_q = std::max(max_q, q);
+    max_ctx = std::max(max_ctx, ctx);
+    total_q += q;
+    const int nb = (ctx + c.block_size - 1) / c.block_size;
+    max_blocks = std::max(max_blocks, nb);
+    total_blocks += nb;
+  }
+  // Blocks handed out in a random order, with spares, so the page table matters.
+  const int num_blocks = total_blocks + 3;
+  std::vector<std::int32_t> perm(num_blocks);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<std::int32_t> table(static_cast<std::size_t>(num_seqs) * max_blocks, 0), q_start{0}, ctx_len;
+  int next = 0;
+  for (int s = 0; s < num_seqs; ++s) {
+    const auto [q, ctx] = c.seqs[s];
+    for (int i = 0; i < (ctx + c.block_size - 1) / c.block_size; ++i) table[s * max_blocks + i] = perm[next++];
+    q_start.push_back(q_start.back() + q);
+    ctx_len.push_back(ctx);
+  }
+  const std::size_t cache = static_cast<std::size_t>(num_blocks) * c.block_size * c.kv_heads * c.head_dim;
+  auto k = testing::random_values(rng, cache, t), v = testing::random_values(rng, cache, t);
+  const int width = (c.heads + 2 * c.kv_heads) * c.head_dim;
+  auto qkv = testing::random_values(rng, static_cast<std::size_t>(total_q) * width, t, 2.0f);
+  dev_acts kd(b, k), vd(b, v), qd(b, qkv), out(b, static_cast<std::size_t>(total_q) * c.heads * c.head_dim);
+  dev_bytes qs_d(b, q_start), ctx_d(b, ctx_len), table_d(b, table);
+  kernels::attention_batch batch{num_seqs, qs_d.as<std::int32_t>(), ctx_d.as<std::int32_t>(),
+                                 table_d.as<std::int32_t>(), max_blocks, max_ctx, max_q};
+  kernels::kv_layout layout{num_blocks, c.block_size};
+  out.poison();
+  b.attention(qd.get_ptr(), sh, batch, layout, kd.get_ptr(), vd.get_ptr(), out.get_ptr());
+  std::vector<float> ref(static_cast<std::size_t>(total_q) * c.heads * c.head_dim);
+  kernels::attention_batch hb{num_seqs, q_start.data(), ctx_len.data(), table.data(), max_blocks, max_ctx, max_q};
+  kernels::cpu::attention(qkv.data(), sh, hb, layout, k.data(), v.data(), ref.data());
+  EXPECT_CLOSE(out.get(), ref, t, "attention " + c.name + " " + name_of(t));
+}
+
+std::vector<attn_case> attention_cases(std::mt19937_64& rng) {
+  std::vector<attn_case> cases;
+  cases.push_back({"prefill-1tok h4/2 d32", 4, 2, 32, {{1, 1}}});
+  cases.push_back({"prefill h4/2 d32 T100", 4, 2, 32, {{100, 100}}});
+  cases.push_back({"prefill h8/2 d16 T64", 8, 2, 16, {{64, 64}}});
+  cases.push_back({"prefill h8/1 d16 bs7", 8, 1, 16, {{70, 70}}, 0, 7});
+  cases.push_back({"prefill MHA d80", 4, 4, 80, {{45, 45}}});
+  cases.push_back({"prefill d256", 2, 1, 256, {{40, 40}}});
+  cases.push_back({"chunked prefill h12/4 d64", 12, 4, 64, {{37, 200}, {5, 5}, {128, 300}}});
+  cases.push_back({"long prefill h8/2 d128", 8, 2, 128, {{1024, 3000}}});
+  cases.push_back({"sliding window 16 prefill", 4, 4, 16, {{40, 40}, {9, 60}}, 16});
+  // Decode: one row per sequence, many lengths; exercises the split-K path.
+  std::uniform_int_distribution<int> len(1, 3000);
+  attn_case dec{"decode 33 seqs h32/8 d128", 32, 8, 128, {}};
+  for (int i = 0; i < 33; ++i) dec.seqs.push_back({1, len(rng)});
+  cases.push_back(dec);
+  cases.push_back({"decode 1 seq ctx 4000 h8/2 d64", 8, 2, 64, {{1, 4000}}});
+  cases.push_back({"decode ctx 1", 4, 2, 32, {{1, 1}, {1, 2}}});
+  cases.push_back({"decode sliding window 16", 4, 4, 16, {{1, 64}, {1, 10}, {1, 17}}, 16});
+  cases.push_back({"decode d80 h5/1", 5, 1, 80, {{1, 700}, {1, 33}}});
+  // Mixed prefill + decode in one batch.
+  attn_case mixed{"mixed prefill+decode h8/2 d64", 8, 2, 64, {{1, 900}, {50, 50}, {1, 17}, {200, 1000}, {1, 1}}};
+  cases.push_back(mixed);
+  return cases;
+}
+
+TEST_P(cuda_ops, attention_matches_cpu_on_paged_cache) {
+  for (const auto& c : attention_cases(rng_)) run_attention_case(*b_, rng_, c);
+}
+
+// With a tiny scratch the decode kernel must fall back to fewer splits and stay correct.
+TEST_P(cuda_ops, attention_decode_with_small_workspace) {
+  std::string why;
+  auto small = testing::try_cuda_backend(t(), why, 4096);
+  ASSERT_TRUE(small) << why;
+  run_attention_case(*small, rng_, {"decode small scratch h8/2 d64", 8, 2, 64, {{1, 3000}, {1, 2500}, {1, 100}}});
+}
+
+TEST_P(cuda_ops, sample_matches_cpu_draws) {
+  for (int vocab : {1000, 32000, 128256}) {
+    const int n = 70;  // more than one pass of 64 rows
+    std::vector<float> logits(static_cast<std::size_t>(n) * vocab);
+    std::normal_distribution<float> d(0.0f, 3.0f);
+    for (std::size_t i = 0; i < logits.size(); ++i) {
+      float x = d(rng_);
+      if ((i / vocab) % 3 == 0) x = std::round(x * 2.0f) / 2.0f;  // many ties: the tie rule matters
+      logits[i] = testing::representable(t(), x);
+    }
+    std::vector<kernels::sample_params> params(n);
+    std::uniform_int_distribution<int> kind(0, 5);
+    for (int i = 0; i < n; ++i) {
+      auto& p = params[i];
+      p.seed = rng_();
+      p.step = rng_() % 10000;
+      switch (kind(rng_)) {
+        case 0: break;  // greedy
+        case 1: p.temperature = 0.7f; break;
+        case 2: p.temperature = 1.0f; p.top_k = 50; break;
+        case 3: p.temperature = 0.9f; p.top_p = 0.9f; break;
+        case 4: p.temperature = 1.3f; p.top_k = 200; p.top_p = 0.5f; break;
+        default: p.temperature = 2.0f; p.top_k = 1; break;  // top_k 1 is greedy
+      }
+    }
+    dev_acts ld(*b_, logits);
+    std::vector<std::int32_t> got(n, -1);
+    b_->sample(ld.get_ptr(), n, vocab, params.data(), got.data());
+    std::vector<std::pair<float, std::int32_t>> scratch;
+    int same = 0;
+    for (int i = 0; i < n; ++i) {
+      const std::int32_t want = kernels::sample_row(logits.data() + static_cast<std::size_t>(i) * vocab, vocab,
+                                                    params[i], scratch);
+      EXPECT_EQ(got[i], want) << "vocab " << vocab << " row " << i << " temperature " << params[i].temperature
+                              << " top_k " << params[i].top_k << " top_p " << params[i].top_p;
+      same += got[i] == want;
+    }
+    std::printf("[parity] %-56s %d/%d tokens identical\n", tag("sample vocab " + std::to_string(vocab)).c_str(),
+                same, n);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(dtypes, cuda_ops, ::testing::Values(dtype::f32, dtype::bf16),
+                         [](const auto& info) { return name_of(info.param); });
+
+}  // namespace
+}  // namespace conveyor
