@@ -127,13 +127,11 @@ __global__ void finish_kernel(const float* keys, const std::int32_t* idx, int vo
 
 std::size_t sample_sort_temp_bytes(int rows, int vocab) {
   std::size_t bytes = 0;
-  cub::DoubleBuffer<float> keys(nullptr, nullptr);
-  cub::DoubleBuffer<std::int32_t> vals(nullptr, nullptr);
   CONVEYOR_CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortPairsDescending(
       nullptr, bytes, static_cast<const float*>(nullptr), static_cast<float*>(nullptr),
       static_cast<const std::int32_t*>(nullptr), static_cast<std::int32_t*>(nullptr),
-      static_cast<std::int64_t>(rows) * vocab, rows, static_cast<const std::int32_t*>(nullptr),
-      static_cast<const std::int32_t*>(nullptr)));
+      static_cast<std::int64_t>(rows) * vocab, rows, static_cast<std::int32_t*>(nullptr),
+      static_cast<std::int32_t*>(nullptr), 0, 32));
   return bytes;
 }
 

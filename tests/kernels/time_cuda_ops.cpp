@@ -1,0 +1,136 @@
+// A small timing table of the CUDA ops at Llama-3.2-1B shapes (bf16), for scripts/gpu-suite. Not a
+// test: it prints median times and the bandwidth or FLOP rate they imply, to compare with the
+// H200's measured ceilings (~4.2 TB/s copy, ~790 TFLOP/s bf16 GEMM).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "cuda_test_util.hpp"
+
+namespace {
+
+using namespace conveyor;
+namespace ct = conveyor::testing;
+using kernels::dtype;
+
+/// Median wall time of `fn` in microseconds (each run synchronised; after warm-up).
+double time_us(kernels::backend& b, const std::function<void()>& fn, int reps = 20) {
+  for (int i = 0; i < 3; ++i) fn();
+  b.synchronize();
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    b.synchronize();
+    t.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+/// Random bf16-representable values, a 1M-value random block repeated: filling gigabytes with fresh
+/// normal draws would cost more host time than the timings themselves.
+std::vector<float> fill(std::mt19937_64& rng, std::size_t n, float scale = 1.0f) {
+  static std::vector<float> block;
+  if (block.empty()) block = conveyor::testing::random_values(rng, 1u << 20, conveyor::kernels::dtype::bf16);
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = block[i % block.size()] * scale;
+  return v;
+}
+
+void row(const char* what, double us, double bytes, double flops) {
+  std::printf("[timing] %-44s %10.1f us  %8.1f GB/s  %8.1f TFLOP/s\n", what, us, bytes / us * 1e-3, flops / us * 1e-6);
+}
+
+}  // namespace
+
+int main() {
+  std::string why;
+  auto bp = ct::try_cuda_backend(dtype::bf16, why);
+  if (!bp) {
+    std::printf("time_cuda_ops: skipped: %s\n", why.c_str());
+    return 0;
+  }
+  kernels::backend& b = *bp;
+  std::mt19937_64 rng(1);
+  const int hidden = 2048, ffn = 8192, heads = 32, kv_heads = 8, hd = 64, vocab = 128256;
+  const double e = 2.0;  // bytes per bf16 element
+
+  // GEMMs: decode (n = 1, 64) and prefill (n = 2048) through the 1B's largest layer shapes.
+  for (auto [n, rows, cols, name] : {std::tuple{1, 2 * ffn, hidden, "gate_up"}, {64, 2 * ffn, hidden, "gate_up"},
+                                     {2048, 2 * ffn, hidden, "gate_up"}, {1, vocab, hidden, "lm_head"},
+                                     {64, vocab, hidden, "lm_head"}}) {
+    auto wh = fill(rng, static_cast<std::size_t>(rows) * cols, 0.02f);
+    kernels::weight w = b.upload_weight(wh.data(), dtype::f32, rows, cols, false);
+    ct::dev_acts x(b, fill(rng, static_cast<std::size_t>(n) * cols));
+    ct::dev_acts out(b, static_cast<std::size_t>(n) * rows);
+    const double us = time_us(b, [&] { b.linear(x.get_ptr(), n, w, {}, out.get_ptr()); });
+    char label[64];
+    std::snprintf(label, sizeof label, "linear %s n=%d (%dx%d)", name, n, rows, cols);
+    row(label, us, e * (static_cast<double>(rows) * cols + static_cast<double>(n) * (rows + cols)),
+        2.0 * n * rows * cols);
+    b.release(const_cast<void*>(w.data));
+  }
+
+  // Attention on the paged cache: decode of 64 sequences × 2048 keys, and one 2048-token prefill.
+  for (auto [seqs, q_len, ctx] : {std::tuple{1, 1, 2048}, {64, 1, 2048}, {64, 1, 8192}, {1, 2048, 2048}}) {
+    const int bs = 16, blocks_per = (ctx + bs - 1) / bs, num_blocks = seqs * blocks_per;
+    const std::size_t cache = static_cast<std::size_t>(num_blocks) * bs * kv_heads * hd;
+    ct::dev_acts k(b, cache), v(b, cache);
+    k.set(fill(rng, cache));
+    v.set(fill(rng, cache));
+    const int total_q = seqs * q_len;
+    ct::dev_acts qkv(b, ct::random_values(rng, static_cast<std::size_t>(total_q) * (heads + 2 * kv_heads) * hd,
+                                                    dtype::bf16));
+    ct::dev_acts out(b, static_cast<std::size_t>(total_q) * heads * hd);
+    std::vector<std::int32_t> table(num_blocks), q_start, ctx_len(seqs, ctx);
+    std::iota(table.begin(), table.end(), 0);
+    std::shuffle(table.begin(), table.end(), rng);
+    for (int s = 0; s <= seqs; ++s) q_start.push_back(s * q_len);
+    ct::dev_bytes table_d(b, table), qs_d(b, q_start), ctx_d(b, ctx_len);
+    kernels::attn_shape sh{heads, kv_heads, hd, 0.125f, 0};
+    kernels::attention_batch batch{seqs, qs_d.as<std::int32_t>(), ctx_d.as<std::int32_t>(), table_d.as<std::int32_t>(),
+                                   blocks_per, ctx, q_len};
+    const double us = time_us(b, [&] {
+      b.attention(qkv.get_ptr(), sh, batch, {num_blocks, bs}, k.get_ptr(), v.get_ptr(), out.get_ptr());
+    });
+    char label[64];
+    std::snprintf(label, sizeof label, "attention seqs=%d q=%d ctx=%d", seqs, q_len, ctx);
+    const double causal = q_len > 1 ? 0.5 : 1.0;
+    row(label, us, e * 2.0 * cache, 4.0 * seqs * q_len * static_cast<double>(ctx) * causal * heads * hd);
+  }
+
+  // Memory-bound ops at prefill size.
+  {
+    const int n = 2048;
+    ct::dev_acts x(b, fill(rng, static_cast<std::size_t>(n) * hidden));
+    ct::dev_acts res(b, fill(rng, static_cast<std::size_t>(n) * hidden));
+    ct::dev_acts out(b, static_cast<std::size_t>(n) * hidden);
+    std::vector<float> wv(hidden, 1.0f);
+    kernels::weight w = b.upload_weight(wv.data(), dtype::f32, 1, hidden, true);
+    double us = time_us(b, [&] { b.add_rmsnorm(res.get_ptr(), x.get_ptr(), n, hidden, w, 1e-5f, out.get_ptr()); });
+    row("add_rmsnorm 2048x2048", us, e * 4.0 * n * hidden, 0);
+    ct::dev_acts gu(b, fill(rng, static_cast<std::size_t>(n) * 2 * ffn));
+    ct::dev_acts act(b, static_cast<std::size_t>(n) * ffn);
+    us = time_us(b, [&] { b.silu_mul(gu.get_ptr(), n, ffn, act.get_ptr()); });
+    row("silu_mul 2048x8192", us, e * 3.0 * n * ffn, 0);
+  }
+
+  // Sampling 64 rows of the 1B's vocabulary: greedy, and top-p (the sort path).
+  {
+    const int n = 64;
+    ct::dev_acts logits(b, fill(rng, static_cast<std::size_t>(n) * vocab, 3.0f));
+    std::vector<kernels::sample_params> greedy(n), top_p(n);
+    for (int i = 0; i < n; ++i) top_p[i] = {0.8f, 0, 0.9f, 7, static_cast<std::uint64_t>(i)};
+    std::vector<std::int32_t> tokens(n);
+    double us = time_us(b, [&] { b.sample(logits.get_ptr(), n, vocab, greedy.data(), tokens.data()); });
+    row("sample greedy 64x128256", us, e * n * vocab, 0);
+    us = time_us(b, [&] { b.sample(logits.get_ptr(), n, vocab, top_p.data(), tokens.data()); }, 5);
+    row("sample top-p 0.9 64x128256", us, e * n * vocab, 0);
+  }
+  return 0;
+}
