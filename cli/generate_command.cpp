@@ -44,11 +44,35 @@ result<std::unique_ptr<kernels::backend>> make_backend(const flags& f, int threa
   return make_error(errc::invalid_argument, "--device must be cpu or cuda, got \"" + device + "\"");
 }
 
+/// --logits-out FILE: one forward pass over the prompt, its logits [T, vocab] written as raw
+/// little-endian float32 (what tools/hf_peer.py compares with HF transformers).
+status write_prompt_logits(engine::local_pipeline& pipe, const std::vector<int>& ids, const std::string& path) {
+  constexpr std::int64_t seq = -1;  // generate() numbers its sequences from 1
+  CONVEYOR_TRY(pipe.blocks().reserve(seq, static_cast<int>(ids.size())));
+  engine::step_plan plan;
+  engine::sequence_step s;
+  s.seq_id = seq;
+  s.tokens.assign(ids.begin(), ids.end());
+  s.block_table = pipe.blocks().table(seq);
+  s.logits = engine::logits_mode::all;
+  s.sample = false;
+  plan.seqs.push_back(std::move(s));
+  auto out = pipe.step(plan);
+  pipe.blocks().release(seq);
+  if (!out) return out.err();
+  std::FILE* file = std::fopen(path.c_str(), "wb");
+  if (file == nullptr) return make_error(errc::io, "--logits-out: cannot create " + path);
+  const std::size_t wrote = std::fwrite(out->logits.data(), sizeof(float), out->logits.size(), file);
+  const bool closed = std::fclose(file) == 0;
+  if (wrote != out->logits.size() || !closed) return make_error(errc::io, "--logits-out: cannot write " + path);
+  return ok_status();
+}
+
 }  // namespace
 
 int generate_main(const args& argv) {
   auto f = flags::parse(argv, {"model", "prompt-ids", "max-new-tokens", "temperature", "top-k", "top-p", "seed",
-                               "stages", "format", "ignore-eos", "threads", "device", "dtype"},
+                               "stages", "format", "ignore-eos", "threads", "device", "dtype", "logits-out"},
                         {"ignore-eos"});
   if (!f) return fail(f.err());
   auto model = f->get("model");
@@ -99,6 +123,9 @@ int generate_main(const args& argv) {
   if (context > (*pipe)->config().max_position_embeddings) {
     std::fprintf(stderr, "conveyor generate: warning: %d tokens exceed max_position_embeddings (%d)\n", context,
                  (*pipe)->config().max_position_embeddings);
+  }
+  if (auto path = f->get("logits-out")) {
+    if (auto st = write_prompt_logits(**pipe, *ids, *path); !st) return fail(st.err());
   }
   engine::generation_request req;
   req.prompt.assign(ids->begin(), ids->end());

@@ -80,6 +80,7 @@ TEST_P(cuda_model, prompt_logits_match) {
   auto pipe = make(1);
   ASSERT_TRUE(pipe);
   const int vocab = pipe->config().vocab_size;
+  double agree = 0.0, rows = 0.0;
   for (std::size_t i = 0; i < golden_.prompts.size(); ++i) {
     const auto& p = golden_.prompts[i];
     const int t = static_cast<int>(p.input_ids.size());
@@ -95,12 +96,13 @@ TEST_P(cuda_model, prompt_logits_match) {
     pipe->blocks().release(1);
     ASSERT_TRUE(out.ok()) << out.err().message;
     const double top1 = check_logits(out->logits, p.logits.data(), t, vocab, "prompt " + std::to_string(i));
-    if (f32()) {
-      EXPECT_EQ(top1, 1.0) << "prompt " << i;
-    } else {
-      EXPECT_GE(top1, 0.8) << "prompt " << i;
-    }
+    if (f32()) EXPECT_EQ(top1, 1.0) << "prompt " << i;
+    agree += top1 * t;
+    rows += t;
   }
+  // bf16: "top-1 agreement on most positions", over all of a fixture's prompt positions (a 5-token
+  // prompt alone is too few to judge).
+  if (!f32()) EXPECT_GE(agree / rows, 0.8);
 }
 
 // Teacher-forced decoding through the KV cache (the decode kernel): every step's logits match
