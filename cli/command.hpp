@@ -8,5 +8,6 @@ namespace conveyor::cli {
 using args = std::vector<std::string>;
 
 int generate_main(const args& argv);
+int worker_main(const args& argv);
 
 }  // namespace conveyor::cli

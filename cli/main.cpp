@@ -30,6 +30,7 @@ int main(int argc, char** argv) {
   const std::string cmd = argv[1];
   conveyor::cli::args rest(argv + 2, argv + argc);
   if (cmd == "generate") return conveyor::cli::generate_main(rest);
+  if (cmd == "worker") return conveyor::cli::worker_main(rest);
   if (cmd == "help" || cmd == "--help" || cmd == "-h") {
     usage(stdout);
     return 0;

@@ -1,0 +1,52 @@
+#pragma once
+// A running cluster: the coordinator actor in this process and one stage-worker process per
+// pipeline stage, joined through CAF's middleman and wired stage to stage over UCX. The CAF types
+// stay inside the .cpp files; callers see an inference_service.
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "conveyor/base/result.hpp"
+#include "conveyor/service/inference_service.hpp"
+
+namespace conveyor::coordinator {
+
+struct cluster_options {
+  std::string model_dir;
+  int stages = 1;
+  std::vector<int> layers_per_stage;  ///< explicit split; empty = as even as possible
+  int chunks = 1;                     ///< microbatches in flight
+  std::string cluster_host = "127.0.0.1";  ///< where the coordinator's actor listens for workers
+  std::uint16_t cluster_port = 0;          ///< 0 = any free port
+  std::string token;                       ///< empty = a random one
+  std::string ucx_tls = "auto";
+  int kv_blocks = 512;
+  int kv_block_size = 16;
+  int max_step_tokens = 512;
+  int max_seqs_per_step = 64;
+  int max_context = 0;  ///< 0 = the model's max_position_embeddings
+  int worker_threads = 0;
+  std::chrono::milliseconds heartbeat{500};          ///< how often workers are pinged
+  std::chrono::milliseconds heartbeat_timeout{1500}; ///< a worker silent this long has failed
+  std::chrono::seconds startup_timeout{120};
+  std::string executable = "/proc/self/exe";  ///< the conveyor binary that runs `worker`
+  std::int64_t step_delay_us = 0;             ///< test only: per-step sleep on every stage
+};
+
+class cluster {
+ public:
+  /// Starts the coordinator and the workers, and returns once the canary token has passed every
+  /// stage, or fails with the stage that did not come up within startup_timeout.
+  static result<std::unique_ptr<cluster>> start(const cluster_options& options);
+  virtual ~cluster() = default;
+  /// The serving interface (thread-safe; callbacks arrive on actor threads).
+  virtual service::inference_service& service() = 0;
+  /// Pids of the worker processes, stage order (for tests that kill one).
+  virtual std::vector<int> worker_pids() const = 0;
+  /// Stops workers and the coordinator; idempotent.
+  virtual void shutdown() = 0;
+};
+
+}  // namespace conveyor::coordinator

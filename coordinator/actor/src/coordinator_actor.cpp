@@ -1,0 +1,342 @@
+// The coordinator: worker membership and wiring, readiness (canary), liveness, and the batch
+// scheduler's steps. Its behaviours delegate to plain classes; it never blocks.
+#include "coordinator_actor.hpp"
+
+#include <cstdio>
+
+#include "conveyor/scheduler/batch_scheduler.hpp"
+#include "conveyor/stage/plan_convert.hpp"
+#include "conveyor/stage/protocol.hpp"
+#include "conveyor/transport/frame_codec.hpp"
+
+namespace conveyor::coordinator {
+
+namespace {
+
+using namespace conveyor::stage;  // protocol atoms
+using bytes_msg = std::vector<char>;
+constexpr std::uint64_t whole_stage = UINT64_MAX;
+
+struct worker_slot {
+  caf::actor handle;
+  int pid = 0;
+  std::string state = "starting";  // starting | loading | loaded | wired | ready | failed
+  std::string detail;
+  bytes_msg address;
+  double busy_s = 0.0, idle_s = 0.0;
+  std::uint64_t steps = 0;
+  std::chrono::steady_clock::time_point last_pong;
+};
+
+struct coordinator_state {
+  coordinator_setup setup;
+  std::vector<worker_slot> workers;
+  std::unique_ptr<scheduler::batch_scheduler> sched;
+  std::unordered_map<std::uint64_t, std::uint64_t> tickets;  // frontend ticket -> scheduler id
+  bool ready = false;
+  bool wiring = false;
+  std::string failure;  // why the cluster is down (empty while healthy)
+  std::uint64_t steps = 0;
+  static inline const char* name = "coordinator";
+};
+
+using coord_actor = caf::stateful_actor<coordinator_state>;
+
+/// Delivers the canary's outcome to the actor itself (the sink is called inside the actor).
+class canary_sink final : public service::token_sink {
+ public:
+  explicit canary_sink(coord_actor* self) : self_(self) {}
+  void on_tokens(std::span<const std::int32_t>) override {}
+  void on_done(result<service::generate_summary> s) override {
+    auto& st = self_->state;
+    if (s.ok()) {
+      st.ready = true;
+      for (auto& w : st.workers) w.state = "ready";
+      std::fprintf(stderr, "conveyor: canary passed all %zu stages; ready\n", st.workers.size());
+    } else {
+      st.failure = "the canary failed: " + s.err().message;
+    }
+  }
+
+ private:
+  coord_actor* self_;
+};
+
+/// Forgets a request's frontend ticket when it ends (sinks are called inside the actor).
+class ticket_sink final : public service::token_sink {
+ public:
+  ticket_sink(coord_actor* self, std::uint64_t ticket, std::shared_ptr<service::token_sink> inner)
+      : self_(self), ticket_(ticket), inner_(std::move(inner)) {}
+  void on_tokens(std::span<const std::int32_t> t) override { inner_->on_tokens(t); }
+  void on_done(result<service::generate_summary> s) override {
+    self_->state.tickets.erase(ticket_);
+    inner_->on_done(std::move(s));
+  }
+
+ private:
+  coord_actor* self_;
+  std::uint64_t ticket_;
+  std::shared_ptr<service::token_sink> inner_;
+};
+
+void fail_cluster(coord_actor* self, const std::string& why) {
+  auto& st = self->state;
+  if (st.failure.empty()) {
+    st.failure = why;
+    std::fprintf(stderr, "conveyor: %s\n", why.c_str());
+  }
+  st.ready = false;
+  if (st.sched) st.sched->fail_all(make_error(errc::internal, why));
+}
+
+void pump(coord_actor* self) {
+  auto& st = self->state;
+  if (!st.failure.empty() || st.workers.empty() || !st.workers[0].handle) return;
+  for (int m = 0; m < st.sched->chunks(); ++m) {
+    auto plan = st.sched->next_step(m);
+    if (!plan) continue;
+    auto bytes = transport::encode_header(stage::to_frame_header(*plan, static_cast<std::uint64_t>(m), st.steps++));
+    if (!bytes) {
+      st.sched->fail_step(m, bytes.err());
+      continue;
+    }
+    bytes_msg msg(bytes->size());
+    std::memcpy(msg.data(), bytes->data(), bytes->size());
+    self->send(st.workers[0].handle, step_atom::value, static_cast<std::uint64_t>(m), std::move(msg));
+  }
+}
+
+void start_wiring(coord_actor* self) {
+  auto& st = self->state;
+  st.wiring = true;
+  const std::size_t n = st.workers.size();
+  for (std::size_t k = 0; k < n; ++k) {
+    bytes_msg up = k > 0 ? st.workers[k - 1].address : bytes_msg{};
+    bytes_msg down = k + 1 < n ? st.workers[k + 1].address : bytes_msg{};
+    self->send(st.workers[k].handle, wire_atom::value, std::move(up), std::move(down));
+  }
+}
+
+void start_canary(coord_actor* self) {
+  service::generate_request r;
+  r.prompt = {self->state.setup.canary_token};
+  r.max_new_tokens = 1;
+  r.ignore_eos = true;
+  auto id = self->state.sched->add(std::move(r), std::make_shared<canary_sink>(self));
+  if (!id) fail_cluster(self, "cannot schedule the canary: " + id.err().message);
+  pump(self);
+}
+
+service::health_report health_of(const coordinator_state& st) {
+  service::health_report h;
+  h.ready = st.ready;
+  for (std::size_t k = 0; k < st.workers.size(); ++k) {
+    const auto& w = st.workers[k];
+    h.stages.push_back({static_cast<int>(k), 0, w.state, w.detail});
+  }
+  return h;
+}
+
+service::stats_report stats_of(const coordinator_state& st) {
+  service::stats_report r;
+  const auto c = st.sched->counters();
+  r.requests_running = c.running;
+  r.requests_waiting = c.waiting;
+  r.requests_finished = c.finished + c.cancelled;
+  r.requests_failed = c.failed;
+  r.tokens_generated = c.tokens_generated;
+  r.kv_blocks_total = st.sched->blocks().num_blocks();
+  r.kv_blocks_free = c.kv_blocks_free;
+  for (const auto& w : st.workers) {
+    r.stage_busy_s.push_back(w.busy_s);
+    r.stage_idle_s.push_back(w.idle_s);
+  }
+  return r;
+}
+
+void handle_frontend(coord_actor* self, const frontend_call_ptr& call) {
+  auto& st = self->state;
+  switch (call->what) {
+    case frontend_call::kind::submit: {
+      if (!st.failure.empty() || !st.ready) {
+        call->sink->on_done(make_error(errc::internal, st.failure.empty()
+                                                           ? std::string("the cluster is not ready yet")
+                                                           : "the cluster is down: " + st.failure));
+        return;
+      }
+      auto id = st.sched->add(std::move(call->request), std::make_shared<ticket_sink>(self, call->ticket, call->sink));
+      if (!id) {
+        call->sink->on_done(id.err());
+        return;
+      }
+      st.tickets[call->ticket] = *id;
+      pump(self);
+      return;
+    }
+    case frontend_call::kind::cancel:
+      if (auto it = st.tickets.find(call->ticket); it != st.tickets.end()) {
+        st.sched->cancel(it->second);  // its ticket_sink forgets the ticket
+        pump(self);
+      }
+      return;
+    case frontend_call::kind::health:
+      call->health_reply(health_of(st));
+      return;
+    case frontend_call::kind::stats:
+      call->stats_reply(stats_of(st));
+      return;
+  }
+}
+
+void heartbeat(coord_actor* self) {
+  auto& st = self->state;
+  const auto now = std::chrono::steady_clock::now();
+  for (std::size_t k = 0; k < st.workers.size(); ++k) {
+    auto& w = st.workers[k];
+    if (!w.handle || w.state == "failed") continue;
+    if (now - w.last_pong > st.setup.options.heartbeat_timeout) {
+      w.state = "failed";
+      w.detail = "stopped answering";
+      fail_cluster(self, "stage " + std::to_string(k) + " (pid " + std::to_string(w.pid) + ") stopped answering for " +
+                             std::to_string(st.setup.options.heartbeat_timeout.count()) + " ms");
+      continue;
+    }
+    self->request(w.handle, st.setup.options.heartbeat_timeout, ping_atom::value)
+        .then([=](pong_atom, double busy, double idle, std::uint64_t steps) {
+          auto& slot = self->state.workers[k];
+          slot.busy_s = busy;
+          slot.idle_s = idle;
+          slot.steps = steps;
+          slot.last_pong = std::chrono::steady_clock::now();
+        }, [](caf::error&) { /* the timeout check above decides */ });
+  }
+  self->delayed_send(self, st.setup.options.heartbeat, tick_atom::value);
+}
+
+caf::behavior coordinator_impl(coord_actor* self, coordinator_setup setup) {
+  auto& st = self->state;
+  st.setup = std::move(setup);
+  const auto& o = st.setup.options;
+  st.workers.resize(st.setup.ranges.size());
+  scheduler::scheduler_options so;
+  so.chunks = o.chunks;
+  so.max_seqs_per_step = o.max_seqs_per_step;
+  so.max_step_tokens = o.max_step_tokens;
+  so.kv_blocks = o.kv_blocks;
+  so.kv_block_size = o.kv_block_size;
+  so.max_context = st.setup.max_context;
+  so.vocab_size = st.setup.vocab_size;
+  so.eos_ids = st.setup.eos_ids;
+  st.sched = std::make_unique<scheduler::batch_scheduler>(so);
+  self->set_down_handler([=](caf::down_msg& dm) {
+    auto& s = self->state;
+    for (std::size_t k = 0; k < s.workers.size(); ++k) {
+      if (s.workers[k].handle && s.workers[k].handle.address() == dm.source) {
+        s.workers[k].state = "failed";
+        s.workers[k].detail = "process exited";
+        fail_cluster(self, "stage " + std::to_string(k) + " worker (pid " + std::to_string(s.workers[k].pid) +
+                               ") exited: " + self->system().render(dm.reason));
+      }
+    }
+  });
+  self->delayed_send(self, o.heartbeat, tick_atom::value);
+  return {
+      [=](join_atom, const std::string& token, std::int32_t version, std::int32_t stage, std::int32_t rank,
+          std::int32_t pid, caf::actor worker) -> caf::result<assign_atom, stage_assignment> {
+        auto& s = self->state;
+        if (token != s.setup.options.token) return caf::make_error(caf::sec::request_receiver_down, "bad cluster token");
+        if (version != protocol_version) return caf::make_error(caf::sec::unexpected_message, "protocol version mismatch");
+        if (stage < 0 || stage >= static_cast<int>(s.workers.size()) || rank != 0 || s.workers[stage].handle) {
+          return caf::make_error(caf::sec::unexpected_message, "no such stage slot or already taken");
+        }
+        auto& w = s.workers[stage];
+        w.handle = worker;
+        w.pid = pid;
+        w.state = "loading";
+        w.last_pong = std::chrono::steady_clock::now();
+        self->monitor(worker);
+        const auto& r = s.setup.ranges[stage];
+        stage_assignment a;
+        a.model_dir = s.setup.options.model_dir;
+        a.stage = stage;
+        a.num_stages = static_cast<std::int32_t>(s.workers.size());
+        a.first_layer = r.first_layer;
+        a.last_layer = r.last_layer;
+        a.kv_blocks = s.setup.options.kv_blocks;
+        a.kv_block_size = s.setup.options.kv_block_size;
+        a.max_step_tokens = s.setup.options.max_step_tokens;
+        a.max_seqs = s.setup.options.max_seqs_per_step;
+        a.ucx_tls = s.setup.options.ucx_tls;
+        a.step_delay_us = s.setup.options.step_delay_us;
+        return {assign_atom::value, a};
+      },
+      [=](progress_atom, std::int32_t stage, std::int32_t, const std::string& text) {
+        if (stage >= 0 && stage < static_cast<int>(self->state.workers.size())) self->state.workers[stage].detail = text;
+      },
+      [=](loaded_atom, std::int32_t stage, std::int32_t, bytes_msg address, std::int64_t weight_bytes) {
+        auto& s = self->state;
+        auto& w = s.workers.at(stage);
+        w.state = "loaded";
+        w.address = std::move(address);
+        w.detail = std::to_string(weight_bytes) + " weight bytes";
+        if (std::all_of(s.workers.begin(), s.workers.end(), [](const worker_slot& x) { return x.state == "loaded"; })) {
+          start_wiring(self);
+        }
+      },
+      [=](failed_atom, std::int32_t stage, std::int32_t, const std::string& why) {
+        auto& w = self->state.workers.at(stage);
+        w.state = "failed";
+        w.detail = why;
+        fail_cluster(self, "stage " + std::to_string(stage) + " failed to load: " + why);
+      },
+      [=](wired_atom, std::int32_t stage, std::int32_t, const std::string& error) {
+        auto& s = self->state;
+        auto& w = s.workers.at(stage);
+        if (!error.empty()) {
+          w.state = "failed";
+          w.detail = error;
+          fail_cluster(self, "stage " + std::to_string(stage) + " could not wire to its neighbours: " + error);
+          return;
+        }
+        w.state = "wired";
+        if (std::all_of(s.workers.begin(), s.workers.end(), [](const worker_slot& x) { return x.state == "wired"; })) {
+          start_canary(self);
+        }
+      },
+      [=](done_atom, std::uint64_t microbatch, const std::vector<std::int32_t>& tokens) {
+        auto& s = self->state;
+        if (!s.failure.empty() || microbatch >= static_cast<std::uint64_t>(s.sched->chunks())) return;
+        if (!s.sched->in_flight(static_cast<int>(microbatch))) return;
+        s.sched->complete(static_cast<int>(microbatch), tokens);
+        pump(self);
+      },
+      [=](step_fail_atom, std::uint64_t microbatch, const std::string& why) {
+        auto& s = self->state;
+        if (microbatch == whole_stage || microbatch >= static_cast<std::uint64_t>(s.sched->chunks())) {
+          fail_cluster(self, why);
+          return;
+        }
+        if (s.sched->in_flight(static_cast<int>(microbatch))) s.sched->fail_step(static_cast<int>(microbatch), make_error(errc::internal, why));
+        pump(self);
+      },
+      [=](frontend_atom, const frontend_call_ptr& call) { handle_frontend(self, call); },
+      [=](tick_atom) { heartbeat(self); },
+      [=](shutdown_atom) {
+        auto& s = self->state;
+        s.failure = s.failure.empty() ? "the server is shutting down" : s.failure;
+        s.sched->fail_all(make_error(errc::internal, "the server is shutting down"));
+        for (auto& w : s.workers) {
+          if (w.handle) self->send(w.handle, stop_atom::value);
+        }
+        self->quit();
+      },
+  };
+}
+
+}  // namespace
+
+caf::actor spawn_coordinator(caf::actor_system& sys, coordinator_setup setup) {
+  return sys.spawn(coordinator_impl, std::move(setup));
+}
+
+}  // namespace conveyor::coordinator

@@ -1,0 +1,43 @@
+#pragma once
+// The coordinator actor (CAF; included by the actor TUs only).
+#include <functional>
+#include <memory>
+
+#include "caf/all.hpp"
+#include "conveyor/coordinator/cluster.hpp"
+#include "conveyor/engine/stage.hpp"
+#include "conveyor/service/inference_service.hpp"
+
+namespace conveyor::coordinator {
+
+/// A call from a frontend thread, carried to the actor in one message.
+struct frontend_call {
+  enum class kind { submit, cancel, health, stats } what = kind::submit;
+  std::uint64_t ticket = 0;
+  service::generate_request request;
+  std::shared_ptr<service::token_sink> sink;
+  std::function<void(service::health_report)> health_reply;
+  std::function<void(service::stats_report)> stats_reply;
+};
+using frontend_call_ptr = std::shared_ptr<frontend_call>;
+
+using frontend_atom = caf::atom_constant<caf::atom("frontend")>;
+using tick_atom = caf::atom_constant<caf::atom("tick")>;
+using shutdown_atom = caf::atom_constant<caf::atom("shutdown")>;
+
+/// What the coordinator needs besides the options: the model's geometry and the stage split.
+struct coordinator_setup {
+  cluster_options options;
+  std::vector<engine::stage_range> ranges;
+  int vocab_size = 0;
+  int max_context = 0;
+  std::vector<std::int32_t> eos_ids;
+  std::int32_t canary_token = 0;
+};
+
+/// Spawns the coordinator actor; it launches nothing itself (cluster.cpp starts the processes).
+caf::actor spawn_coordinator(caf::actor_system& sys, coordinator_setup setup);
+
+}  // namespace conveyor::coordinator
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(conveyor::coordinator::frontend_call_ptr)

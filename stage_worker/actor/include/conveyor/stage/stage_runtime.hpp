@@ -1,0 +1,92 @@
+#pragma once
+// Everything a stage worker does besides talking to the coordinator, in plain C++ (no CAF): the
+// stage's executor, its UCX context and channels to the neighbouring stages, and the compute thread
+// that takes a step (from the coordinator for stage 0, from the upstream channel otherwise), runs
+// the layers and passes the activations on, or, on the last stage, reports the sampled tokens.
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "conveyor/base/result.hpp"
+#include "conveyor/engine/executor.hpp"
+#include "conveyor/transport/ucx_context.hpp"
+
+namespace conveyor::stage {
+
+struct stage_runtime_options {
+  std::string model_dir;
+  int stage = 0;
+  int num_stages = 1;
+  engine::stage_range range;
+  engine::executor_options executor;
+  transport::ucx_config ucx;
+  std::uint64_t max_frame_bytes = std::uint64_t{1} << 30;
+  int max_sends_in_flight = 4;  ///< activation frames not yet taken by the next stage
+  /// Test only: sleep this long in every step, to make pipelining measurable on tiny models.
+  std::chrono::microseconds step_delay{0};
+};
+
+/// Busy and idle time of the compute thread (the bubble is the idle part).
+struct stage_timings {
+  double busy_s = 0.0;
+  double idle_s = 0.0;
+  std::uint64_t steps = 0;
+};
+
+class stage_runtime {
+ public:
+  /// microbatch, sampled tokens (last stage only).
+  using tokens_callback = std::function<void(std::uint64_t, std::vector<std::int32_t>)>;
+  /// microbatch (or UINT64_MAX when the stage as a whole broke), what went wrong.
+  using failure_callback = std::function<void(std::uint64_t, std::string)>;
+
+  /// Loads the stage's layers and opens its UCX worker. Slow (reads weights); not on an actor thread.
+  static result<std::unique_ptr<stage_runtime>> create(kernels::backend& backend, const stage_runtime_options& o);
+  ~stage_runtime();
+
+  const transport::worker_address& address() const { return ucx_->address(); }
+  std::size_t weight_bytes() const { return executor_->weight_bytes(); }
+
+  /// Opens the channels to the neighbouring stages (either may be absent) and starts the compute
+  /// thread. Blocks until both peers answered; upstream first so a chain of stages wires in order.
+  status wire(const std::optional<transport::worker_address>& upstream,
+              const std::optional<transport::worker_address>& downstream, tokens_callback on_tokens,
+              failure_callback on_failure);
+  /// Stage 0: queue a step whose encoded header came from the coordinator.
+  void submit(std::vector<std::byte> header_bytes);
+  void stop();
+  stage_timings timings() const;
+
+ private:
+  stage_runtime() = default;
+  void loop();
+  bool next_input(transport::frame& out);
+  status run_step(transport::frame& in);
+
+  stage_runtime_options options_;
+  std::unique_ptr<engine::stage_executor> executor_;
+  std::unique_ptr<transport::ucx_context> ucx_;
+  std::unique_ptr<transport::channel> upstream_, downstream_;
+  tokens_callback on_tokens_;
+  failure_callback on_failure_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::vector<std::byte>> inbox_;  ///< stage 0's steps
+  struct pending_send {
+    std::vector<float> hidden;
+    transport::send_handle handle;
+  };
+  std::deque<pending_send> sends_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<std::uint64_t> busy_ns_{0}, idle_ns_{0}, steps_{0};
+  std::thread thread_;
+};
+
+}  // namespace conveyor::stage

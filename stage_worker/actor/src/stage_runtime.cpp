@@ -1,0 +1,166 @@
+#include "conveyor/stage/stage_runtime.hpp"
+
+#include <cstring>
+#include <utility>
+
+#include "conveyor/engine/checkpoint.hpp"
+#include "conveyor/stage/plan_convert.hpp"
+#include "conveyor/transport/frame_codec.hpp"
+
+namespace conveyor::stage {
+
+namespace {
+using steady = std::chrono::steady_clock;
+std::uint64_t ns_since(steady::time_point t) {
+  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(steady::now() - t).count());
+}
+constexpr std::uint64_t whole_stage = UINT64_MAX;
+}  // namespace
+
+result<std::unique_ptr<stage_runtime>> stage_runtime::create(kernels::backend& backend, const stage_runtime_options& o) {
+  std::unique_ptr<stage_runtime> rt(new stage_runtime());
+  rt->options_ = o;
+  CONVEYOR_TRY_ASSIGN(config, engine::load_model_config(o.model_dir));
+  CONVEYOR_TRY_ASSIGN(ckpt, engine::checkpoint::open(o.model_dir));
+  CONVEYOR_TRY_ASSIGN(ex, engine::stage_executor::create(backend, ckpt, config, o.range, o.executor));
+  rt->executor_ = std::move(ex);
+  CONVEYOR_TRY_ASSIGN(ucx, transport::ucx_context::create(o.ucx));
+  rt->ucx_ = std::move(ucx);
+  return rt;
+}
+
+stage_runtime::~stage_runtime() { stop(); }
+
+status stage_runtime::wire(const std::optional<transport::worker_address>& upstream,
+                           const std::optional<transport::worker_address>& downstream, tokens_callback on_tokens,
+                           failure_callback on_failure) {
+  // Channel k joins stage k-1 to stage k; both ends name it the same way.
+  auto open = [&](const transport::worker_address& peer, int channel) -> result<std::unique_ptr<transport::channel>> {
+    transport::channel_options co;
+    co.channel_id = static_cast<std::uint64_t>(channel);
+    co.max_payload_bytes = options_.max_frame_bytes;
+    return ucx_->connect(peer, co);
+  };
+  if (upstream) {
+    CONVEYOR_TRY_ASSIGN(ch, open(*upstream, options_.stage));
+    upstream_ = std::move(ch);
+  }
+  if (downstream) {
+    CONVEYOR_TRY_ASSIGN(ch, open(*downstream, options_.stage + 1));
+    downstream_ = std::move(ch);
+  }
+  on_tokens_ = std::move(on_tokens);
+  on_failure_ = std::move(on_failure);
+  thread_ = std::thread([this] { loop(); });
+  return ok_status();
+}
+
+void stage_runtime::submit(std::vector<std::byte> header_bytes) {
+  {
+    std::lock_guard lock(mu_);
+    inbox_.push_back(std::move(header_bytes));
+  }
+  cv_.notify_one();
+}
+
+void stage_runtime::stop() {
+  stopping_ = true;
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  for (auto& s : sends_) (void)s.handle.wait(transport::after(std::chrono::seconds(2)));
+  sends_.clear();
+}
+
+stage_timings stage_runtime::timings() const {
+  return {static_cast<double>(busy_ns_.load()) * 1e-9, static_cast<double>(idle_ns_.load()) * 1e-9, steps_.load()};
+}
+
+bool stage_runtime::next_input(transport::frame& out) {
+  const auto t0 = steady::now();
+  while (!stopping_) {
+    if (upstream_) {
+      auto f = upstream_->receive(transport::after(std::chrono::milliseconds(200)));
+      if (f) {
+        out = std::move(f).value();
+        idle_ns_ += ns_since(t0);
+        return true;
+      }
+      if (!upstream_->health().ok()) {
+        on_failure_(whole_stage, "stage " + std::to_string(options_.stage) + " lost stage " +
+                                     std::to_string(options_.stage - 1) + " upstream: " + upstream_->health().err().message);
+        return false;
+      }
+      if (f.err().code != errc::io && f.err().message.find("deadline") == std::string::npos) {
+        // A malformed frame: the channel stays usable, but the step it carried is lost.
+        on_failure_(whole_stage, "stage " + std::to_string(options_.stage) + ": " + f.err().message);
+      }
+      continue;
+    }
+    std::unique_lock lock(mu_);
+    if (!cv_.wait_for(lock, std::chrono::milliseconds(200), [&] { return stopping_ || !inbox_.empty(); })) continue;
+    if (stopping_) break;
+    auto bytes = std::move(inbox_.front());
+    inbox_.pop_front();
+    lock.unlock();
+    auto header = transport::decode_header(bytes);
+    if (!header) {
+      on_failure_(whole_stage, "stage 0: bad step from the coordinator: " + header.err().message);
+      continue;
+    }
+    out.header = std::move(header).value();
+    out.header_bytes = std::move(bytes);
+    idle_ns_ += ns_since(t0);
+    return true;
+  }
+  return false;
+}
+
+status stage_runtime::run_step(transport::frame& in) {
+  const engine::step_plan plan = to_step_plan(in.header);
+  std::span<const float> hidden;
+  if (!options_.range.has_embedding) {
+    hidden = std::span<const float>(reinterpret_cast<const float*>(in.payload.data()), in.payload.size() / sizeof(float));
+  }
+  const auto t0 = steady::now();
+  if (options_.step_delay.count() > 0) std::this_thread::sleep_for(options_.step_delay);
+  auto out = executor_->run(plan, hidden);
+  busy_ns_ += ns_since(t0);
+  ++steps_;
+  if (!out) return out.err();
+  if (options_.range.has_head) {
+    on_tokens_(in.header.microbatch_id, std::move(out->tokens));
+    return ok_status();
+  }
+  // Keep at most max_sends_in_flight activation buffers alive until the next stage took them.
+  while (static_cast<int>(sends_.size()) >= options_.max_sends_in_flight ||
+         (!sends_.empty() && sends_.front().handle.done())) {
+    CONVEYOR_TRY(sends_.front().handle.wait(transport::after(std::chrono::seconds(30))));
+    sends_.pop_front();
+  }
+  transport::frame_header h = std::move(in.header);
+  h.kind = transport::frame_kind::activations;
+  h.tensor = {kernels::dtype::f32, {plan.num_tokens(), executor_->config().hidden_size}};
+  pending_send p{std::move(out->hidden), {}};
+  CONVEYOR_TRY_ASSIGN(handle, downstream_->send(h, {p.hidden.data(), p.hidden.size() * sizeof(float)}));
+  p.handle = std::move(handle);
+  sends_.push_back(std::move(p));
+  return ok_status();
+}
+
+void stage_runtime::loop() {
+  transport::frame in;
+  while (next_input(in)) {
+    const std::uint64_t mb = in.header.microbatch_id;
+    auto st = run_step(in);
+    if (st.ok()) continue;
+    if (downstream_ && !downstream_->health().ok()) {
+      // Name the stage that is gone, not just ourselves: that is what the operator needs.
+      on_failure_(whole_stage, "stage " + std::to_string(options_.stage) + " lost stage " +
+                                   std::to_string(options_.stage + 1) + " downstream: " + downstream_->health().err().message);
+      return;
+    }
+    on_failure_(mb, "stage " + std::to_string(options_.stage) + ": " + st.err().message);
+  }
+}
+
+}  // namespace conveyor::stage

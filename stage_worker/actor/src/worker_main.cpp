@@ -1,0 +1,166 @@
+// The stage-worker actor. It only relays: loading, wiring and the steps themselves run on plain
+// threads (stage_runtime), which report back with messages, so no CAF thread ever blocks.
+#include "conveyor/stage/worker_main.hpp"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <thread>
+
+#include "caf/io/all.hpp"
+#include "conveyor/kernels/cpu_backend.hpp"
+#include "conveyor/stage/protocol.hpp"
+#include "conveyor/stage/stage_runtime.hpp"
+
+namespace conveyor::stage {
+
+namespace {
+
+using bytes_msg = std::vector<char>;
+
+std::vector<std::byte> to_bytes(const bytes_msg& v) {
+  std::vector<std::byte> out(v.size());
+  std::memcpy(out.data(), v.data(), v.size());
+  return out;
+}
+bytes_msg to_msg(const std::vector<std::byte>& v) {
+  bytes_msg out(v.size());
+  std::memcpy(out.data(), v.data(), v.size());
+  return out;
+}
+
+using loaded_internal = caf::atom_constant<caf::atom("iloaded")>;
+
+struct worker_state {
+  worker_options options;
+  caf::actor coordinator;
+  std::unique_ptr<kernels::backend> backend;
+  std::shared_ptr<stage_runtime> runtime;
+  std::string load_error;
+  std::vector<std::thread> helpers;  // loading and wiring threads, joined at exit
+  static inline const char* name = "stage_worker";
+};
+
+void shutdown(caf::stateful_actor<worker_state>* self) {
+  if (self->state.runtime) self->state.runtime->stop();
+  for (auto& t : self->state.helpers) {
+    if (t.joinable()) t.join();
+  }
+  self->quit();
+}
+
+caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, worker_options options, caf::actor coordinator) {
+  self->state.options = options;
+  self->state.coordinator = coordinator;
+  self->monitor(coordinator);
+  self->set_down_handler([=](caf::down_msg&) {
+    std::fprintf(stderr, "conveyor worker %d: the coordinator went away; stopping\n", self->state.options.stage);
+    shutdown(self);
+  });
+  self->request(coordinator, std::chrono::seconds(30), join_atom::value, options.token, protocol_version,
+                static_cast<std::int32_t>(options.stage), static_cast<std::int32_t>(options.rank),
+                static_cast<std::int32_t>(::getpid()), caf::actor_cast<caf::actor>(self))
+      .then(
+          [=](assign_atom, stage_assignment a) {
+            stage_runtime_options o;
+            o.model_dir = a.model_dir;
+            o.stage = a.stage;
+            o.num_stages = a.num_stages;
+            o.range = engine::stage_range{a.first_layer, a.last_layer, a.stage == 0, a.stage + 1 == a.num_stages};
+            o.executor.kv_blocks = a.kv_blocks;
+            o.executor.kv_block_size = a.kv_block_size;
+            o.executor.max_step_tokens = a.max_step_tokens;
+            o.executor.max_seqs = a.max_seqs;
+            o.ucx.tls = a.ucx_tls;
+            o.step_delay = std::chrono::microseconds(a.step_delay_us);
+            self->send(coordinator, progress_atom::value, a.stage, static_cast<std::int32_t>(options.rank),
+                       "loading layers " + std::to_string(a.first_layer) + ".." + std::to_string(a.last_layer));
+            self->state.backend = kernels::make_cpu_backend({options.threads});
+            kernels::backend* backend = self->state.backend.get();
+            caf::actor me = caf::actor_cast<caf::actor>(self);
+            auto* st = &self->state;
+            st->helpers.emplace_back([=] {
+              auto rt = stage_runtime::create(*backend, o);
+              if (!rt) {
+                st->load_error = rt.err().message;
+              } else {
+                st->runtime = std::shared_ptr<stage_runtime>(std::move(rt).value());
+              }
+              caf::anon_send(me, loaded_internal::value);
+            });
+          },
+          [=](caf::error& err) {
+            std::fprintf(stderr, "conveyor worker %d: join refused: %s\n", options.stage,
+                         self->system().render(err).c_str());
+            shutdown(self);
+          });
+  return {
+      [=](loaded_internal) {
+        auto& st = self->state;
+        const auto stage = static_cast<std::int32_t>(st.options.stage);
+        const auto rank = static_cast<std::int32_t>(st.options.rank);
+        if (!st.runtime) {
+          self->send(st.coordinator, failed_atom::value, stage, rank, st.load_error);
+          return;
+        }
+        self->send(st.coordinator, loaded_atom::value, stage, rank, to_msg(st.runtime->address()),
+                   static_cast<std::int64_t>(st.runtime->weight_bytes()));
+      },
+      [=](wire_atom, bytes_msg upstream, bytes_msg downstream) {
+        auto& st = self->state;
+        auto rt = st.runtime;
+        caf::actor coord = st.coordinator;
+        const auto stage = static_cast<std::int32_t>(st.options.stage);
+        const auto rank = static_cast<std::int32_t>(st.options.rank);
+        st.helpers.emplace_back([=] {
+          std::optional<transport::worker_address> up, down;
+          if (!upstream.empty()) up = to_bytes(upstream);
+          if (!downstream.empty()) down = to_bytes(downstream);
+          auto on_tokens = [coord](std::uint64_t mb, std::vector<std::int32_t> tokens) {
+            caf::anon_send(coord, done_atom::value, mb, std::move(tokens));
+          };
+          auto on_failure = [coord](std::uint64_t mb, std::string why) {
+            caf::anon_send(coord, step_fail_atom::value, mb, std::move(why));
+          };
+          auto st2 = rt->wire(up, down, on_tokens, on_failure);
+          caf::anon_send(coord, wired_atom::value, stage, rank, st2.ok() ? std::string() : st2.err().message);
+        });
+      },
+      [=](step_atom, std::uint64_t /*microbatch*/, const bytes_msg& header) {
+        if (self->state.runtime) self->state.runtime->submit(to_bytes(header));
+      },
+      [=](ping_atom) -> caf::result<pong_atom, double, double, std::uint64_t> {
+        if (!self->state.runtime) return {pong_atom::value, 0.0, 0.0, std::uint64_t{0}};
+        const auto t = self->state.runtime->timings();
+        return {pong_atom::value, t.busy_s, t.idle_s, t.steps};
+      },
+      [=](stop_atom) { shutdown(self); },
+  };
+}
+
+}  // namespace
+
+int run_worker(const worker_options& options) {
+  caf::actor_system_config cfg;
+  register_protocol(cfg);
+  tune_actor_system(cfg);
+  cfg.load<caf::io::middleman>();
+  caf::actor_system sys{cfg};
+  // The coordinator publishes before it starts us, but allow for a slow start.
+  caf::expected<caf::actor> coordinator = caf::sec::cannot_connect_to_node;
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    coordinator = sys.middleman().remote_actor(options.coordinator_host, options.coordinator_port);
+    if (coordinator) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  if (!coordinator) {
+    std::fprintf(stderr, "conveyor worker %d: cannot reach the coordinator at %s:%u: %s\n", options.stage,
+                 options.coordinator_host.c_str(), options.coordinator_port, sys.render(coordinator.error()).c_str());
+    return 1;
+  }
+  sys.spawn(worker_actor, options, *coordinator);
+  sys.await_all_actors_done();
+  return 0;
+}
+
+}  // namespace conveyor::stage

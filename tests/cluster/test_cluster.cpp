@@ -1,0 +1,211 @@
+// Real clusters: the coordinator actor in this process, stage workers as separate `conveyor worker`
+// processes joined over CAF's middleman and wired over UCX; results against the HF goldens.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+
+#include <condition_variable>
+#include <future>
+#include <mutex>
+#include <thread>
+
+#include "../engine/golden.hpp"
+#include "conveyor/coordinator/cluster.hpp"
+
+namespace conveyor::coordinator {
+namespace {
+
+struct collecting_sink : service::token_sink {
+  std::vector<std::int32_t> tokens;
+  std::optional<result<service::generate_summary>> done;
+  std::mutex mu;
+  std::condition_variable cv;
+  void on_tokens(std::span<const std::int32_t> t) override {
+    std::lock_guard l(mu);
+    tokens.insert(tokens.end(), t.begin(), t.end());
+    cv.notify_all();
+  }
+  void on_done(result<service::generate_summary> s) override {
+    std::lock_guard l(mu);
+    done.emplace(std::move(s));
+    cv.notify_all();
+  }
+  bool wait(double seconds = 60) {
+    std::unique_lock l(mu);
+    return cv.wait_for(l, std::chrono::duration<double>(seconds), [&] { return done.has_value(); });
+  }
+  bool wait_tokens(std::size_t n, double seconds = 60) {
+    std::unique_lock l(mu);
+    return cv.wait_for(l, std::chrono::duration<double>(seconds), [&] { return tokens.size() >= n || done.has_value(); });
+  }
+};
+
+cluster_options base_options(const std::string& fixture, int stages) {
+  cluster_options o;
+  o.model_dir = testing::fixture_dir(fixture);
+  o.stages = stages;
+  o.chunks = stages;
+  o.kv_blocks = 128;
+  o.max_step_tokens = 256;
+  o.worker_threads = 1;
+  o.executable = CONVEYOR_BINARY;
+  o.startup_timeout = std::chrono::seconds(60);
+  o.ucx_tls = "tcp";
+  return o;
+}
+
+service::generate_request greedy(const testing::golden_prompt& p) {
+  service::generate_request r;
+  r.prompt = p.input_ids;
+  r.max_new_tokens = static_cast<int>(p.greedy.size());
+  r.ignore_eos = true;
+  return r;
+}
+
+service::stats_report stats_of(service::inference_service& svc) {
+  auto p = std::make_shared<std::promise<service::stats_report>>();
+  auto f = p->get_future();
+  svc.stats([p](service::stats_report r) { p->set_value(std::move(r)); });
+  return f.get();
+}
+
+class cluster_stages : public ::testing::TestWithParam<int> {};
+
+TEST_P(cluster_stages, every_fixture_prompt_gives_the_golden_tokens) {
+  for (const std::string fixture : {"tiny-llama", "tiny-qwen2"}) {
+    const auto golden = testing::load_golden(fixture);
+    auto c = cluster::start(base_options(fixture, GetParam()));
+    ASSERT_TRUE(c.ok()) << c.err().message;
+    std::vector<std::shared_ptr<collecting_sink>> sinks;
+    for (const auto& p : golden.prompts) {
+      sinks.push_back(std::make_shared<collecting_sink>());
+      (*c)->service().submit(greedy(p), sinks.back());
+    }
+    for (std::size_t i = 0; i < sinks.size(); ++i) {
+      ASSERT_TRUE(sinks[i]->wait()) << fixture << " prompt " << i << " timed out";
+      ASSERT_TRUE(sinks[i]->done->ok()) << sinks[i]->done->err().message;
+      EXPECT_EQ(sinks[i]->tokens, golden.prompts[i].greedy) << fixture << " prompt " << i << ", " << GetParam() << " stages";
+    }
+    const auto st = stats_of((*c)->service());
+    EXPECT_EQ(st.kv_blocks_free, st.kv_blocks_total);
+    (*c)->shutdown();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(stages, cluster_stages, ::testing::Values(1, 2, 3, 4));
+
+TEST(cluster, concurrent_requests_equal_their_solo_results) {
+  const auto golden = testing::load_golden("tiny-llama");
+  auto c = cluster::start(base_options("tiny-llama", 2));
+  ASSERT_TRUE(c.ok()) << c.err().message;
+  const auto before = stats_of((*c)->service());  // the start-up canary is one finished request
+  std::vector<std::shared_ptr<collecting_sink>> sinks;
+  std::vector<std::thread> clients;
+  std::mutex mu;
+  for (int i = 0; i < 32; ++i) {
+    clients.emplace_back([&, i] {
+      const auto& p = golden.prompts[i % golden.prompts.size()];
+      auto r = greedy(p);
+      r.max_new_tokens = 1 + (i * 7) % 24;  // different lengths: sequences finish at different steps
+      auto sink = std::make_shared<collecting_sink>();
+      {
+        std::lock_guard l(mu);
+        sinks.push_back(sink);
+      }
+      (*c)->service().submit(r, sink);
+      ASSERT_TRUE(sink->wait());
+      ASSERT_TRUE(sink->done->ok()) << sink->done->err().message;
+      EXPECT_EQ(sink->tokens, std::vector<std::int32_t>(p.greedy.begin(), p.greedy.begin() + r.max_new_tokens))
+          << "client " << i;
+    });
+  }
+  for (auto& t : clients) t.join();
+  const auto st = stats_of((*c)->service());
+  EXPECT_EQ(st.requests_finished - before.requests_finished, 32);
+  EXPECT_EQ(st.kv_blocks_free, st.kv_blocks_total);
+}
+
+TEST(cluster, cancel_frees_blocks) {
+  auto c = cluster::start(base_options("tiny-llama", 2));
+  ASSERT_TRUE(c.ok()) << c.err().message;
+  auto sink = std::make_shared<collecting_sink>();
+  service::generate_request r;
+  r.prompt = {1, 2, 3};
+  r.max_new_tokens = 400;
+  r.ignore_eos = true;
+  const auto id = (*c)->service().submit(r, sink);
+  ASSERT_TRUE(sink->wait_tokens(3));
+  (*c)->service().cancel(id);
+  ASSERT_TRUE(sink->wait());
+  ASSERT_TRUE(sink->done->ok());
+  EXPECT_EQ((*sink->done)->finish_reason, "cancelled");
+  EXPECT_LT(sink->tokens.size(), 400u);
+  const auto st = stats_of((*c)->service());
+  EXPECT_EQ(st.kv_blocks_free, st.kv_blocks_total);
+}
+
+TEST(cluster, killed_worker_fails_requests_instead_of_hanging) {
+  auto c = cluster::start(base_options("tiny-llama", 3));
+  ASSERT_TRUE(c.ok()) << c.err().message;
+  auto sink = std::make_shared<collecting_sink>();
+  service::generate_request r;
+  r.prompt = {1, 2, 3};
+  r.max_new_tokens = 450;
+  r.ignore_eos = true;
+  (*c)->service().submit(r, sink);
+  ASSERT_TRUE(sink->wait_tokens(2));
+  const auto t0 = std::chrono::steady_clock::now();
+  ::kill((*c)->worker_pids()[1], SIGKILL);
+  ASSERT_TRUE(sink->wait(10)) << "request hung after its worker died";
+  const double noticed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_FALSE(sink->done->ok());
+  EXPECT_NE(sink->done->err().message.find("stage 1"), std::string::npos) << sink->done->err().message;
+  EXPECT_LT(noticed, 3.0);
+  RecordProperty("failure_noticed_s", std::to_string(noticed));
+  // New requests get a clear error too.
+  auto late = std::make_shared<collecting_sink>();
+  (*c)->service().submit(r, late);
+  ASSERT_TRUE(late->wait(5));
+  ASSERT_FALSE(late->done->ok());
+  EXPECT_NE(late->done->err().message.find("down"), std::string::npos) << late->done->err().message;
+}
+
+TEST(cluster, pipelining_overlaps_microbatches) {
+  // A per-step delay makes stage time dominate; with chunks = stages every stage has a microbatch.
+  auto run = [](int chunks) {
+    auto o = base_options("tiny-llama", 3);
+    o.chunks = chunks;
+    o.step_delay_us = 20000;
+    o.max_seqs_per_step = 4;
+    auto c = cluster::start(o);
+    EXPECT_TRUE(c.ok()) << c.err().message;
+    std::vector<std::shared_ptr<collecting_sink>> sinks;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 12; ++i) {
+      service::generate_request r;
+      r.prompt = {1, 2, static_cast<std::int32_t>(3 + i)};
+      r.max_new_tokens = 10;
+      r.ignore_eos = true;
+      sinks.push_back(std::make_shared<collecting_sink>());
+      (*c)->service().submit(r, sinks.back());
+    }
+    for (auto& s : sinks) EXPECT_TRUE(s->wait());
+    return 120.0 / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  const double one = run(1);
+  const double three = run(3);
+  RecordProperty("tokens_per_s_chunks1", std::to_string(one));
+  RecordProperty("tokens_per_s_chunks3", std::to_string(three));
+  EXPECT_GE(three, 0.8 * 3 * one) << "chunks=1: " << one << " tok/s, chunks=3: " << three << " tok/s";
+}
+
+TEST(cluster, bad_model_dir_fails_at_start) {
+  auto o = base_options("tiny-llama", 2);
+  o.model_dir = "/nonexistent/model";
+  auto c = cluster::start(o);
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.err().message.find("/nonexistent/model"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace conveyor::coordinator
