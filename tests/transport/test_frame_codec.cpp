@@ -1,0 +1,174 @@
+// Frame header codec: round trips, and every kind of bad input comes back as an error value.
+#include <gtest/gtest.h>
+
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+
+#include <cstring>
+#include <random>
+
+#include "conveyor/schemas/frame.capnp.h"
+#include "conveyor/transport/frame_codec.hpp"
+#include "frame_pattern.hpp"
+
+namespace conveyor::transport {
+namespace {
+
+frame_header activations_header() {
+  frame_header h;
+  h.kind = frame_kind::activations;
+  h.microbatch_id = 3;
+  h.step = 17;
+  for (int s = 0; s < 3; ++s) {
+    sequence_plan p;
+    p.seq_id = 1000 + s;
+    p.tokens = s == 0 ? std::vector<std::int32_t>{11, 12, 13, 14} : std::vector<std::int32_t>{42};
+    p.start_pos = s == 0 ? 0 : 30 + s;
+    p.block_table = {s, 10 + s, 20 + s};
+    p.logits = s == 2 ? logits_mode::all : logits_mode::last;
+    p.sample = s != 1;
+    p.sampling = {0.8f, 50, 0.95f, 1234u + s, 9u};
+    h.seqs.push_back(p);
+  }
+  h.tensor.type = kernels::dtype::bf16;
+  h.tensor.shape = {6, 2048};  // 4 + 1 + 1 new tokens
+  return h;
+}
+
+std::vector<std::byte> flat(capnp::MessageBuilder& m) {
+  auto words = capnp::messageToFlatArray(m);
+  auto bytes = words.asBytes();
+  std::vector<std::byte> v(bytes.size());
+  std::memcpy(v.data(), bytes.begin(), bytes.size());
+  return v;
+}
+
+TEST(FrameCodec, RoundTripsEveryField) {
+  auto h = activations_header();
+  auto bytes = encode_header(h);
+  ASSERT_TRUE(bytes.ok());
+  auto back = decode_header(*bytes);
+  ASSERT_TRUE(back.ok()) << back.err().message;
+  EXPECT_EQ(*back, h);
+  EXPECT_TRUE(check_payload_size(h, 6 * 2048 * 2).ok());
+}
+
+TEST(FrameCodec, DecodesFromAnUnalignedBuffer) {
+  auto bytes = encode_header(activations_header());
+  std::vector<std::byte> shifted(bytes->size() + 1);
+  std::memcpy(shifted.data() + 1, bytes->data(), bytes->size());
+  auto back = decode_header(std::span<const std::byte>(shifted).subspan(1));
+  ASSERT_TRUE(back.ok()) << back.err().message;
+  EXPECT_EQ(*back, activations_header());
+}
+
+TEST(FrameCodec, PayloadSizeMismatchNamesBothSizes) {
+  auto h = activations_header();
+  auto st = check_payload_size(h, 100);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.err().message.find("truncated"), std::string::npos) << st.err().message;
+  EXPECT_NE(st.err().message.find("24576"), std::string::npos) << st.err().message;
+  EXPECT_NE(check_payload_size(h, 6 * 2048 * 2 + 1).err().message.find("trailing"), std::string::npos);
+}
+
+TEST(FrameCodec, GarbageTruncationAndRandomBytesAreErrors) {
+  auto bytes = *encode_header(activations_header());
+  EXPECT_FALSE(decode_header({}).ok());
+  std::vector<std::byte> odd(bytes.begin(), bytes.begin() + 13);
+  EXPECT_NE(decode_header(odd).err().message.find("8-byte words"), std::string::npos);
+  // Every word-aligned truncation fails cleanly (no crash, no exception).
+  for (std::size_t n = 8; n < bytes.size(); n += 8) {
+    auto r = decode_header(std::span<const std::byte>(bytes.data(), n));
+    EXPECT_FALSE(r.ok()) << "truncated to " << n << " bytes decoded";
+  }
+  std::mt19937_64 rng(7);
+  int rejected = 0;
+  for (int i = 0; i < 2000; ++i) {
+    std::vector<std::byte> junk(8 * (1 + rng() % 64));
+    for (auto& b : junk) b = static_cast<std::byte>(rng());
+    if (!decode_header(junk).ok()) ++rejected;
+  }
+  EXPECT_GT(rejected, 1900);
+  // Flipped bytes inside a real header: must never crash; most are caught.
+  for (std::size_t i = 0; i < bytes.size(); ++i) {
+    auto copy = bytes;
+    copy[i] ^= std::byte{0xff};
+    (void)decode_header(copy);
+  }
+}
+
+TEST(FrameCodec, LimitsBoundSizeAndTraversal) {
+  auto h = activations_header();
+  h.seqs[0].block_table.assign(100000, 1);
+  auto bytes = *encode_header(h);
+  codec_limits small;
+  small.max_header_bytes = 1024;
+  EXPECT_NE(decode_header(bytes, small).err().message.find("over the limit"), std::string::npos);
+  codec_limits shallow;
+  shallow.max_traversal_words = 1000;
+  auto r = decode_header(bytes, shallow);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.err().code, errc::bad_format);
+  codec_limits few;
+  few.max_seqs = 2;
+  EXPECT_NE(decode_header(*encode_header(activations_header()), few).err().message.find("sequences"), std::string::npos);
+}
+
+TEST(FrameCodec, InconsistentPlansAreRejected) {
+  auto check = [](frame_header h, const char* needle) {
+    auto r = decode_header(*encode_header(h));
+    ASSERT_FALSE(r.ok()) << "expected: " << needle;
+    EXPECT_NE(r.err().message.find(needle), std::string::npos) << r.err().message;
+  };
+  auto h = activations_header();
+  h.seqs[1].start_pos = -1;
+  check(h, "start_pos");
+  h = activations_header();
+  h.seqs[2].block_table[1] = -5;
+  check(h, "block id");
+  h = activations_header();
+  h.tensor.shape = {5, 2048};
+  check(h, "6 rows");
+  h = activations_header();
+  h.tensor.shape = {6, -2048};
+  check(h, "negative");
+  h = activations_header();
+  h.tensor.shape = {1ll << 40, 1ll << 40};
+  h.kind = frame_kind::logits;
+  check(h, "overflows");
+  h = activations_header();
+  h.seqs[0].sampling.top_p = 0.0f;
+  check(h, "top_p");
+  h = activations_header();
+  h.kind = frame_kind::control;
+  check(h, "control");
+}
+
+TEST(FrameCodec, UnknownEnumValuesFromANewerPeerAreErrors) {
+  capnp::MallocMessageBuilder m;
+  auto b = m.initRoot<schema::FrameHeader>();
+  b.setKind(static_cast<schema::FrameKind>(42));
+  auto r = decode_header(flat(m));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.err().message.find("frame kind"), std::string::npos) << r.err().message;
+  capnp::MallocMessageBuilder m2;
+  auto b2 = m2.initRoot<schema::FrameHeader>();
+  b2.setKind(schema::FrameKind::LOGITS);
+  b2.initTensor().setDtype(static_cast<schema::DType>(9));
+  EXPECT_NE(decode_header(flat(m2)).err().message.find("dtype"), std::string::npos);
+}
+
+TEST(FrameCodec, HelloRoundTripsAndCarriesTheSchemaVersion) {
+  channel_hello h{frame_schema_version(), 77, 0xfeedface, 1u << 20};
+  auto back = decode_hello(*encode_hello(h));
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->schema_version, 1u);
+  EXPECT_EQ(back->channel_id, 77u);
+  EXPECT_EQ(back->instance, 0xfeedfaceu);
+  EXPECT_EQ(back->max_payload_bytes, 1u << 20);
+  std::vector<std::byte> junk(24, std::byte{0x99});
+  EXPECT_FALSE(decode_hello(junk).ok());
+}
+
+}  // namespace
+}  // namespace conveyor::transport

@@ -1,0 +1,92 @@
+#pragma once
+// A channel carries frames (header + tensor payload) between two processes, in order, with many in
+// flight. The interface has no UCX in it, so an in-process channel can stand in where one is needed.
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "conveyor/base/result.hpp"
+#include "conveyor/transport/frame.hpp"
+
+namespace conveyor::transport {
+
+using clock = std::chrono::steady_clock;
+using deadline = clock::time_point;
+
+/// A deadline `d` from now.
+inline deadline after(clock::duration d) { return clock::now() + d; }
+
+/// Bytes to send; not owned. The memory must stay valid and unchanged until the send completes.
+struct payload_view {
+  const void* data = nullptr;
+  std::size_t size = 0;
+  /// TODO(perf): `cuda` payloads need staging through pinned host buffers (Debian's UCX is not
+  /// CUDA-aware); until then a channel refuses them with errc::unsupported.
+  memory_type memory = memory_type::host;
+};
+
+/// A payload received into memory the frame owns (64-byte aligned).
+class payload_buffer {
+ public:
+  payload_buffer() = default;
+  explicit payload_buffer(std::size_t size);
+  std::byte* data() { return data_.get(); }
+  const std::byte* data() const { return data_.get(); }
+  std::size_t size() const { return size_; }
+  std::span<const std::byte> bytes() const { return {data_.get(), size_}; }
+
+ private:
+  struct free_deleter {
+    void operator()(std::byte* p) const;
+  };
+  std::unique_ptr<std::byte[], free_deleter> data_;
+  std::size_t size_ = 0;
+};
+
+/// One received frame.
+struct frame {
+  frame_header header;
+  std::vector<std::byte> header_bytes;  ///< the encoded header as received, to forward unchanged
+  payload_buffer payload;
+};
+
+/// Completion of one send. Shared with the transport, so dropping it does not cancel the send.
+class send_handle {
+ public:
+  /// The transport's side of a send; implementations complete it from their progress thread.
+  class state;
+  send_handle() = default;
+  explicit send_handle(std::shared_ptr<state> s) : state_(std::move(s)) {}
+  /// Waits until the send completes or `until` passes. On a timeout the channel is failed (a peer
+  /// that takes no data within a deadline is treated as dead), and wait returns only once the
+  /// transport no longer touches the payload: after wait returns, the caller may free it.
+  status wait(deadline until);
+  /// True when the send has completed (successfully or not).
+  bool done() const;
+
+ private:
+  std::shared_ptr<state> state_;
+};
+
+/// A bidirectional, ordered frame channel to one peer.
+class channel {
+ public:
+  virtual ~channel() = default;
+  /// Starts sending a frame. Errors here (bad header, payload/shape mismatch, over the size limit,
+  /// a failed channel) mean nothing was sent.
+  virtual result<send_handle> send(const frame_header& header, payload_view payload) = 0;
+  /// Starts sending a frame whose header is already encoded (e.g. forwarded unchanged from a
+  /// received frame). Checked only for size limits: the receiver validates it.
+  virtual result<send_handle> send_encoded(std::span<const std::byte> header_bytes, payload_view payload) = 0;
+  /// The next frame in send order, or an error: this frame was malformed or over a limit (the channel
+  /// stays usable), the deadline passed (no frame yet; the channel stays usable), or the channel
+  /// failed (peer died or closed; every later call fails too).
+  virtual result<frame> receive(deadline until) = 0;
+  /// OK while the channel works; the error that broke it otherwise.
+  virtual status health() const = 0;
+};
+
+}  // namespace conveyor::transport

@@ -1,0 +1,43 @@
+#pragma once
+// One UCX context and worker, driven by its own progress thread, and the channels made from it.
+// main() builds one per process and passes it down (no singletons).
+#include <cstddef>
+#include <memory>
+#include <vector>
+
+#include "conveyor/base/result.hpp"
+#include "conveyor/transport/channel.hpp"
+#include "conveyor/transport/config.hpp"
+
+namespace conveyor::transport {
+
+/// A worker address: opaque bytes that the control plane carries to peers.
+using worker_address = std::vector<std::byte>;
+
+class ucx_worker;  // private: src/ucx_worker.hpp
+
+/// Owns the UCX context, the worker and its progress thread. All UCX calls happen on that thread;
+/// channels hand it work through a queue, so no CAF or caller thread ever progresses UCX.
+class ucx_context {
+ public:
+  /// Reads the UCX configuration, applies `config` over it, and starts the progress thread.
+  static result<std::unique_ptr<ucx_context>> create(const ucx_config& config);
+  ~ucx_context();
+  ucx_context(const ucx_context&) = delete;
+  ucx_context& operator=(const ucx_context&) = delete;
+
+  /// This worker's address, for peers' connect().
+  const worker_address& address() const;
+  /// Opens a channel to the worker at `peer`. Both ends call connect() with each other's address
+  /// and the same `options.channel_id`; it returns once the peer's hello arrived and its schema
+  /// version matched, or fails at `options.connect_timeout`.
+  result<std::unique_ptr<channel>> connect(const worker_address& peer, const channel_options& options);
+  /// The UCX transports the worker actually uses, for logs and benchmarks (e.g. "tcp", "posix").
+  std::string describe() const;
+
+ private:
+  explicit ucx_context(std::shared_ptr<ucx_worker> worker);
+  std::shared_ptr<ucx_worker> worker_;
+};
+
+}  // namespace conveyor::transport

@@ -1,0 +1,433 @@
+// One channel's protocol on the progress thread: hello, sends, reassembly of received frames in
+// sequence order, flow control of rendezvous receives, and failure.
+#include "channel_core.hpp"
+
+#include <cassert>
+#include <cstring>
+#include <string>
+
+#include "ucx_worker.hpp"
+
+namespace conveyor::transport {
+namespace {
+
+std::string name(std::uint64_t id) { return "channel " + std::to_string(id); }
+
+std::vector<std::byte> preamble_bytes(const wire::preamble& p, std::span<const std::byte> inline_header) {
+  std::vector<std::byte> out(sizeof p + inline_header.size());
+  std::memcpy(out.data(), &p, sizeof p);
+  if (!inline_header.empty()) std::memcpy(out.data() + sizeof p, inline_header.data(), inline_header.size());
+  return out;
+}
+
+}  // namespace
+
+channel_core::channel_core(ucx_worker* worker, const channel_options& options) : worker_(worker), options_(options) {}
+
+// ---------------------------------------------------------------- any thread
+
+void channel_core::fail(error why) {
+  {
+    std::lock_guard lock(mu_);
+    if (failure_) return;
+    failure_ = std::move(why);
+  }
+  cv_.notify_all();
+}
+
+void channel_core::abort(error why) {
+  fail(std::move(why));
+  worker_->post([self = shared_from_this()] { self->close(); });
+}
+
+std::optional<error> channel_core::failure() const {
+  std::lock_guard lock(mu_);
+  return failure_;
+}
+
+std::uint64_t channel_core::peer_max_payload() const {
+  std::lock_guard lock(mu_);
+  return peer_max_payload_;
+}
+
+status channel_core::wait_open(deadline until) {
+  std::unique_lock lock(mu_);
+  if (!cv_.wait_until(lock, until, [&] { return open_ || failure_.has_value(); })) {
+    return make_error(errc::io, name(id()) + ": the peer did not answer the hello within " +
+                                    std::to_string(options_.connect_timeout.count()) + " ms");
+  }
+  if (failure_) return *failure_;
+  return ok_status();
+}
+
+result<frame> channel_core::receive(deadline until) {
+  std::unique_lock lock(mu_);
+  for (;;) {
+    if (!ready_.empty() && ready_.begin()->first == next_deliver_) {
+      auto node = ready_.extract(ready_.begin());
+      ++next_deliver_;
+      result<frame> f = std::move(node.mapped());
+      bool wake = false;
+      if (f.ok()) {
+        buffered_bytes_ -= f->payload.size();
+        wake = true;
+      }
+      lock.unlock();
+      if (wake) worker_->post([self = shared_from_this()] { self->pump_deferred(); });
+      return f;
+    }
+    // Frames that arrived whole before a failure are still delivered; after them, the failure.
+    if (failure_) return *failure_;
+    if (cv_.wait_until(lock, until) == std::cv_status::timeout &&
+        !(!ready_.empty() && ready_.begin()->first == next_deliver_) && !failure_) {
+      return make_error(errc::io, name(id()) + ": no frame before the receive deadline");
+    }
+  }
+}
+
+// ---------------------------------------------------------------- progress thread
+
+status channel_core::open(const worker_address& peer) {
+  ucp_ep_params_t ep{};
+  ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                  UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  ep.address = reinterpret_cast<const ucp_address_t*>(peer.data());
+  // PEER mode: a dead peer fails the endpoint (and every request on it) instead of hanging it.
+  ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  ep.err_handler.cb = &channel_core::on_ep_error;
+  ep.err_handler.arg = this;  // the worker's channel map keeps this alive while the ep exists
+  ucs_status_t st = ucp_ep_create(worker_->handle(), &ep, &ep_);
+  if (st != UCS_OK) {
+    ep_ = nullptr;
+    return make_error(errc::io, name(id()) + ": cannot reach the peer's worker address: " + ucs_status_string(st));
+  }
+  channel_hello hello{frame_schema_version(), id(), worker_->instance(), options_.max_payload_bytes};
+  auto bytes = encode_hello(hello);
+  assert(bytes.ok());
+  wire::preamble p;
+  p.channel_id = id();
+  p.instance = worker_->instance();
+  p.header_bytes = static_cast<std::uint32_t>(bytes->size());
+  auto s = std::make_shared<send_handle::state>();
+  s->am_header = preamble_bytes(p, *bytes);
+  s->channel = weak_from_this();
+  s->expect(1);
+  post_am(wire::am_hello, &s->am_header, nullptr, 0, s);
+  return ok_status();
+}
+
+void channel_core::on_hello(const wire::preamble& p, std::span<const std::byte> hello_bytes) {
+  auto hello = decode_hello(hello_bytes);
+  if (!hello.ok()) {
+    fail(make_error(errc::bad_format, name(id()) + ": the peer's hello is malformed: " + hello.err().message));
+    return;
+  }
+  if (hello->schema_version != frame_schema_version()) {
+    fail(make_error(errc::unsupported, name(id()) + ": the peer speaks frame schema v" +
+                                           std::to_string(hello->schema_version) + ", this build v" +
+                                           std::to_string(frame_schema_version())));
+    return;
+  }
+  if (peer_instance_ != 0 && peer_instance_ != p.instance) return;  // a stranger on a taken id
+  peer_instance_ = p.instance;
+  {
+    std::lock_guard lock(mu_);
+    open_ = true;
+    peer_max_payload_ = hello->max_payload_bytes;
+  }
+  cv_.notify_all();
+}
+
+bool channel_core::from_current_peer(const wire::preamble& p) const {
+  return peer_instance_ != 0 && p.instance == peer_instance_ && !closed_;
+}
+
+channel_core::partial_frame& channel_core::partial(const wire::preamble& p) {
+  auto [it, fresh] = partial_.try_emplace(p.seq);
+  if (fresh) it->second.pre = p;
+  return it->second;
+}
+
+void channel_core::reject(std::uint64_t seq, error why) {
+  auto& pf = partial_[seq];
+  if (!pf.err) pf.err = std::move(why);
+  pf.header_ready = pf.payload_ready = true;
+  try_finish(seq);
+}
+
+ucs_status_t channel_core::on_frame(const wire::preamble& p, const void* header, std::size_t header_length,
+                                    void* data, std::size_t length, const ucp_am_recv_param_t* param) {
+  bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+  if (!from_current_peer(p)) return rndv ? UCS_ERR_NOT_CONNECTED : UCS_OK;
+  std::string where = name(id()) + ", frame " + std::to_string(p.seq);
+  if (p.payload_bytes > options_.max_payload_bytes) {
+    reject(p.seq, make_error(errc::bad_format, where + ": payload of " + std::to_string(p.payload_bytes) +
+                                                   " bytes is over this end's limit of " +
+                                                   std::to_string(options_.max_payload_bytes)));
+    return rndv ? UCS_ERR_EXCEEDS_LIMIT : UCS_OK;  // the sender's send fails too
+  }
+  if (p.header_bytes > options_.header_limits.max_header_bytes) {
+    reject(p.seq, make_error(errc::bad_format, where + ": header of " + std::to_string(p.header_bytes) +
+                                                   " bytes is over the limit of " +
+                                                   std::to_string(options_.header_limits.max_header_bytes)));
+    return rndv ? UCS_ERR_EXCEEDS_LIMIT : UCS_OK;
+  }
+  if (length != p.payload_bytes) {
+    reject(p.seq, make_error(errc::bad_format, where + ": " + std::to_string(length) + " payload bytes arrived, " +
+                                                   std::to_string(p.payload_bytes) + " announced (truncated)"));
+    return rndv ? UCS_ERR_MESSAGE_TRUNCATED : UCS_OK;
+  }
+  auto& pf = partial(p);
+  pf.pre = p;
+  if ((p.flags & wire::flag_header_separate) == 0) {
+    std::size_t inline_len = header_length - sizeof(wire::preamble);
+    if (inline_len != p.header_bytes) {
+      reject(p.seq, make_error(errc::bad_format, where + ": inline header is " + std::to_string(inline_len) +
+                                                     " bytes, " + std::to_string(p.header_bytes) + " announced"));
+      return rndv ? UCS_ERR_MESSAGE_TRUNCATED : UCS_OK;
+    }
+    auto* h = static_cast<const std::byte*>(header) + sizeof(wire::preamble);
+    pf.header_bytes.assign(h, h + inline_len);
+    pf.header_ready = true;
+  }
+  if (!rndv) {
+    pf.payload = payload_buffer(length);
+    if (length != 0) std::memcpy(pf.payload.data(), data, length);
+    {
+      std::lock_guard lock(mu_);
+      buffered_bytes_ += length;
+    }
+    pf.payload_ready = true;
+    try_finish(p.seq);
+    return UCS_OK;
+  }
+  bool defer;
+  {
+    std::lock_guard lock(mu_);
+    // Flow control: beyond the budget, leave the data at the sender (its send stays pending) until
+    // receive() frees room. One frame is always admitted so a single big frame cannot stall.
+    defer = buffered_bytes_ != 0 && buffered_bytes_ + length > options_.max_buffered_bytes;
+  }
+  if (defer || !deferred_.empty()) {
+    deferred_.push_back({p.seq, data, length});
+    return UCS_INPROGRESS;
+  }
+  start_rndv(p.seq, data, length);
+  return UCS_INPROGRESS;
+}
+
+ucs_status_t channel_core::on_separate_header(const wire::preamble& p, void* data, std::size_t length,
+                                              const ucp_am_recv_param_t* param) {
+  bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+  if (!from_current_peer(p)) return rndv ? UCS_ERR_NOT_CONNECTED : UCS_OK;
+  std::string where = name(id()) + ", frame " + std::to_string(p.seq);
+  if (length != p.header_bytes || length > options_.header_limits.max_header_bytes) {
+    reject(p.seq, make_error(errc::bad_format, where + ": separate header of " + std::to_string(length) +
+                                                   " bytes (announced " + std::to_string(p.header_bytes) +
+                                                   ", limit " + std::to_string(options_.header_limits.max_header_bytes) + ")"));
+    return rndv ? UCS_ERR_EXCEEDS_LIMIT : UCS_OK;
+  }
+  auto& pf = partial(p);
+  pf.header_bytes.resize(length);
+  if (!rndv) {
+    std::memcpy(pf.header_bytes.data(), data, length);
+    pf.header_ready = true;
+    try_finish(p.seq);
+    return UCS_OK;
+  }
+  auto* ctx = new recv_context{shared_from_this(), p.seq, true};
+  ucp_request_param_t rp{};
+  rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  rp.cb.recv_am = &channel_core::on_recv_done;
+  rp.user_data = ctx;
+  ucs_status_ptr_t req = ucp_am_recv_data_nbx(worker_->handle(), data, pf.header_bytes.data(), length, &rp);
+  if (req == nullptr) {
+    on_recv_done(nullptr, UCS_OK, length, ctx);
+  } else if (UCS_PTR_IS_ERR(req)) {
+    on_recv_done(nullptr, UCS_PTR_STATUS(req), 0, ctx);
+  }
+  return UCS_INPROGRESS;
+}
+
+void channel_core::start_rndv(std::uint64_t seq, void* desc, std::size_t length) {
+  auto& pf = partial_[seq];
+  pf.payload = payload_buffer(length);
+  if (pf.payload.data() == nullptr) {
+    ucp_am_data_release(worker_->handle(), desc);
+    reject(seq, make_error(errc::out_of_memory, name(id()) + ", frame " + std::to_string(seq) +
+                                                    ": cannot allocate " + std::to_string(length) + " bytes"));
+    return;
+  }
+  {
+    std::lock_guard lock(mu_);
+    buffered_bytes_ += length;
+  }
+  auto* ctx = new recv_context{shared_from_this(), seq, false};
+  ucp_request_param_t rp{};
+  rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  rp.cb.recv_am = &channel_core::on_recv_done;
+  rp.user_data = ctx;
+  ucs_status_ptr_t req = ucp_am_recv_data_nbx(worker_->handle(), desc, pf.payload.data(), length, &rp);
+  if (req == nullptr) {
+    on_recv_done(nullptr, UCS_OK, length, ctx);
+  } else if (UCS_PTR_IS_ERR(req)) {
+    on_recv_done(nullptr, UCS_PTR_STATUS(req), 0, ctx);
+  }
+}
+
+void channel_core::on_recv_done(void* request, ucs_status_t st, std::size_t, void* user_data) {
+  auto* ctx = static_cast<recv_context*>(user_data);
+  auto& self = *ctx->core;
+  if (request != nullptr) ucp_request_free(request);
+  auto it = self.partial_.find(ctx->seq);
+  if (it != self.partial_.end()) {
+    if (st != UCS_OK) {
+      self.reject(ctx->seq, make_error(errc::io, name(self.id()) + ", frame " + std::to_string(ctx->seq) +
+                                                     ": receive failed: " + ucs_status_string(st)));
+    } else {
+      (ctx->header ? it->second.header_ready : it->second.payload_ready) = true;
+      self.try_finish(ctx->seq);
+    }
+  }
+  delete ctx;
+}
+
+void channel_core::pump_deferred() {
+  while (!deferred_.empty() && !closed_) {
+    auto d = deferred_.front();
+    {
+      std::lock_guard lock(mu_);
+      if (buffered_bytes_ != 0 && buffered_bytes_ + d.length > options_.max_buffered_bytes) return;
+    }
+    deferred_.pop_front();
+    start_rndv(d.seq, d.desc, d.length);
+  }
+}
+
+void channel_core::try_finish(std::uint64_t seq) {
+  auto it = partial_.find(seq);
+  if (it == partial_.end()) return;
+  auto& pf = it->second;
+  if (!(pf.header_ready && pf.payload_ready)) return;
+  auto node = partial_.extract(it);
+  auto& done = node.mapped();
+  if (done.err) {
+    std::lock_guard lock(mu_);
+    buffered_bytes_ -= done.payload.size();
+    deliver(seq, *done.err);
+    return;
+  }
+  std::string where = name(id()) + ", frame " + std::to_string(seq) + ": ";
+  auto header = decode_header(done.header_bytes, options_.header_limits);
+  status size_ok = header.ok() ? check_payload_size(*header, done.payload.size()) : status(header.err());
+  std::lock_guard lock(mu_);
+  if (!size_ok.ok()) {
+    buffered_bytes_ -= done.payload.size();
+    deliver(seq, make_error(size_ok.err().code, where + size_ok.err().message));
+    return;
+  }
+  deliver(seq, frame{std::move(header).value(), std::move(done.header_bytes), std::move(done.payload)});
+}
+
+void channel_core::deliver(std::uint64_t seq, result<frame> f) {
+  // Called with mu_ held.
+  bool wake = seq == next_deliver_;
+  ready_.emplace(seq, std::move(f));
+  if (wake) cv_.notify_all();
+}
+
+void channel_core::on_bye() {
+  fail(make_error(errc::io, name(id()) + ": the peer closed the channel"));
+}
+
+void channel_core::on_ep_error(void* arg, ucp_ep_h, ucs_status_t st) {
+  auto* self = static_cast<channel_core*>(arg);
+  self->fail(make_error(errc::io, name(self->id()) + ": lost the peer (" + ucs_status_string(st) + ")"));
+  // A failed endpoint must still be closed, in force mode; not from inside UCX's callback.
+  self->worker_->post([core = self->shared_from_this()] { core->close(); });
+}
+
+void channel_core::post_am(unsigned id, std::vector<std::byte>* header, const void* data, std::size_t length,
+                           std::shared_ptr<send_handle::state> s) {
+  ucp_request_param_t rp{};
+  rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  rp.cb.send = &channel_core::on_send_done;
+  auto* holder = new std::shared_ptr<send_handle::state>(std::move(s));
+  rp.user_data = holder;
+  ucs_status_ptr_t req = ucp_am_send_nbx(ep_, id, header->data(), header->size(), data, length, &rp);
+  if (req == nullptr) {
+    on_send_done(nullptr, UCS_OK, holder);
+  } else if (UCS_PTR_IS_ERR(req)) {
+    on_send_done(nullptr, UCS_PTR_STATUS(req), holder);
+  }
+}
+
+void channel_core::on_send_done(void* request, ucs_status_t st, void* user_data) {
+  auto* holder = static_cast<std::shared_ptr<send_handle::state>*>(user_data);
+  if (request != nullptr) ucp_request_free(request);
+  auto& s = **holder;
+  if (st == UCS_OK) {
+    s.complete_one(ok_status());
+  } else {
+    auto core = s.channel.lock();
+    std::string who = core ? name(core->id()) : std::string("channel");
+    std::optional<error> why = core ? core->failure() : std::nullopt;
+    s.complete_one(make_error(errc::io, who + ": send failed: " + ucs_status_string(st) +
+                                            (why ? " (" + why->message + ")" : std::string())));
+  }
+  delete holder;
+}
+
+void channel_core::start_send(std::shared_ptr<send_handle::state> s) {
+  if (auto why = failure(); why || ep_ == nullptr || closed_) {
+    s->expect(1);
+    s->complete_one(why ? *why : make_error(errc::io, name(id()) + ": closed"));
+    return;
+  }
+  wire::preamble p;
+  p.channel_id = id();
+  p.instance = worker_->instance();
+  p.seq = next_send_seq_++;
+  p.payload_bytes = s->payload.size;
+  p.header_bytes = static_cast<std::uint32_t>(s->separate_header.size());
+  if (sizeof p + s->separate_header.size() <= worker_->max_am_header()) {
+    s->am_header = preamble_bytes(p, s->separate_header);
+    s->expect(1);
+    post_am(wire::am_frame, &s->am_header, s->payload.data, s->payload.size, s);
+    return;
+  }
+  // Too big for a UCX AM header: the header goes first as its own message (same ep, so it is
+  // ordered before the frame's data; the receiver pairs them by seq either way).
+  p.flags = wire::flag_header_separate;
+  s->separate_preamble = preamble_bytes(p, {});
+  s->am_header = s->separate_preamble;
+  s->expect(2);
+  post_am(wire::am_header, &s->separate_preamble, s->separate_header.data(), s->separate_header.size(), s);
+  post_am(wire::am_frame, &s->am_header, s->payload.data, s->payload.size, s);
+}
+
+void channel_core::close() {
+  if (closed_) return;
+  closed_ = true;
+  for (auto& d : deferred_) ucp_am_data_release(worker_->handle(), d.desc);
+  deferred_.clear();
+  if (ep_ != nullptr) {
+    bool failed = failure().has_value();
+    if (!failed) {
+      // Best effort: lets the peer report "closed" rather than "lost".
+      wire::preamble p;
+      p.channel_id = id();
+      p.instance = worker_->instance();
+      auto s = std::make_shared<send_handle::state>();
+      s->am_header = preamble_bytes(p, {});
+      s->expect(1);
+      post_am(wire::am_bye, &s->am_header, nullptr, 0, s);
+    }
+    worker_->close_ep(ep_, failed, shared_from_this());
+    ep_ = nullptr;
+  }
+  fail(make_error(errc::io, name(id()) + ": closed"));
+  worker_->remove_channel(id());
+}
+
+}  // namespace conveyor::transport

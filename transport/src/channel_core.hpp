@@ -1,0 +1,112 @@
+#pragma once
+// The state of one channel, shared by the caller-facing ucx_channel and the progress thread
+// (private to transport/). Fields are grouped by which thread may touch them.
+#include <ucp/api/ucp.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+
+#include "conveyor/transport/channel.hpp"
+#include "conveyor/transport/config.hpp"
+#include "conveyor/transport/ucx_context.hpp"
+#include "conveyor/transport/frame_codec.hpp"
+#include "send_state.hpp"
+#include "wire.hpp"
+
+namespace conveyor::transport {
+
+class ucx_worker;
+
+class channel_core : public std::enable_shared_from_this<channel_core> {
+ public:
+  channel_core(ucx_worker* worker, const channel_options& options);
+  std::uint64_t id() const { return options_.channel_id; }
+  const channel_options& options() const { return options_; }
+
+  // --- any thread ---
+  /// Fails the channel with `why` and closes its endpoint, cancelling every pending operation.
+  void abort(error why);
+  /// Fails the channel (first reason wins) and wakes every waiter.
+  void fail(error why);
+  std::optional<error> failure() const;
+  /// Waits for the peer's hello; the error says why the channel could not open.
+  status wait_open(deadline until);
+  result<frame> receive(deadline until);
+  /// The peer's payload limit from its hello (0 before the hello).
+  std::uint64_t peer_max_payload() const;
+
+  // --- progress thread only ---
+  status open(const worker_address& peer);
+  void on_hello(const wire::preamble& p, std::span<const std::byte> hello_bytes);
+  ucs_status_t on_frame(const wire::preamble& p, const void* header, std::size_t header_length, void* data,
+                        std::size_t length, const ucp_am_recv_param_t* param);
+  ucs_status_t on_separate_header(const wire::preamble& p, void* data, std::size_t length,
+                                  const ucp_am_recv_param_t* param);
+  void on_bye();
+  void start_send(std::shared_ptr<send_handle::state> s);
+  /// Sends a bye (best effort) and closes the endpoint.
+  void close();
+  /// Starts rendezvous receives that waited for buffer space.
+  void pump_deferred();
+
+ private:
+  struct partial_frame {
+    wire::preamble pre{};
+    std::vector<std::byte> header_bytes;
+    bool header_ready = false;
+    payload_buffer payload;
+    bool payload_ready = false;
+    std::optional<error> err;
+  };
+  struct deferred_rndv {
+    std::uint64_t seq;
+    void* desc;
+    std::size_t length;
+  };
+  struct recv_context {
+    std::shared_ptr<channel_core> core;
+    std::uint64_t seq;
+    bool header;  // receiving a separate header, not a payload
+  };
+
+  partial_frame& partial(const wire::preamble& p);
+  void start_rndv(std::uint64_t seq, void* desc, std::size_t length);
+  void start_rndv_header(std::uint64_t seq, void* desc, std::size_t length);
+  void reject(std::uint64_t seq, error why);
+  void try_finish(std::uint64_t seq);
+  void deliver(std::uint64_t seq, result<frame> f);
+  bool from_current_peer(const wire::preamble& p) const;
+  void post_am(unsigned id, std::vector<std::byte>* header, const void* data, std::size_t length,
+               std::shared_ptr<send_handle::state> s);
+  static void on_recv_done(void* request, ucs_status_t st, std::size_t length, void* user_data);
+  static void on_send_done(void* request, ucs_status_t st, void* user_data);
+  static void on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t st);
+
+  ucx_worker* worker_;
+  const channel_options options_;
+
+  // progress thread only
+  ucp_ep_h ep_ = nullptr;
+  bool closed_ = false;
+  std::uint64_t next_send_seq_ = 0;
+  std::uint64_t peer_instance_ = 0;
+  std::map<std::uint64_t, partial_frame> partial_;
+  std::deque<deferred_rndv> deferred_;
+
+  // shared, under mu_
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+  std::uint64_t peer_max_payload_ = 0;
+  std::optional<error> failure_;
+  std::map<std::uint64_t, result<frame>> ready_;
+  std::uint64_t next_deliver_ = 0;
+  std::uint64_t buffered_bytes_ = 0;  // payload bytes received or being received, not yet taken
+};
+
+}  // namespace conveyor::transport

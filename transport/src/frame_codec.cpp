@@ -1,0 +1,292 @@
+// Cap'n Proto <-> plain frame header. The only file besides generated code that uses camelCase names.
+#include "conveyor/transport/frame_codec.hpp"
+
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+#include <kj/exception.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "conveyor/schemas/frame.capnp.h"
+
+namespace conveyor::transport {
+namespace {
+
+using kernels::dtype;
+
+schema::DType to_wire(dtype t) {
+  switch (t) {
+    case dtype::f32: return schema::DType::F32;
+    case dtype::bf16: return schema::DType::BF16;
+    case dtype::f16: return schema::DType::F16;
+    case dtype::i32: return schema::DType::I32;
+  }
+  return schema::DType::F32;
+}
+
+result<dtype> from_wire(schema::DType t) {
+  switch (t) {
+    case schema::DType::F32: return dtype::f32;
+    case schema::DType::BF16: return dtype::bf16;
+    case schema::DType::F16: return dtype::f16;
+    case schema::DType::I32: return dtype::i32;
+  }
+  return make_error(errc::bad_format, "frame header: unknown dtype " + std::to_string(static_cast<int>(t)));
+}
+
+result<frame_kind> from_wire(schema::FrameKind k) {
+  switch (k) {
+    case schema::FrameKind::ACTIVATIONS: return frame_kind::activations;
+    case schema::FrameKind::TOKENS: return frame_kind::tokens;
+    case schema::FrameKind::LOGITS: return frame_kind::logits;
+    case schema::FrameKind::CONTROL: return frame_kind::control;
+  }
+  return make_error(errc::bad_format, "frame header: unknown frame kind " + std::to_string(static_cast<int>(k)));
+}
+
+schema::FrameKind to_wire(frame_kind k) {
+  switch (k) {
+    case frame_kind::activations: return schema::FrameKind::ACTIVATIONS;
+    case frame_kind::tokens: return schema::FrameKind::TOKENS;
+    case frame_kind::logits: return schema::FrameKind::LOGITS;
+    case frame_kind::control: return schema::FrameKind::CONTROL;
+  }
+  return schema::FrameKind::CONTROL;
+}
+
+result<logits_mode> from_wire(schema::LogitsMode m) {
+  switch (m) {
+    case schema::LogitsMode::NONE: return logits_mode::none;
+    case schema::LogitsMode::LAST: return logits_mode::last;
+    case schema::LogitsMode::ALL: return logits_mode::all;
+  }
+  return make_error(errc::bad_format, "frame header: unknown logits mode " + std::to_string(static_cast<int>(m)));
+}
+
+schema::LogitsMode to_wire(logits_mode m) {
+  switch (m) {
+    case logits_mode::none: return schema::LogitsMode::NONE;
+    case logits_mode::last: return schema::LogitsMode::LAST;
+    case logits_mode::all: return schema::LogitsMode::ALL;
+  }
+  return schema::LogitsMode::NONE;
+}
+
+std::vector<std::byte> flatten(capnp::MessageBuilder& message) {
+  kj::Array<capnp::word> words = capnp::messageToFlatArray(message);
+  kj::ArrayPtr<const kj::byte> bytes = words.asBytes();
+  std::vector<std::byte> out(bytes.size());
+  std::memcpy(out.data(), bytes.begin(), bytes.size());
+  return out;
+}
+
+// Cap'n Proto reads words in place; a receive buffer need not be 8-byte aligned, so copy when it is not.
+struct aligned_words {
+  std::vector<capnp::word> copy;
+  kj::ArrayPtr<const capnp::word> view;
+};
+
+result<aligned_words> as_words(std::span<const std::byte> bytes, std::size_t max_bytes, const char* what) {
+  if (bytes.empty()) return make_error(errc::bad_format, std::string(what) + ": empty");
+  if (bytes.size() > max_bytes) {
+    return make_error(errc::bad_format, std::string(what) + ": " + std::to_string(bytes.size()) +
+                                            " bytes, over the limit of " + std::to_string(max_bytes));
+  }
+  if (bytes.size() % sizeof(capnp::word) != 0) {
+    return make_error(errc::bad_format, std::string(what) + ": " + std::to_string(bytes.size()) +
+                                            " bytes is not a whole number of 8-byte words (truncated?)");
+  }
+  aligned_words w;
+  std::size_t n = bytes.size() / sizeof(capnp::word);
+  if (reinterpret_cast<std::uintptr_t>(bytes.data()) % alignof(capnp::word) == 0) {
+    w.view = kj::ArrayPtr<const capnp::word>(reinterpret_cast<const capnp::word*>(bytes.data()), n);
+  } else {
+    w.copy.resize(n);
+    std::memcpy(w.copy.data(), bytes.data(), bytes.size());
+    w.view = kj::ArrayPtr<const capnp::word>(w.copy.data(), n);
+  }
+  return w;
+}
+
+status check_sampling(const sampling_params& s, std::size_t i) {
+  std::string where = "frame header: seqs[" + std::to_string(i) + "].sampling: ";
+  if (!std::isfinite(s.temperature) || s.temperature < 0.0f) {
+    return make_error(errc::bad_format, where + "temperature must be finite and >= 0");
+  }
+  if (s.top_k < 0) return make_error(errc::bad_format, where + "top_k must be >= 0");
+  if (!(s.top_p > 0.0f && s.top_p <= 1.0f)) return make_error(errc::bad_format, where + "top_p must be in (0, 1]");
+  return ok_status();
+}
+
+result<frame_header> read_header(schema::FrameHeader::Reader r, const codec_limits& limits) {
+  frame_header h;
+  CONVEYOR_TRY_ASSIGN(kind, from_wire(r.getKind()));
+  h.kind = kind;
+  h.microbatch_id = r.getMicrobatchId();
+  h.step = r.getStep();
+  auto seqs = r.getSeqs();
+  if (seqs.size() > limits.max_seqs) {
+    return make_error(errc::bad_format, "frame header: " + std::to_string(seqs.size()) +
+                                            " sequences, over the limit of " + std::to_string(limits.max_seqs));
+  }
+  h.seqs.reserve(seqs.size());
+  std::uint64_t total_tokens = 0;
+  for (std::size_t i = 0; i < seqs.size(); ++i) {
+    auto s = seqs[i];
+    sequence_plan p;
+    p.seq_id = s.getSeqId();
+    for (auto t : s.getTokens()) p.tokens.push_back(t);
+    p.start_pos = s.getStartPos();
+    for (auto b : s.getBlockTable()) p.block_table.push_back(b);
+    CONVEYOR_TRY_ASSIGN(mode, from_wire(s.getLogits()));
+    p.logits = mode;
+    p.sample = s.getSample();
+    auto sp = s.getSampling();
+    p.sampling = sampling_params{sp.getTemperature(), sp.getTopK(), sp.getTopP(), sp.getSeed(), sp.getStep()};
+    std::string where = "frame header: seqs[" + std::to_string(i) + "]";
+    if (p.start_pos < 0) return make_error(errc::bad_format, where + ": negative start_pos");
+    for (auto b : p.block_table) {
+      if (b < 0) return make_error(errc::bad_format, where + ": negative block id in block_table");
+    }
+    if (p.block_table.empty() && (p.start_pos > 0 || !p.tokens.empty())) {
+      return make_error(errc::bad_format, where + ": empty block_table for a sequence with positions");
+    }
+    CONVEYOR_TRY(check_sampling(p.sampling, i));
+    total_tokens += p.tokens.size();
+    h.seqs.push_back(std::move(p));
+  }
+  auto t = r.getTensor();
+  CONVEYOR_TRY_ASSIGN(type, from_wire(t.getDtype()));
+  h.tensor.type = type;
+  auto shape = t.getShape();
+  if (shape.size() > limits.max_dims) {
+    return make_error(errc::bad_format, "frame header: tensor rank " + std::to_string(shape.size()) +
+                                            " over the limit of " + std::to_string(limits.max_dims));
+  }
+  for (auto d : shape) h.tensor.shape.push_back(d);
+  CONVEYOR_TRY_ASSIGN(tensor_bytes, payload_bytes(h.tensor));  // rejects negative or overflowing shapes
+  (void)tensor_bytes;
+  if (h.kind == frame_kind::activations) {
+    if (h.tensor.shape.size() != 2 || static_cast<std::uint64_t>(h.tensor.shape[0]) != total_tokens) {
+      return make_error(errc::bad_format, "frame header: activations must be [tokens, hidden] with " +
+                                              std::to_string(total_tokens) + " rows (the plan's new tokens)");
+    }
+  }
+  if (h.kind == frame_kind::control && !h.tensor.shape.empty()) {
+    return make_error(errc::bad_format, "frame header: a control frame carries no tensor");
+  }
+  return h;
+}
+
+}  // namespace
+
+std::uint32_t frame_schema_version() { return schema::FRAME_SCHEMA_VERSION; }
+
+result<std::uint64_t> payload_bytes(const tensor_desc& tensor) {
+  if (tensor.shape.empty()) return std::uint64_t{0};
+  std::uint64_t n = kernels::dtype_size(tensor.type);
+  for (auto d : tensor.shape) {
+    if (d < 0) return make_error(errc::bad_format, "frame header: negative tensor dimension");
+    auto ud = static_cast<std::uint64_t>(d);
+    if (ud != 0 && n > std::numeric_limits<std::uint64_t>::max() / ud) {
+      return make_error(errc::bad_format, "frame header: tensor size overflows 64 bits");
+    }
+    n *= ud;
+  }
+  return n;
+}
+
+status check_payload_size(const frame_header& header, std::uint64_t size) {
+  CONVEYOR_TRY_ASSIGN(want, payload_bytes(header.tensor));
+  if (want != size) {
+    std::string shape;
+    for (auto d : header.tensor.shape) shape += (shape.empty() ? "" : ",") + std::to_string(d);
+    return make_error(errc::bad_format, "frame payload is " + std::to_string(size) + " bytes but the header's " +
+                                            std::string(kernels::dtype_name(header.tensor.type)) + "[" + shape +
+                                            "] needs " + std::to_string(want) +
+                                            (size < want ? " (truncated)" : " (trailing bytes)"));
+  }
+  return ok_status();
+}
+
+result<std::vector<std::byte>> encode_header(const frame_header& h) {
+  try {
+    capnp::MallocMessageBuilder message;
+    auto b = message.initRoot<schema::FrameHeader>();
+    b.setKind(to_wire(h.kind));
+    b.setMicrobatchId(h.microbatch_id);
+    b.setStep(h.step);
+    auto seqs = b.initSeqs(static_cast<unsigned>(h.seqs.size()));
+    for (std::size_t i = 0; i < h.seqs.size(); ++i) {
+      const auto& p = h.seqs[i];
+      auto s = seqs[i];
+      s.setSeqId(p.seq_id);
+      auto tokens = s.initTokens(static_cast<unsigned>(p.tokens.size()));
+      for (std::size_t j = 0; j < p.tokens.size(); ++j) tokens.set(j, p.tokens[j]);
+      s.setStartPos(p.start_pos);
+      auto blocks = s.initBlockTable(static_cast<unsigned>(p.block_table.size()));
+      for (std::size_t j = 0; j < p.block_table.size(); ++j) blocks.set(j, p.block_table[j]);
+      s.setLogits(to_wire(p.logits));
+      s.setSample(p.sample);
+      auto sp = s.initSampling();
+      sp.setTemperature(p.sampling.temperature);
+      sp.setTopK(p.sampling.top_k);
+      sp.setTopP(p.sampling.top_p);
+      sp.setSeed(p.sampling.seed);
+      sp.setStep(p.sampling.step);
+    }
+    auto t = b.initTensor();
+    t.setDtype(to_wire(h.tensor.type));
+    auto shape = t.initShape(static_cast<unsigned>(h.tensor.shape.size()));
+    for (std::size_t j = 0; j < h.tensor.shape.size(); ++j) shape.set(j, h.tensor.shape[j]);
+    return flatten(message);
+  } catch (const kj::Exception& e) {
+    // Only a list over Cap'n Proto's 2^29-element limit gets here: a caller bug, but report it as a value.
+    return make_error(errc::invalid_argument, std::string("frame header: cannot encode: ") + e.getDescription().cStr());
+  }
+}
+
+result<frame_header> decode_header(std::span<const std::byte> bytes, const codec_limits& limits) {
+  CONVEYOR_TRY_ASSIGN(words, as_words(bytes, limits.max_header_bytes, "frame header"));
+  try {
+    capnp::ReaderOptions options;
+    options.traversalLimitInWords = limits.max_traversal_words;
+    options.nestingLimit = limits.max_nesting;
+    capnp::FlatArrayMessageReader reader(words.view, options);
+    if (reader.getEnd() != words.view.end()) {
+      return make_error(errc::bad_format, "frame header: trailing bytes after the message");
+    }
+    return read_header(reader.getRoot<schema::FrameHeader>(), limits);
+  } catch (const kj::Exception& e) {
+    return make_error(errc::bad_format, std::string("frame header: malformed Cap'n Proto message: ") +
+                                            e.getDescription().cStr());
+  }
+}
+
+result<std::vector<std::byte>> encode_hello(const channel_hello& hello) {
+  capnp::MallocMessageBuilder message;
+  auto b = message.initRoot<schema::ChannelHello>();
+  b.setSchemaVersion(hello.schema_version);
+  b.setChannelId(hello.channel_id);
+  b.setInstance(hello.instance);
+  b.setMaxPayloadBytes(hello.max_payload_bytes);
+  return flatten(message);
+}
+
+result<channel_hello> decode_hello(std::span<const std::byte> bytes) {
+  CONVEYOR_TRY_ASSIGN(words, as_words(bytes, 4096, "channel hello"));
+  try {
+    capnp::ReaderOptions options;
+    options.traversalLimitInWords = 512;
+    capnp::FlatArrayMessageReader reader(words.view, options);
+    auto r = reader.getRoot<schema::ChannelHello>();
+    return channel_hello{r.getSchemaVersion(), r.getChannelId(), r.getInstance(), r.getMaxPayloadBytes()};
+  } catch (const kj::Exception& e) {
+    return make_error(errc::bad_format, std::string("channel hello: malformed: ") + e.getDescription().cStr());
+  }
+}
+
+}  // namespace conveyor::transport

@@ -1,0 +1,67 @@
+#include <cstdlib>
+
+#include "send_state.hpp"
+#include "channel_core.hpp"
+
+namespace conveyor::transport {
+
+void payload_buffer::free_deleter::operator()(std::byte* p) const { std::free(p); }
+
+payload_buffer::payload_buffer(std::size_t size) : size_(size) {
+  if (size == 0) return;
+  // 64-byte alignment: whole cache lines for the kernels, and room for AVX-512 loads.
+  std::size_t rounded = (size + 63) / 64 * 64;
+  data_.reset(static_cast<std::byte*>(std::aligned_alloc(64, rounded)));
+}
+
+void send_handle::state::expect(int requests) {
+  std::lock_guard lock(mu_);
+  outstanding_ = requests;
+}
+
+void send_handle::state::complete_one(status s) {
+  {
+    std::lock_guard lock(mu_);
+    if (!s.ok() && status_.ok()) status_ = std::move(s);
+    if (--outstanding_ > 0) return;
+    done_ = true;
+  }
+  cv_.notify_all();
+}
+
+bool send_handle::state::done() const {
+  std::lock_guard lock(mu_);
+  return done_;
+}
+
+bool send_handle::state::wait_until(deadline until) {
+  std::unique_lock lock(mu_);
+  return cv_.wait_until(lock, until, [&] { return done_; });
+}
+
+status send_handle::state::result_status() const {
+  std::lock_guard lock(mu_);
+  return status_;
+}
+
+bool send_handle::done() const { return !state_ || state_->done(); }
+
+status send_handle::wait(deadline until) {
+  if (!state_) return make_error(errc::invalid_argument, "send_handle: waiting on an empty handle");
+  if (state_->wait_until(until)) return state_->result_status();
+  // A peer that takes no data before the deadline is treated as dead: failing the channel makes UCX
+  // complete (cancel) every request on it, after which the payload is no longer read.
+  if (auto core = state_->channel.lock()) {
+    core->abort(make_error(errc::io, "channel " + std::to_string(core->id()) +
+                                         ": a send missed its deadline; the channel is closed"));
+  }
+  // Cancellation completes within a progress pass; the bound only guards against a transport bug.
+  if (!state_->wait_until(clock::now() + std::chrono::seconds(30))) {
+    return make_error(errc::internal, "send_handle: UCX did not cancel a timed-out send within 30 s");
+  }
+  status s = state_->result_status();
+  if (s.ok()) return s;  // it completed just as the deadline passed
+  return make_error(errc::io, "send deadline passed: " + s.err().message);
+}
+
+}  // namespace conveyor::transport

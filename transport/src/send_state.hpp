@@ -1,0 +1,42 @@
+#pragma once
+// The transport's side of one send (private to transport/).
+#include <condition_variable>
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "conveyor/transport/channel.hpp"
+
+namespace conveyor::transport {
+
+class channel_core;
+
+class send_handle::state {
+ public:
+  /// AM header bytes (preamble [+ inline header]); UCX 1.13 reads them until the send completes.
+  std::vector<std::byte> am_header;
+  /// The frame header when it travels separately, kept alive for the same reason.
+  std::vector<std::byte> separate_header;
+  std::vector<std::byte> separate_preamble;
+  payload_view payload;
+  std::weak_ptr<channel_core> channel;
+
+  /// Called once per UCX request that belongs to this send; the send completes with the last one,
+  /// failed if any failed.
+  void expect(int requests);
+  void complete_one(status s);
+  bool done() const;
+  /// Waits for completion; false on timeout.
+  bool wait_until(deadline until);
+  status result_status() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  int outstanding_ = 0;
+  bool done_ = false;
+  status status_;
+};
+
+}  // namespace conveyor::transport

@@ -1,0 +1,108 @@
+// The caller-facing side: ucx_context and the channel implementation that forwards to channel_core.
+#include "conveyor/transport/ucx_context.hpp"
+
+#include "channel_core.hpp"
+#include "send_state.hpp"
+#include "ucx_worker.hpp"
+
+namespace conveyor::transport {
+namespace {
+
+class ucx_channel final : public channel {
+ public:
+  ucx_channel(std::shared_ptr<ucx_worker> worker, std::shared_ptr<channel_core> core)
+      : worker_(std::move(worker)), core_(std::move(core)) {}
+
+  ~ucx_channel() override {
+    worker_->run_sync([core = core_] { core->close(); });
+  }
+
+  result<send_handle> send(const frame_header& header, payload_view payload) override {
+    CONVEYOR_TRY(check_payload_size(header, payload.size));
+    CONVEYOR_TRY_ASSIGN(bytes, encode_header(header));
+    return send_owned(std::move(bytes), payload);
+  }
+
+  result<send_handle> send_encoded(std::span<const std::byte> header_bytes, payload_view payload) override {
+    return send_owned(std::vector<std::byte>(header_bytes.begin(), header_bytes.end()), payload);
+  }
+
+  result<frame> receive(deadline until) override { return core_->receive(until); }
+
+  status health() const override {
+    if (auto why = core_->failure()) return *why;
+    return ok_status();
+  }
+
+ private:
+  result<send_handle> send_owned(std::vector<std::byte> header_bytes, payload_view payload) {
+    std::string where = "channel " + std::to_string(core_->id()) + ": ";
+    if (auto why = core_->failure()) return *why;
+    if (payload.memory != memory_type::host) {
+      // TODO(perf): stage device payloads through reused pinned host buffers, overlapping the copy
+      // with the send; pass them straight through once UCX reports CUDA memory support.
+      return make_error(errc::unsupported, where + "device-memory payloads are not supported yet (host only)");
+    }
+    if (payload.size != 0 && payload.data == nullptr) {
+      return make_error(errc::invalid_argument, where + "payload has a size but no data");
+    }
+    const auto& opts = core_->options();
+    std::uint64_t limit = opts.max_payload_bytes;
+    if (opts.respect_peer_limit) limit = std::min(limit, core_->peer_max_payload());
+    if (payload.size > limit) {
+      return make_error(errc::invalid_argument, where + "payload of " + std::to_string(payload.size) +
+                                                    " bytes is over the limit of " + std::to_string(limit) +
+                                                    " (the smaller of both ends' max_payload_bytes)");
+    }
+    if (header_bytes.size() > opts.header_limits.max_header_bytes) {
+      return make_error(errc::invalid_argument, where + "header of " + std::to_string(header_bytes.size()) +
+                                                    " bytes is over the limit of " +
+                                                    std::to_string(opts.header_limits.max_header_bytes));
+    }
+    auto s = std::make_shared<send_handle::state>();
+    s->separate_header = std::move(header_bytes);
+    s->payload = payload;
+    s->channel = core_;
+    worker_->post([core = core_, s] { core->start_send(s); });
+    return send_handle(s);
+  }
+
+  std::shared_ptr<ucx_worker> worker_;
+  std::shared_ptr<channel_core> core_;
+};
+
+}  // namespace
+
+ucx_context::ucx_context(std::shared_ptr<ucx_worker> worker) : worker_(std::move(worker)) {}
+ucx_context::~ucx_context() = default;
+
+result<std::unique_ptr<ucx_context>> ucx_context::create(const ucx_config& config) {
+  CONVEYOR_TRY_ASSIGN(worker, ucx_worker::start(config));
+  return std::unique_ptr<ucx_context>(new ucx_context(std::move(worker)));
+}
+
+const worker_address& ucx_context::address() const { return worker_->address(); }
+
+std::string ucx_context::describe() const { return worker_->describe(); }
+
+result<std::unique_ptr<channel>> ucx_context::connect(const worker_address& peer, const channel_options& options) {
+  if (peer.empty()) return make_error(errc::invalid_argument, "connect: empty peer address");
+  auto core = std::make_shared<channel_core>(worker_.get(), options);
+  status opened;
+  bool registered = false;
+  worker_->run_sync([&] {
+    registered = worker_->add_channel(core);
+    if (registered) opened = core->open(peer);
+  });
+  if (!registered) {
+    return make_error(errc::invalid_argument, "connect: channel id " + std::to_string(options.channel_id) +
+                                                  " is already open on this worker");
+  }
+  // From here the channel object owns the close, on every path.
+  auto ch = std::make_unique<ucx_channel>(worker_, core);
+  CONVEYOR_TRY(opened);
+  CONVEYOR_TRY(core->wait_open(clock::now() + options.connect_timeout));
+  return std::unique_ptr<channel>(std::move(ch));
+}
+
+}  // namespace conveyor::transport

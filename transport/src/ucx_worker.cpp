@@ -1,0 +1,308 @@
+// The progress thread: creates the UCX context and worker, runs posted commands, progresses UCX, and
+// sleeps on the worker's event fd when idle (after a short spin, see ucx_config::busy_poll).
+#include "ucx_worker.hpp"
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <future>
+#include <random>
+
+#include "channel_core.hpp"
+
+namespace conveyor::transport {
+namespace {
+
+std::string tls_for(const std::string& tls) {
+  // "self" is added so that a worker can also reach itself (loopback tests, one-process pipelines).
+  if (tls == "tcp") return "tcp,self";
+  if (tls == "shm") return "posix,sysv,cma,self";
+  return tls;
+}
+
+error ucs_error(const char* what, ucs_status_t st) {
+  return make_error(errc::internal, std::string(what) + ": " + ucs_status_string(st));
+}
+
+}  // namespace
+
+ucx_worker::ucx_worker(const ucx_config& config) : config_(config) {
+  std::random_device rd;
+  instance_ = (static_cast<std::uint64_t>(rd()) << 32) ^ rd() ^ static_cast<std::uint64_t>(::getpid());
+}
+
+result<std::shared_ptr<ucx_worker>> ucx_worker::start(const ucx_config& config) {
+  for (char c : config.tls + config.net_devices) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == ',' || c == '_' || c == '^' || c == ':' || c == '-')) {
+      return make_error(errc::invalid_argument, "ucx config: tls/net_devices may hold only names and commas, got '" +
+                                                    config.tls + "' / '" + config.net_devices + "'");
+    }
+  }
+  std::shared_ptr<ucx_worker> w(new ucx_worker(config));
+  std::promise<status> started;
+  auto fut = started.get_future();
+  w->thread_ = std::thread([raw = w.get(), &started] { raw->run(&started); });
+  status st = fut.get();
+  if (!st.ok()) {
+    w->thread_.join();
+    return st.err();
+  }
+  return w;
+}
+
+ucx_worker::~ucx_worker() {
+  if (thread_.joinable()) {
+    stop_ = true;
+    post([] {});
+    thread_.join();
+  }
+}
+
+status ucx_worker::init_ucx() {
+  ucp_config_t* cfg = nullptr;
+  ucs_status_t st = ucp_config_read(nullptr, nullptr, &cfg);
+  if (st != UCS_OK) return ucs_error("ucp_config_read", st);
+  // ucp_config_read has already taken UCX_TLS etc. from the environment; the config overrides them.
+  std::string interval = std::to_string(config_.keepalive_interval.count()) + "ms";
+  struct setting {
+    const char* name;
+    std::string value;
+  };
+  std::vector<setting> settings = {{"KEEPALIVE_INTERVAL", interval}};
+  if (config_.tls != "auto") settings.push_back({"TLS", tls_for(config_.tls)});
+  if (config_.net_devices != "all") settings.push_back({"NET_DEVICES", config_.net_devices});
+  for (const auto& s : settings) {
+    st = ucp_config_modify(cfg, s.name, s.value.c_str());
+    if (st != UCS_OK) {
+      ucp_config_release(cfg);
+      return make_error(errc::invalid_argument,
+                        "ucx config: UCX rejected " + std::string(s.name) + "=" + s.value + ": " + ucs_status_string(st));
+    }
+  }
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES;
+  params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+  st = ucp_init(&params, cfg, &context_);
+  ucp_config_release(cfg);
+  if (st != UCS_OK) {
+    return make_error(errc::invalid_argument, "ucx: cannot initialise with tls '" + config_.tls +
+                                                  "': " + ucs_status_string(st));
+  }
+  ucp_worker_params_t wp{};
+  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wp.thread_mode = UCS_THREAD_MODE_SINGLE;  // only this thread touches the worker
+  st = ucp_worker_create(context_, &wp, &worker_);
+  if (st != UCS_OK) return ucs_error("ucp_worker_create", st);
+
+  ucp_worker_attr_t attr{};
+  attr.field_mask = UCP_WORKER_ATTR_FIELD_ADDRESS | UCP_WORKER_ATTR_FIELD_MAX_AM_HEADER;
+  st = ucp_worker_query(worker_, &attr);
+  if (st != UCS_OK) return ucs_error("ucp_worker_query", st);
+  auto* bytes = reinterpret_cast<const std::byte*>(attr.address);
+  address_.assign(bytes, bytes + attr.address_length);
+  ucp_worker_release_address(worker_, attr.address);
+  max_am_header_ = attr.max_am_header;
+
+  for (unsigned id : {wire::am_hello, wire::am_frame, wire::am_header, wire::am_bye}) {
+    ucp_am_handler_param_t hp{};
+    hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+                    UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+    hp.id = id;
+    hp.flags = UCP_AM_FLAG_WHOLE_MSG;
+    hp.cb = &ucx_worker::on_am;
+    // UCX passes no AM id to the callback, so each handler's arg carries (worker, id).
+    hp.arg = new std::pair<ucx_worker*, unsigned>(this, id);  // freed in shutdown_ucx
+    st = ucp_worker_set_am_recv_handler(worker_, &hp);
+    if (st != UCS_OK) return ucs_error("ucp_worker_set_am_recv_handler", st);
+    handler_args_.push_back(static_cast<std::pair<ucx_worker*, unsigned>*>(hp.arg));
+  }
+
+  int efd = -1;
+  st = ucp_worker_get_efd(worker_, &efd);
+  if (st != UCS_OK) return ucs_error("ucp_worker_get_efd", st);
+  command_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
+  if (command_fd_ < 0 || epoll_fd_ < 0) return make_error(errc::io, "ucx worker: cannot create eventfd/epoll");
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = efd;
+  ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, efd, &ev);
+  ev.data.fd = command_fd_;
+  ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, command_fd_, &ev);
+
+  char* buf = nullptr;
+  std::size_t len = 0;
+  if (FILE* f = ::open_memstream(&buf, &len)) {
+    ucp_context_print_info(context_, f);
+    std::fclose(f);
+    describe_.assign(buf, len);
+    std::free(buf);
+  }
+  return ok_status();
+}
+
+void ucx_worker::shutdown_ucx() {
+  std::vector<std::shared_ptr<channel_core>> open;
+  for (auto& [id, core] : channels_) open.push_back(core);
+  for (auto& core : open) core->close();  // close() unregisters, so not while iterating the map
+  // Give flush-mode closes a moment to finish; a dead peer cannot hold shutdown longer than that.
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (closing_eps_ > 0 && std::chrono::steady_clock::now() < until) ucp_worker_progress(worker_);
+  channels_.clear();
+  if (worker_ != nullptr) ucp_worker_destroy(worker_);
+  if (context_ != nullptr) ucp_cleanup(context_);
+  for (auto* a : handler_args_) delete a;
+  if (command_fd_ >= 0) ::close(command_fd_);
+  if (epoll_fd_ >= 0) ::close(epoll_fd_);
+}
+
+void ucx_worker::post(std::function<void()> fn) {
+  {
+    std::lock_guard lock(commands_mu_);
+    commands_.push_back(std::move(fn));
+  }
+  std::uint64_t one = 1;
+  [[maybe_unused]] auto n = ::write(command_fd_, &one, sizeof one);
+}
+
+void ucx_worker::run_sync(std::function<void()> fn) {
+  assert(std::this_thread::get_id() != thread_.get_id() && "run_sync from the progress thread deadlocks");
+  std::promise<void> done;
+  auto fut = done.get_future();
+  post([&] {
+    fn();
+    done.set_value();
+  });
+  fut.wait();
+}
+
+void ucx_worker::drain_commands() {
+  std::deque<std::function<void()>> batch;
+  {
+    std::lock_guard lock(commands_mu_);
+    batch.swap(commands_);
+  }
+  for (auto& fn : batch) fn();
+}
+
+void ucx_worker::run(std::promise<status>* started) {
+  status st = init_ucx();
+  if (!st.ok()) {
+    shutdown_ucx();
+    started->set_value(st);
+    return;
+  }
+  started->set_value(ok_status());
+  using std::chrono::steady_clock;
+  // Keepalive runs inside ucp_worker_progress, so the thread must wake at least this often.
+  int sleep_ms = static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(100, config_.keepalive_interval.count() / 4)));
+  auto last_active = steady_clock::now();
+  while (!stop_.load(std::memory_order_relaxed)) {
+    drain_commands();
+    unsigned n = 0;
+    while (ucp_worker_progress(worker_) != 0) ++n;
+    auto now = steady_clock::now();
+    if (n != 0) {
+      last_active = now;
+      continue;
+    }
+    if (now - last_active < config_.busy_poll) continue;
+    if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;
+    {
+      std::lock_guard lock(commands_mu_);
+      if (!commands_.empty()) continue;
+    }
+    epoll_event events[2];
+    int k = ::epoll_wait(epoll_fd_, events, 2, sleep_ms);
+    for (int i = 0; i < k; ++i) {
+      if (events[i].data.fd == command_fd_) {
+        std::uint64_t v;
+        [[maybe_unused]] auto r = ::read(command_fd_, &v, sizeof v);
+      }
+    }
+    last_active = steady_clock::now();
+  }
+  drain_commands();
+  shutdown_ucx();
+}
+
+bool ucx_worker::add_channel(std::shared_ptr<channel_core> core) {
+  auto id = core->id();
+  if (!channels_.emplace(id, core).second) return false;
+  if (auto it = early_hellos_.find(id); it != early_hellos_.end()) {
+    auto [pre, bytes] = std::move(it->second);
+    early_hellos_.erase(it);
+    core->on_hello(pre, bytes);
+  }
+  return true;
+}
+
+void ucx_worker::remove_channel(std::uint64_t id) { channels_.erase(id); }
+
+void ucx_worker::close_ep(ucp_ep_h ep, bool force, std::shared_ptr<channel_core> keep_alive) {
+  struct closing {
+    ucx_worker* w;
+    std::shared_ptr<channel_core> core;
+  };
+  ucp_request_param_t rp{};
+  rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  rp.cb.send = [](void* request, ucs_status_t, void* user_data) {
+    auto* c = static_cast<closing*>(user_data);
+    --c->w->closing_eps_;
+    delete c;
+    ucp_request_free(request);
+  };
+  auto* c = new closing{this, std::move(keep_alive)};
+  rp.user_data = c;
+  if (force) {
+    rp.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+    rp.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  }
+  ucs_status_ptr_t req = ucp_ep_close_nbx(ep, &rp);
+  if (req == nullptr || UCS_PTR_IS_ERR(req)) {
+    delete c;
+    return;
+  }
+  ++closing_eps_;
+}
+
+ucs_status_t ucx_worker::on_am(void* arg, const void* header, std::size_t header_length, void* data,
+                               std::size_t length, const ucp_am_recv_param_t* param) {
+  auto* a = static_cast<std::pair<ucx_worker*, unsigned>*>(arg);
+  return a->first->dispatch(a->second, header, header_length, data, length, param);
+}
+
+ucs_status_t ucx_worker::dispatch(unsigned id, const void* header, std::size_t header_length, void* data,
+                                  std::size_t length, const ucp_am_recv_param_t* param) {
+  auto pre = wire::read_preamble(header, header_length);
+  // A message without our preamble is not from a Conveyor peer; the only safe answer is to drop it
+  // (and fail a rendezvous sender, which then learns why).
+  if (!pre) return (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ? UCS_ERR_INVALID_PARAM : UCS_OK;
+  auto inline_bytes = std::span<const std::byte>(static_cast<const std::byte*>(header) + sizeof(wire::preamble),
+                                                 header_length - sizeof(wire::preamble));
+  auto it = channels_.find(pre->channel_id);
+  if (id == wire::am_hello) {
+    if (it == channels_.end()) {
+      if (early_hellos_.size() < 1024) {
+        early_hellos_[pre->channel_id] = {*pre, std::vector<std::byte>(inline_bytes.begin(), inline_bytes.end())};
+      }
+      return UCS_OK;
+    }
+    it->second->on_hello(*pre, inline_bytes);
+    return UCS_OK;
+  }
+  if (it == channels_.end()) {
+    return (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ? UCS_ERR_NOT_CONNECTED : UCS_OK;
+  }
+  switch (id) {
+    case wire::am_frame: return it->second->on_frame(*pre, header, header_length, data, length, param);
+    case wire::am_header: return it->second->on_separate_header(*pre, data, length, param);
+    case wire::am_bye: it->second->on_bye(); return UCS_OK;
+    default: return UCS_OK;
+  }
+}
+
+}  // namespace conveyor::transport
