@@ -1,0 +1,87 @@
+// The deployment as start-up log lines: every key, its value, and where the value came from.
+#include <cstdio>
+#include <utility>
+#include <vector>
+
+#include "conveyor/config/deployment_loader.hpp"
+#include "diagnostics.hpp"
+
+namespace conveyor::config {
+namespace {
+
+using detail::quoted;
+
+std::string num(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+std::string ints(const std::vector<int>& v) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+std::string sv(std::string_view v) { return quoted(v); }
+
+}  // namespace
+
+std::string describe(const deployment& d) {
+  std::vector<std::pair<std::string, std::string>> kv;
+  auto add = [&](std::string key, std::string value) { kv.emplace_back(std::move(key), std::move(value)); };
+  add("model.dir", d.model.dir.empty() ? "(not set)" : sv(d.model.dir));
+  add("model.dtype", sv(to_string(d.model.dtype)));
+  add("model.device", sv(to_string(d.model.device)));
+  add("parallel.type", sv(to_string(d.parallel.type)));
+  add("parallel.stages", std::to_string(d.parallel.stages));
+  add("parallel.tp", std::to_string(d.parallel.tp));
+  add("parallel.chunks", std::to_string(d.parallel.chunks));
+  add("parallel.layers", d.parallel.layers.empty() ? "(even split)" : ints(d.parallel.layers));
+  for (std::size_t i = 0; i < d.placement.hosts.size(); ++i) {
+    const auto& h = d.placement.hosts[i];
+    const std::string k = "placement.hosts[" + std::to_string(i) + "].";
+    add(k + "name", sv(h.name));
+    add(k + "address", sv(h.address));
+    add(k + "gpus", h.gpus == 0 ? "0 (count at launch)" : std::to_string(h.gpus));
+  }
+  add("placement.nproc_per_node", d.placement.nproc_per_node == 0 ? "(not set)" : std::to_string(d.placement.nproc_per_node));
+  add("placement.parallel_level", d.placement.parallel_level == 0 ? "(not set)" : std::to_string(d.placement.parallel_level));
+  add("placement.device_ids", d.placement.device_ids.empty() ? "(all)" : ints(d.placement.device_ids));
+  add("transport.ucx_tls", sv(d.transport.ucx_tls));
+  add("transport.max_frame_bytes", std::to_string(d.transport.max_frame_bytes));
+  add("cluster.listen", sv(to_string(d.cluster.listen)));
+  // Never the token itself: these lines go to logs.
+  add("cluster.token", d.cluster.token.empty() ? "(not set)" : "(hidden, " + std::to_string(d.cluster.token.size()) + " chars)");
+  add("cluster.token_file", d.cluster.token_file.empty() ? "(not set)" : sv(d.cluster.token_file));
+  add("cluster.heartbeat_interval_s", num(d.cluster.heartbeat_interval_s));
+  add("cluster.heartbeat_timeout_s", num(d.cluster.heartbeat_timeout_s));
+  add("frontend.rpc_listen", sv(to_string(d.frontend.rpc_listen)));
+  add("frontend.http_listen", d.frontend.http_listen ? sv(to_string(*d.frontend.http_listen)) : "(off)");
+  const auto& s = d.serving;
+  add("serving.batching", sv(to_string(s.batching)));
+  add("serving.max_batch_size", std::to_string(s.max_batch_size));
+  add("serving.max_batch_delay_ms", std::to_string(s.max_batch_delay_ms));
+  add("serving.max_batch_tokens", std::to_string(s.max_batch_tokens));
+  add("serving.job_queue_size", std::to_string(s.job_queue_size));
+  add("serving.max_queued_tokens", s.max_queued_tokens == 0 ? "0 (no cap)" : std::to_string(s.max_queued_tokens));
+  add("serving.use_job_ticket", s.use_job_ticket ? "true" : "false");
+  add("serving.response_timeout_s", num(s.response_timeout_s));
+  add("serving.startup_timeout_s", num(s.startup_timeout_s));
+  add("serving.min_workers", std::to_string(s.min_workers));
+  add("serving.max_workers", std::to_string(s.max_workers));
+  add("serving.kv_block_size", std::to_string(s.kv_block_size));
+  add("serving.kv_blocks", s.kv_blocks == 0 ? "0 (from kv_memory_fraction)" : std::to_string(s.kv_blocks));
+  add("serving.kv_memory_fraction", num(s.kv_memory_fraction));
+  add("serving.max_context", s.max_context == 0 ? "0 (the model's limit)" : std::to_string(s.max_context));
+  add("launch.method", sv(to_string(d.launch.method)));
+  add("launch.ssh_command", sv(d.launch.ssh_command));
+
+  std::string out;
+  for (const auto& [key, value] : kv) {
+    out += key + " = " + value + "  (" + detail::where(d, key) + ")\n";
+  }
+  return out;
+}
+
+}  // namespace conveyor::config
