@@ -8,6 +8,8 @@ namespace conveyor::cli {
 using args = std::vector<std::string>;
 
 int generate_main(const args& argv);
+int client_main(const args& argv);
+int serve_local_main(const args& argv);
 int worker_main(const args& argv);
 
 }  // namespace conveyor::cli

@@ -16,6 +16,10 @@ void usage(std::FILE* out) {
       "             --model DIR --prompt-ids 1,2,3 [--max-new-tokens N] [--temperature T]\n"
       "             [--top-k K] [--top-p P] [--seed S] [--stages K] [--format json|text]\n"
       "             [--ignore-eos] [--threads N]\n"
+      "  client     talk to a server over Cap'n Proto RPC (--connect HOST:PORT [--timeout S])\n"
+      "             generate --prompt-ids 1,2,3 [--max-new-tokens N] [--temperature T] [--top-k K]\n"
+      "               [--top-p P] [--seed S] [--stop-ids 2,3] [--ignore-eos] [--format text|json]\n"
+      "             health (exit 0 when ready) | stats | info   (one JSON object each)\n"
       "  help       this text\n",
       out);
 }
@@ -30,6 +34,8 @@ int main(int argc, char** argv) {
   const std::string cmd = argv[1];
   conveyor::cli::args rest(argv + 2, argv + argc);
   if (cmd == "generate") return conveyor::cli::generate_main(rest);
+  if (cmd == "client") return conveyor::cli::client_main(rest);
+  if (cmd == "serve-local") return conveyor::cli::serve_local_main(rest);
   if (cmd == "worker") return conveyor::cli::worker_main(rest);
   if (cmd == "help" || cmd == "--help" || cmd == "-h") {
     usage(stdout);

@@ -1,0 +1,169 @@
+// conveyor client: talk to a running server over Cap'n Proto RPC (generate, health, stats, info).
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "command.hpp"
+#include "conveyor/client/client.hpp"
+#include "flags.hpp"
+
+namespace conveyor::cli {
+
+namespace {
+
+int fail(const error& e) {
+  std::fprintf(stderr, "conveyor client: %s\n", e.message.c_str());
+  return 1;
+}
+
+void print_json(const nlohmann::ordered_json& j) { std::printf("%s\n", j.dump().c_str()); }
+
+result<std::unique_ptr<client::connection>> connect_from(const flags& f) {
+  auto address = f.get("connect");
+  if (!address) return make_error(errc::invalid_argument, "--connect HOST:PORT is required");
+  auto timeout = f.get_double("timeout", 10.0, 0.001, 86400.0);
+  if (!timeout) return timeout.err();
+  client::connect_options o;
+  o.connect_timeout_s = *timeout;
+  o.call_timeout_s = *timeout;
+  o.client_name = "conveyor client";
+  return client::connect(*address, o);
+}
+
+result<client::generate_request> request_from(const flags& f) {
+  if (!f.has("prompt-ids")) return make_error(errc::invalid_argument, "--prompt-ids 1,2,3 is required");
+  CONVEYOR_TRY_ASSIGN(ids, f.get_int_list("prompt-ids"));
+  CONVEYOR_TRY_ASSIGN(stops, f.get_int_list("stop-ids"));
+  // Ranges that need the model (vocabulary, context) are the server's to check; these are not.
+  CONVEYOR_TRY_ASSIGN(max_new, f.get_int("max-new-tokens", 16, 0, INT32_MAX));
+  CONVEYOR_TRY_ASSIGN(temperature, f.get_double("temperature", 0.0, 0.0, 100.0));
+  CONVEYOR_TRY_ASSIGN(top_k, f.get_int("top-k", 0, 0, INT32_MAX));
+  CONVEYOR_TRY_ASSIGN(top_p, f.get_double("top-p", 1.0, 1e-6, 1.0));
+  CONVEYOR_TRY_ASSIGN(seed, f.get_int("seed", 0, 0, INT64_MAX));
+  CONVEYOR_TRY_ASSIGN(deadline, f.get_double("deadline", 0.0, 0.0, 1e9));
+  client::generate_request r;
+  r.prompt.assign(ids.begin(), ids.end());
+  r.stop_ids.assign(stops.begin(), stops.end());
+  r.max_new_tokens = static_cast<int>(max_new);
+  r.temperature = static_cast<float>(temperature);
+  r.top_k = static_cast<int>(top_k);
+  r.top_p = static_cast<float>(top_p);
+  r.seed = static_cast<std::uint64_t>(seed);
+  r.ignore_eos = f.has("ignore-eos");
+  r.deadline_s = deadline;
+  return r;
+}
+
+int generate(const args& argv) {
+  auto f = flags::parse(argv, {"connect", "timeout", "prompt-ids", "max-new-tokens", "temperature", "top-k", "top-p",
+                               "seed", "stop-ids", "ignore-eos", "deadline", "format"},
+                        {"ignore-eos"});
+  if (!f) return fail(f.err());
+  const std::string format = f->get("format").value_or("text");
+  if (format != "json" && format != "text") {
+    return fail(make_error(errc::invalid_argument, "--format must be json or text, got \"" + format + "\""));
+  }
+  auto request = request_from(*f);
+  if (!request) return fail(request.err());
+  auto conn = connect_from(*f);
+  if (!conn) return fail(conn.err());
+  std::vector<std::int32_t> tokens;
+  bool printed = false;
+  auto summary = (*conn)->generate(*request, [&](std::span<const std::int32_t> ids) {
+    if (format == "text") {
+      for (auto id : ids) {
+        std::printf(printed ? " %d" : "%d", id);
+        printed = true;
+      }
+      std::fflush(stdout);  // as they arrive, also through a pipe
+    } else {
+      tokens.insert(tokens.end(), ids.begin(), ids.end());
+    }
+    return true;
+  });
+  if (format == "text" && printed) std::printf("\n");
+  if (!summary) return fail(summary.err());
+  if (format == "json") {
+    print_json({{"tokens", tokens},
+                {"finish_reason", summary->finish_reason},
+                {"prompt_tokens", summary->prompt_tokens},
+                {"completion_tokens", summary->completion_tokens},
+                {"queue_s", summary->queue_s},
+                {"first_token_s", summary->first_token_s},
+                {"total_s", summary->total_s}});
+  }
+  return 0;
+}
+
+int health(const args& argv) {
+  auto f = flags::parse(argv, {"connect", "timeout"});
+  if (!f) return fail(f.err());
+  auto conn = connect_from(*f);
+  if (!conn) return fail(conn.err());
+  auto h = (*conn)->health();
+  if (!h) return fail(h.err());
+  auto stages = nlohmann::ordered_json::array();
+  for (const auto& s : h->stages) {
+    stages.push_back({{"stage", s.stage}, {"tp_rank", s.tp_rank}, {"state", s.state}, {"detail", s.detail}});
+  }
+  print_json({{"ready", h->ready}, {"stages", stages}});
+  return h->ready ? 0 : 1;  // a readiness probe can use the exit code alone
+}
+
+int stats(const args& argv) {
+  auto f = flags::parse(argv, {"connect", "timeout"});
+  if (!f) return fail(f.err());
+  auto conn = connect_from(*f);
+  if (!conn) return fail(conn.err());
+  auto s = (*conn)->stats();
+  if (!s) return fail(s.err());
+  print_json({{"requests_running", s->requests_running},
+              {"requests_waiting", s->requests_waiting},
+              {"requests_finished", s->requests_finished},
+              {"requests_failed", s->requests_failed},
+              {"tokens_generated", s->tokens_generated},
+              {"kv_blocks_total", s->kv_blocks_total},
+              {"kv_blocks_free", s->kv_blocks_free},
+              {"stage_busy_s", s->stage_busy_s},
+              {"stage_idle_s", s->stage_idle_s},
+              {"rpc_connections", s->rpc_connections},
+              {"rpc_generate_calls", s->rpc_generate_calls}});
+  return 0;
+}
+
+int info(const args& argv) {
+  auto f = flags::parse(argv, {"connect", "timeout"});
+  if (!f) return fail(f.err());
+  auto conn = connect_from(*f);
+  if (!conn) return fail(conn.err());
+  auto m = (*conn)->info();
+  if (!m) return fail(m.err());
+  const auto& v = (*conn)->server();
+  print_json({{"model_dir", m->model_dir},
+              {"model_type", m->model_type},
+              {"vocab_size", m->vocab_size},
+              {"num_layers", m->num_layers},
+              {"hidden_size", m->hidden_size},
+              {"stages", m->stages},
+              {"tp", m->tp},
+              {"chunks", m->chunks},
+              {"max_context", m->max_context},
+              {"server", v.server},
+              {"protocol_version", v.protocol_version}});
+  return 0;
+}
+
+}  // namespace
+
+int client_main(const args& argv) {
+  const std::string sub = argv.empty() ? "" : argv[0];
+  const args rest(argv.empty() ? argv.end() : argv.begin() + 1, argv.end());
+  if (sub == "generate") return generate(rest);
+  if (sub == "health") return health(rest);
+  if (sub == "stats") return stats(rest);
+  if (sub == "info") return info(rest);
+  return fail(make_error(errc::invalid_argument,
+                         sub.empty() ? "missing subcommand: generate, health, stats or info"
+                                     : "unknown subcommand \"" + sub + "\" (expected generate, health, stats or info)"));
+}
+
+}  // namespace conveyor::cli
