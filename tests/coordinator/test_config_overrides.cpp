@@ -72,9 +72,10 @@ TEST(config_overrides, a_flag_contradicting_the_file_names_both_and_changes_noth
   o.stages = 3;
   auto s = apply_overrides(d, o);
   ASSERT_FALSE(s.ok());
-  EXPECT_TRUE(contains(s.err().message,
-                       "--tp: parallel.type = \"pp\" (deploy.toml:2:8) contradicts parallel.tp = 2: \"pp\" has no "
-                       "tensor parallelism"))
+  EXPECT_TRUE(
+      contains(s.err().message,
+               "--tp: parallel.type = \"pp\" (deploy.toml:2:8) contradicts parallel.tp = 2: \"pp\" has no "
+               "tensor parallelism"))
       << s.err().message;
   EXPECT_EQ(d.parallel.stages, before.parallel.stages);
   EXPECT_EQ(d.parallel.tp, before.parallel.tp);
@@ -87,13 +88,15 @@ TEST(config_overrides, stages_flag_against_an_explicit_split) {
   o.stages = 4;
   auto s = apply_overrides(d, o);
   ASSERT_FALSE(s.ok());
-  EXPECT_TRUE(contains(s.err().message,
-                       "--stages: parallel.layers = [3, 1] (deploy.toml:3:10) has 2 entries but parallel.stages = 4"))
+  EXPECT_TRUE(
+      contains(s.err().message,
+               "--stages: parallel.layers = [3, 1] (deploy.toml:3:10) has 2 entries but parallel.stages = 4"))
       << s.err().message;
 }
 
 TEST(config_validate, a_fitting_model_passes) {
-  const deployment d = parse_ok("[parallel]\nstages = 2\ntp = 2\nlayers = [3, 1]\n[serving]\nmax_context = 512\n");
+  const deployment d =
+      parse_ok("[parallel]\nstages = 2\ntp = 2\nlayers = [3, 1]\n[serving]\nmax_context = 512\n");
   EXPECT_TRUE(validate_against_model(d, 4, 4, 2, 512).ok());
   EXPECT_TRUE(validate_against_model(d, 4, 4, 2).ok()) << "0 = unknown max positions";
 }
@@ -102,7 +105,8 @@ TEST(config_validate, more_stages_than_layers) {
   const deployment d = parse_ok("[parallel]\nstages = 8\n");
   auto s = validate_against_model(d, 4, 4, 2);
   ASSERT_FALSE(s.ok());
-  EXPECT_EQ(s.err().message, "deploy.toml:2:10: parallel.stages = 8: the model has 4 layers, so at most 4 stages");
+  EXPECT_EQ(s.err().message,
+            "deploy.toml:2:10: parallel.stages = 8: the model has 4 layers, so at most 4 stages");
 }
 
 TEST(config_validate, explicit_split_must_cover_every_layer) {
@@ -122,7 +126,8 @@ TEST(config_validate, tp_must_divide_the_heads_and_lists_what_does) {
   auto s = validate_against_model(d, 16, 32, 8);
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.err().message,
-            "--tp: parallel.tp = 3: must divide the model's 32 attention heads and 8 KV heads (allowed: 1, 2, 4, 8)");
+            "--tp: parallel.tp = 3: must divide the model's 32 attention heads and 8 KV heads (allowed: 1, "
+            "2, 4, 8)");
   // KV heads bound it too: 4 divides 32 heads but not 2 KV heads.
   o.tp = 4;
   ASSERT_TRUE(apply_overrides(d, o).ok());
@@ -134,7 +139,8 @@ TEST(config_validate, max_context_within_the_model) {
   const deployment d = parse_ok("[serving]\nmax_context = 8192\n");
   auto s = validate_against_model(d, 4, 4, 2, 4096);
   ASSERT_FALSE(s.ok());
-  EXPECT_TRUE(contains(s.err().message, "deploy.toml:2:15: serving.max_context = 8192: the model has 4096 positions"))
+  EXPECT_TRUE(
+      contains(s.err().message, "deploy.toml:2:15: serving.max_context = 8192: the model has 4096 positions"))
       << s.err().message;
 }
 

@@ -213,7 +213,7 @@ TEST(config_keys, every_described_key_is_covered_by_the_every_key_test) {
     if (contains(line, "(default)")) defaulted.insert(line.substr(0, line.find(" = ")));
   }
   EXPECT_EQ(defaulted, (std::set<std::string>{"placement.nproc_per_node", "cluster.token_file",
-                                               "serving.kv_memory_fraction"}));
+                                              "serving.kv_memory_fraction"}));
   std::istringstream alt(describe(parse_ok(exclusive_alternatives)));
   for (std::string line; std::getline(alt, line);) {
     const std::string key = line.substr(0, line.find(" = "));

@@ -21,28 +21,38 @@ std::string_view to_string(device_kind v) { return v == device_kind::cpu ? "cpu"
 
 std::string_view to_string(parallel_type v) {
   switch (v) {
-    case parallel_type::pp: return "pp";
-    case parallel_type::tp: return "tp";
-    case parallel_type::pptp: return "pptp";
-    case parallel_type::custom: return "custom";
+    case parallel_type::pp:
+      return "pp";
+    case parallel_type::tp:
+      return "tp";
+    case parallel_type::pptp:
+      return "pptp";
+    case parallel_type::custom:
+      return "custom";
   }
   return "?";
 }
 
 std::string_view to_string(batching_mode v) {
   switch (v) {
-    case batching_mode::continuous: return "continuous";
-    case batching_mode::dynamic: return "dynamic";
-    case batching_mode::fixed: return "static";
+    case batching_mode::continuous:
+      return "continuous";
+    case batching_mode::dynamic:
+      return "dynamic";
+    case batching_mode::fixed:
+      return "static";
   }
   return "?";
 }
 
 std::string_view to_string(launch_method v) {
   switch (v) {
-    case launch_method::local: return "local";
-    case launch_method::ssh: return "ssh";
-    case launch_method::slurm: return "slurm";
+    case launch_method::local:
+      return "local";
+    case launch_method::ssh:
+      return "ssh";
+    case launch_method::slurm:
+      return "slurm";
   }
   return "?";
 }

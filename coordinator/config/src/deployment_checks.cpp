@@ -1,9 +1,8 @@
-// Checks that relate keys to each other, and those that need the model's shape. Every message leads
+// Checks that relate keys to each other, and the defaults derived from other keys. Every message leads
 // with the position of the key set last (the one a user most likely just changed) and names the other
 // key with its own position, so both places can be found.
 #include <algorithm>
 #include <initializer_list>
-#include <numeric>
 #include <set>
 #include <tuple>
 
@@ -51,18 +50,9 @@ class about {
 };
 
 std::string str(int v) { return std::to_string(v); }
-std::string str(double v) {
-  std::string s = std::to_string(v);
-  s.erase(s.find_last_not_of('0') + 1);
-  if (!s.empty() && s.back() == '.') s.pop_back();
-  return s;
-}
+std::string str(double v) { return detail::format_number(v); }
 std::string str(std::string_view v) { return quoted(v); }
-std::string list(const std::vector<int>& v) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-  return s + "]";
-}
+std::string list(const std::vector<int>& v) { return detail::format_ints(v); }
 
 void check_exclusive_keys(const deployment& d, diagnostics& out) {
   const auto& p = d.placement;
@@ -83,8 +73,7 @@ void check_exclusive_keys(const deployment& d, diagnostics& out) {
   if (is_set(d, "cluster.token") && is_set(d, "cluster.token_file")) {
     about a(d, {"cluster.token", "cluster.token_file"});
     out.add(a.line(a.kv("cluster.token", "(hidden)") + " and " +
-                   a.kv("cluster.token_file", str(d.cluster.token_file)) +
-                   " are both set: set only one"));
+                   a.kv("cluster.token_file", str(d.cluster.token_file)) + " are both set: set only one"));
   }
 }
 
@@ -104,13 +93,15 @@ void check_parallel(const deployment& d, diagnostics& out) {
   }
   if (!p.layers.empty() && static_cast<int>(p.layers.size()) != p.stages) {
     about a(d, {"parallel.layers", "parallel.stages"});
-    out.add(a.line(a.kv("parallel.layers", list(p.layers)) + " has " + str(static_cast<int>(p.layers.size())) +
-                   " entries but " + a.kv("parallel.stages", str(p.stages)) +
+    out.add(a.line(a.kv("parallel.layers", list(p.layers)) + " has " +
+                   str(static_cast<int>(p.layers.size())) + " entries but " +
+                   a.kv("parallel.stages", str(p.stages)) +
                    ": give one layer count per stage, or leave layers out to split evenly"));
   }
   const int per_worker = gpus_per_worker(d);
   if (per_worker % p.tp != 0) {
-    const char* key = is_set(d, "placement.parallel_level") ? "placement.parallel_level" : "placement.nproc_per_node";
+    const char* key =
+        is_set(d, "placement.parallel_level") ? "placement.parallel_level" : "placement.nproc_per_node";
     about a(d, {key, "parallel.tp"});
     out.add(a.line(a.kv(key, str(per_worker)) + " is not a multiple of " + a.kv("parallel.tp", str(p.tp)) +
                    ": a tensor-parallel group never spans workers"));
@@ -145,14 +136,16 @@ void check_hosts(const deployment& d, diagnostics& out) {
   }
   if (multi_host && d.transport.ucx_tls == "shm") {
     about a(d, {"transport.ucx_tls", "placement.hosts"});
-    out.add(a.line(a.kv("transport.ucx_tls", "\"shm\"") + " cannot connect the " + str(static_cast<int>(hosts.size())) +
-                   " hosts of placement.hosts: shared memory works within one machine; use \"auto\" or \"tcp\""));
+    out.add(a.line(
+        a.kv("transport.ucx_tls", "\"shm\"") + " cannot connect the " + str(static_cast<int>(hosts.size())) +
+        " hosts of placement.hosts: shared memory works within one machine; use \"auto\" or \"tcp\""));
   }
   if (multi_host && d.launch.method == launch_method::local) {
     about a(d, {"launch.method", "placement.hosts"});
-    out.add(a.line(a.kv("launch.method", "\"local\"") + " can only start processes on this machine, but "
-                   "placement.hosts lists " + str(static_cast<int>(hosts.size())) +
-                   " hosts: use method = \"ssh\" or \"slurm\""));
+    out.add(a.line(a.kv("launch.method", "\"local\"") +
+                   " can only start processes on this machine, but "
+                   "placement.hosts lists " +
+                   str(static_cast<int>(hosts.size())) + " hosts: use method = \"ssh\" or \"slurm\""));
   }
 }
 
@@ -170,6 +163,7 @@ void check_gpus(const deployment& d, diagnostics& out) {
   int total = 0;
   int largest = 0;
   bool all_known = true;
+  bool ids_fit = true;
   for (std::size_t i = 0; i < p.hosts.size(); ++i) {
     const auto& h = p.hosts[i];
     if (h.gpus == 0) {
@@ -183,8 +177,9 @@ void check_gpus(const deployment& d, diagnostics& out) {
         const std::string gpus_key = "placement.hosts[" + std::to_string(i) + "].gpus";
         about a(d, {"placement.device_ids", gpus_key});
         out.add(a.line(a.kv("placement.device_ids", list(p.device_ids)) + " names GPU " + str(beyond) +
-                       ", but host " + str(h.name) + " has " + a.kv(gpus_key, str(h.gpus)) +
-                       " (ids 0 to " + str(h.gpus - 1) + ")"));
+                       ", but host " + str(h.name) + " has " + a.kv(gpus_key, str(h.gpus)) + " (ids 0 to " +
+                       str(h.gpus - 1) + ")"));
+        ids_fit = false;
         continue;
       }
       usable = static_cast<int>(p.device_ids.size());
@@ -192,12 +187,13 @@ void check_gpus(const deployment& d, diagnostics& out) {
     total += usable;
     largest = std::max(largest, usable);
   }
-  if (!all_known) return;  // counted at launch; the planner checks then
+  if (!all_known || !ids_fit) return;  // unknown counts are checked at launch, by the planner
   const int needed = d.parallel.stages * d.parallel.tp;
   if (needed > total) {
     about a(d, {"parallel.stages", "parallel.tp"});
-    out.add(a.line(a.kv("parallel.stages", str(d.parallel.stages)) + " × " + a.kv("parallel.tp", str(d.parallel.tp)) +
-                   " needs " + str(needed) + " GPUs, but placement.hosts offers " + str(total) +
+    out.add(a.line(a.kv("parallel.stages", str(d.parallel.stages)) + " × " +
+                   a.kv("parallel.tp", str(d.parallel.tp)) + " needs " + str(needed) +
+                   " GPUs, but placement.hosts offers " + str(total) +
                    ": add hosts or GPUs, or lower stages or tp"));
   } else if (per_worker > largest) {
     about a(d, {"parallel.tp", "placement.hosts"});
@@ -224,8 +220,9 @@ void check_serving(const deployment& d, diagnostics& out) {
       static_cast<std::int64_t>(s.kv_blocks) * s.kv_block_size < s.max_context) {
     about a(d, {"serving.kv_blocks", "serving.kv_block_size", "serving.max_context"});
     out.add(a.line(a.kv("serving.kv_blocks", str(s.kv_blocks)) + " of " +
-                   a.kv("serving.kv_block_size", str(s.kv_block_size)) + " tokens cannot hold one sequence of " +
-                   a.kv("serving.max_context", str(s.max_context)) + " tokens"));
+                   a.kv("serving.kv_block_size", str(s.kv_block_size)) +
+                   " tokens cannot hold one sequence of " + a.kv("serving.max_context", str(s.max_context)) +
+                   " tokens"));
   }
   const auto& c = d.cluster;
   if (c.heartbeat_timeout_s <= c.heartbeat_interval_s) {
@@ -241,25 +238,22 @@ void check_ports(const deployment& d, diagnostics& out) {
     const char* key;
     endpoint e;
   };
-  std::vector<listener> ls{{"cluster.listen", d.cluster.listen}, {"frontend.rpc_listen", d.frontend.rpc_listen}};
+  std::vector<listener> ls{{"cluster.listen", d.cluster.listen},
+                           {"frontend.rpc_listen", d.frontend.rpc_listen}};
   if (d.frontend.http_listen) ls.push_back({"frontend.http_listen", *d.frontend.http_listen});
   for (std::size_t i = 0; i < ls.size(); ++i) {
     for (std::size_t j = i + 1; j < ls.size(); ++j) {
-      if (ls[i].e.port != 0 && ls[i].e == ls[j].e) {
+      // A wildcard address takes the port on every interface, so it clashes with any host.
+      const auto wildcard = [](const endpoint& e) { return e.host == "0.0.0.0" || e.host == "::"; };
+      const bool same_host = ls[i].e.host == ls[j].e.host || wildcard(ls[i].e) || wildcard(ls[j].e);
+      if (ls[i].e.port != 0 && ls[i].e.port == ls[j].e.port && same_host) {
         about a(d, {ls[i].key, ls[j].key});
-        out.add(a.line(a.kv(ls[i].key, str(to_string(ls[i].e))) + " and " + a.kv(ls[j].key, str(to_string(ls[j].e))) +
-                       " are the same address: each listener needs its own port"));
+        out.add(a.line(a.kv(ls[i].key, str(to_string(ls[i].e))) + " and " +
+                       a.kv(ls[j].key, str(to_string(ls[j].e))) +
+                       " share a port: each listener needs its own"));
       }
     }
   }
-}
-
-std::string divisors_up_to(int n, int limit) {
-  std::string s;
-  for (int k = 1; k <= std::min(n, limit); ++k) {
-    if (n % k == 0) s += (s.empty() ? "" : ", ") + std::to_string(k);
-  }
-  return s;
 }
 
 }  // namespace
@@ -272,7 +266,9 @@ void resolve_defaults(deployment& d) {
   }
   auto& p = d.parallel;
   if (!is_set(d, "parallel.type")) {
-    p.type = p.stages > 1 && p.tp > 1 ? parallel_type::pptp : p.tp > 1 ? parallel_type::tp : parallel_type::pp;
+    p.type = p.stages > 1 && p.tp > 1 ? parallel_type::pptp
+             : p.tp > 1               ? parallel_type::tp
+                                      : parallel_type::pp;
   }
   // One microbatch per stage is the fewest that keeps every stage busy once the pipeline is full.
   if (!is_set(d, "parallel.chunks")) p.chunks = p.stages;
@@ -289,41 +285,6 @@ status check_deployment(const deployment& d) {
   check_gpus(d, out);
   check_serving(d, out);
   check_ports(d, out);
-  if (out.empty()) return ok_status();
-  return out.to_error(errc::invalid_argument);
-}
-
-status validate_against_model(const deployment& d, int num_layers, int num_heads, int num_kv_heads,
-                              int max_position_embeddings) {
-  if (num_layers < 1 || num_heads < 1 || num_kv_heads < 1 || num_heads % num_kv_heads != 0) {
-    return make_error(errc::invalid_argument,
-                      "the model's shape is not usable: " + str(num_layers) + " layers, " + str(num_heads) +
-                          " attention heads, " + str(num_kv_heads) + " KV heads");
-  }
-  diagnostics out;
-  const auto& p = d.parallel;
-  if (p.stages > num_layers) {
-    out.add(where(d, "parallel.stages") + ": parallel.stages = " + str(p.stages) + ": the model has " +
-            str(num_layers) + " layers, so at most " + str(num_layers) + " stages");
-  }
-  if (!p.layers.empty()) {
-    const int sum = std::accumulate(p.layers.begin(), p.layers.end(), 0);
-    if (sum != num_layers) {
-      out.add(where(d, "parallel.layers") + ": parallel.layers = " + list(p.layers) + " adds up to " + str(sum) +
-              " layers, but the model has " + str(num_layers) + ": the split must cover every layer once");
-    }
-  }
-  const int heads_gcd = std::gcd(num_heads, num_kv_heads);
-  if (heads_gcd % p.tp != 0) {
-    out.add(where(d, "parallel.tp") + ": parallel.tp = " + str(p.tp) + ": must divide the model's " +
-            str(num_heads) + " attention heads and " + str(num_kv_heads) + " KV heads (allowed: " +
-            divisors_up_to(heads_gcd, static_cast<int>(detail::rules::tp.max)) + ")");
-  }
-  if (max_position_embeddings > 0 && d.serving.max_context > max_position_embeddings) {
-    out.add(where(d, "serving.max_context") + ": serving.max_context = " + str(d.serving.max_context) +
-            ": the model has " + str(max_position_embeddings) + " positions, so at most " +
-            str(max_position_embeddings));
-  }
   if (out.empty()) return ok_status();
   return out.to_error(errc::invalid_argument);
 }

@@ -58,7 +58,9 @@ void read_model(table_reader& r, model_section& m) {
 
 void read_parallel(table_reader& r, parallel_section& p) {
   r.read_choice("type", p.type,
-                {{"pp", parallel_type::pp}, {"tp", parallel_type::tp}, {"pptp", parallel_type::pptp},
+                {{"pp", parallel_type::pp},
+                 {"tp", parallel_type::tp},
+                 {"pptp", parallel_type::pptp},
                  {"custom", parallel_type::custom}});
   r.read("stages", p.stages, rules::stages);
   r.read("tp", p.tp, rules::tp);
@@ -68,7 +70,8 @@ void read_parallel(table_reader& r, parallel_section& p) {
 
 void read_host(table_reader& r, host_entry& h) {
   // A forgotten address must not quietly become loopback on what is meant to be another machine.
-  if (!r.has("address")) r.missing("address", "give the address workers on this host bind to, e.g. \"10.0.0.2\"");
+  if (!r.has("address"))
+    r.missing("address", "give the address workers on this host bind to, e.g. \"10.0.0.2\"");
   const bool has_address = r.read("address", h.address, check_host_string);
   if (!r.read("name", h.name) && has_address) h.name = h.address;
   r.read("gpus", h.gpus, rules::host_gpus);
@@ -119,7 +122,8 @@ void read_frontend(table_reader& r, frontend_section& f) {
 
 void read_serving(table_reader& r, serving_section& s) {
   r.read_choice("batching", s.batching,
-                {{"continuous", batching_mode::continuous}, {"dynamic", batching_mode::dynamic},
+                {{"continuous", batching_mode::continuous},
+                 {"dynamic", batching_mode::dynamic},
                  {"static", batching_mode::fixed}});
   r.read("max_batch_size", s.max_batch_size, rules::max_batch_size);
   r.read("max_batch_delay_ms", s.max_batch_delay_ms, rules::max_batch_delay_ms);
@@ -138,8 +142,9 @@ void read_serving(table_reader& r, serving_section& s) {
 }
 
 void read_launch(table_reader& r, launch_section& l) {
-  r.read_choice("method", l.method,
-                {{"local", launch_method::local}, {"ssh", launch_method::ssh}, {"slurm", launch_method::slurm}});
+  r.read_choice(
+      "method", l.method,
+      {{"local", launch_method::local}, {"ssh", launch_method::ssh}, {"slurm", launch_method::slurm}});
   r.read("ssh_command", l.ssh_command, check_ssh_command);
 }
 
@@ -156,16 +161,26 @@ void read_section(table_reader& top, std::string_view name, Section& section, pa
 // Other spellings users bring from torchrun, TorchServe, vLLM and friends (normalized: lower case,
 // no '_' or '-'), so the message can point to our key.
 constexpr std::pair<std::string_view, std::string_view> known_aliases[] = {
-    {"pipelineparallelsize", "parallel.stages"}, {"pipelineparallel", "parallel.stages"},
-    {"ppsize", "parallel.stages"},               {"tensorparallelsize", "parallel.tp"},
-    {"tensorparallel", "parallel.tp"},           {"tpsize", "parallel.tp"},
-    {"microbatches", "parallel.chunks"},         {"parallellevel", "placement.parallel_level"},
-    {"nprocpernode", "placement.nproc_per_node"}, {"deviceids", "placement.device_ids"},
-    {"batchsize", "serving.max_batch_size"},     {"maxbatchdelay", "serving.max_batch_delay_ms"},
-    {"responsetimeout", "serving.response_timeout_s"}, {"startuptimeout", "serving.startup_timeout_s"},
-    {"minworkers", "serving.min_workers"},       {"maxworkers", "serving.max_workers"},
-    {"jobqueuesize", "serving.job_queue_size"},  {"usejobticket", "serving.use_job_ticket"},
-    {"devicetype", "model.device"},              {"modeldir", "model.dir"},
+    {"pipelineparallelsize", "parallel.stages"},
+    {"pipelineparallel", "parallel.stages"},
+    {"ppsize", "parallel.stages"},
+    {"tensorparallelsize", "parallel.tp"},
+    {"tensorparallel", "parallel.tp"},
+    {"tpsize", "parallel.tp"},
+    {"microbatches", "parallel.chunks"},
+    {"parallellevel", "placement.parallel_level"},
+    {"nprocpernode", "placement.nproc_per_node"},
+    {"deviceids", "placement.device_ids"},
+    {"batchsize", "serving.max_batch_size"},
+    {"maxbatchdelay", "serving.max_batch_delay_ms"},
+    {"responsetimeout", "serving.response_timeout_s"},
+    {"startuptimeout", "serving.startup_timeout_s"},
+    {"minworkers", "serving.min_workers"},
+    {"maxworkers", "serving.max_workers"},
+    {"jobqueuesize", "serving.job_queue_size"},
+    {"usejobticket", "serving.use_job_ticket"},
+    {"devicetype", "model.device"},
+    {"modeldir", "model.dir"},
     {"modelpath", "model.dir"},
 };
 
@@ -259,6 +274,11 @@ result<deployment> parse_deployment(std::string_view text, std::string_view sour
 }
 
 result<deployment> load_deployment(const std::string& path) {
+  // A directory opens and reads as empty, which would quietly mean "all defaults".
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    return make_error(errc::invalid_argument, path + ": is a directory, not a deployment file");
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     const bool exists = std::filesystem::exists(path);

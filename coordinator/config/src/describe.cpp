@@ -1,5 +1,4 @@
 // The deployment as start-up log lines: every key, its value, and where the value came from.
-#include <cstdio>
 #include <utility>
 #include <vector>
 
@@ -11,17 +10,8 @@ namespace {
 
 using detail::quoted;
 
-std::string num(double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%g", v);
-  return buf;
-}
-
-std::string ints(const std::vector<int>& v) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-  return s + "]";
-}
+std::string num(double v) { return detail::format_number(v); }
+std::string ints(const std::vector<int>& v) { return detail::format_ints(v); }
 
 std::string sv(std::string_view v) { return quoted(v); }
 
@@ -45,14 +35,18 @@ std::string describe(const deployment& d) {
     add(k + "address", sv(h.address));
     add(k + "gpus", h.gpus == 0 ? "0 (count at launch)" : std::to_string(h.gpus));
   }
-  add("placement.nproc_per_node", d.placement.nproc_per_node == 0 ? "(not set)" : std::to_string(d.placement.nproc_per_node));
-  add("placement.parallel_level", d.placement.parallel_level == 0 ? "(not set)" : std::to_string(d.placement.parallel_level));
+  add("placement.nproc_per_node",
+      d.placement.nproc_per_node == 0 ? "(not set)" : std::to_string(d.placement.nproc_per_node));
+  add("placement.parallel_level",
+      d.placement.parallel_level == 0 ? "(not set)" : std::to_string(d.placement.parallel_level));
   add("placement.device_ids", d.placement.device_ids.empty() ? "(all)" : ints(d.placement.device_ids));
   add("transport.ucx_tls", sv(d.transport.ucx_tls));
   add("transport.max_frame_bytes", std::to_string(d.transport.max_frame_bytes));
   add("cluster.listen", sv(to_string(d.cluster.listen)));
   // Never the token itself: these lines go to logs.
-  add("cluster.token", d.cluster.token.empty() ? "(not set)" : "(hidden, " + std::to_string(d.cluster.token.size()) + " chars)");
+  add("cluster.token", d.cluster.token.empty()
+                           ? "(not set)"
+                           : "(hidden, " + std::to_string(d.cluster.token.size()) + " chars)");
   add("cluster.token_file", d.cluster.token_file.empty() ? "(not set)" : sv(d.cluster.token_file));
   add("cluster.heartbeat_interval_s", num(d.cluster.heartbeat_interval_s));
   add("cluster.heartbeat_timeout_s", num(d.cluster.heartbeat_timeout_s));
@@ -64,7 +58,8 @@ std::string describe(const deployment& d) {
   add("serving.max_batch_delay_ms", std::to_string(s.max_batch_delay_ms));
   add("serving.max_batch_tokens", std::to_string(s.max_batch_tokens));
   add("serving.job_queue_size", std::to_string(s.job_queue_size));
-  add("serving.max_queued_tokens", s.max_queued_tokens == 0 ? "0 (no cap)" : std::to_string(s.max_queued_tokens));
+  add("serving.max_queued_tokens",
+      s.max_queued_tokens == 0 ? "0 (no cap)" : std::to_string(s.max_queued_tokens));
   add("serving.use_job_ticket", s.use_job_ticket ? "true" : "false");
   add("serving.response_timeout_s", num(s.response_timeout_s));
   add("serving.startup_timeout_s", num(s.startup_timeout_s));

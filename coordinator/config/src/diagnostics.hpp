@@ -38,4 +38,10 @@ std::string closest(std::string_view word, const std::vector<std::string>& candi
 /// Quotes a string the way TOML writes it, for messages.
 std::string quoted(std::string_view s);
 
+/// "[2, 2]", as TOML writes an array of integers.
+std::string format_ints(const std::vector<int>& v);
+
+/// A number without trailing zeros: 5, 0.85, 7.5.
+std::string format_number(double v);
+
 }  // namespace conveyor::config::detail

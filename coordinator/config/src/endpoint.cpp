@@ -7,10 +7,12 @@
 namespace conveyor::config {
 namespace {
 
-constexpr std::string_view endpoint_form = "\"HOST:PORT\" with a port from 0 to 65535, e.g. \"127.0.0.1:7600\"";
+constexpr std::string_view endpoint_form =
+    "\"HOST:PORT\" with a port from 0 to 65535, e.g. \"127.0.0.1:7600\"";
 
 error endpoint_error(std::string_view why) {
-  return make_error(errc::invalid_argument, "must be " + std::string(endpoint_form) + " (" + std::string(why) + ")");
+  return make_error(errc::invalid_argument,
+                    "must be " + std::string(endpoint_form) + " (" + std::string(why) + ")");
 }
 
 }  // namespace

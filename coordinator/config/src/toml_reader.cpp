@@ -9,16 +9,26 @@ namespace {
 
 std::string_view type_name(toml::node_type t) {
   switch (t) {
-    case toml::node_type::table: return "a table";
-    case toml::node_type::array: return "an array";
-    case toml::node_type::string: return "a string";
-    case toml::node_type::integer: return "an integer";
-    case toml::node_type::floating_point: return "a float";
-    case toml::node_type::boolean: return "a boolean";
-    case toml::node_type::date: return "a date";
-    case toml::node_type::time: return "a time";
-    case toml::node_type::date_time: return "a date-time";
-    case toml::node_type::none: break;
+    case toml::node_type::table:
+      return "a table";
+    case toml::node_type::array:
+      return "an array";
+    case toml::node_type::string:
+      return "a string";
+    case toml::node_type::integer:
+      return "an integer";
+    case toml::node_type::floating_point:
+      return "a float";
+    case toml::node_type::boolean:
+      return "a boolean";
+    case toml::node_type::date:
+      return "a date";
+    case toml::node_type::time:
+      return "a time";
+    case toml::node_type::date_time:
+      return "a date-time";
+    case toml::node_type::none:
+      break;
   }
   return "nothing";
 }
@@ -263,7 +273,8 @@ const toml::array* table_reader::table_array(std::string_view key) {
     bad(*node, key,
         "must be one or more [[" + key_path(key) + "]] tables, not " +
             (array == nullptr ? std::string(type_name(node->type()))
-                              : array->empty() ? std::string("an empty array") : "an array of other values"));
+             : array->empty() ? std::string("an empty array")
+                              : "an array of other values"));
     return nullptr;
   }
   record(*node, key);

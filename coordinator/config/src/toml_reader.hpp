@@ -1,6 +1,8 @@
 #pragma once
 // Reading one TOML table into plain fields with positions in every message. The only header of the
 // project that includes toml++ (tests/layering keeps it here).
+#include <toml++/toml.h>
+
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
@@ -8,8 +10,6 @@
 #include <string_view>
 #include <utility>
 #include <vector>
-
-#include <toml++/toml.h>
 
 #include "conveyor/config/deployment.hpp"
 #include "diagnostics.hpp"
@@ -19,7 +19,7 @@ namespace conveyor::config::detail {
 
 /// State shared by the readers of one document.
 struct parse_context {
-  std::string source;         ///< file name shown in messages
+  std::string source;  ///< file name shown in messages
   diagnostics diags;
   deployment* out = nullptr;  ///< receives origins of the keys read
   /// Keys the readers asked for, as "section.key" with array indices dropped ("placement.hosts.gpus").
@@ -48,15 +48,15 @@ class table_reader {
   bool read(std::string_view key, double& out, const real_rule& rule);
   bool read(std::string_view key, bool& out);
   /// `check` may be empty; an empty string is rejected unless `allow_empty`.
-  bool read(std::string_view key, std::string& out, const string_check& check = {},
-            bool allow_empty = false);
+  bool read(std::string_view key, std::string& out, const string_check& check = {}, bool allow_empty = false);
   bool read(std::string_view key, endpoint& out);
   /// A non-empty array of integers, each within `rule`; `unique` rejects repeats.
   bool read(std::string_view key, std::vector<int>& out, const int_rule& rule, bool unique);
 
   /// One of the listed spellings.
   template <class E>
-  bool read_choice(std::string_view key, E& out, std::initializer_list<std::pair<std::string_view, E>> choices) {
+  bool read_choice(std::string_view key, E& out,
+                   std::initializer_list<std::pair<std::string_view, E>> choices) {
     std::vector<std::string_view> names;
     for (const auto& c : choices) names.push_back(c.first);
     int index = -1;

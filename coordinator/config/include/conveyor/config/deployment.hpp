@@ -3,6 +3,7 @@
 // Only coordinator/config/src reads TOML (DESIGN.md layering); everything after the loader gets these.
 // Every default is safe to run on a laptop: CPU, one stage, loopback addresses only.
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -43,8 +44,8 @@ struct model_section {
 /// [parallel]
 struct parallel_section {
   parallel_type type = parallel_type::pp;  ///< default: inferred from stages and tp
-  int stages = 1;           ///< pipeline-parallel size: number of pipeline stages
-  int tp = 1;               ///< tensor-parallel degree of every stage
+  int stages = 1;                          ///< pipeline-parallel size: number of pipeline stages
+  int tp = 1;                              ///< tensor-parallel degree of every stage
   int chunks = 1;           ///< microbatches in flight; default: one per stage, so no stage idles
   std::vector<int> layers;  ///< layers per stage, first to last; empty = split as evenly as possible
 };
@@ -89,20 +90,20 @@ struct frontend_section {
 /// [serving]: scheduling, admission and memory policy (issue 6).
 struct serving_section {
   batching_mode batching = batching_mode::continuous;
-  int max_batch_size = 32;          ///< sequences per step
-  int max_batch_delay_ms = 5;       ///< dynamic batching: longest wait to fill a batch
-  int max_batch_tokens = 2048;      ///< tokens per step; longer prompts are prefilled in chunks
-  int job_queue_size = 100;         ///< requests waiting to start
+  int max_batch_size = 32;             ///< sequences per step
+  int max_batch_delay_ms = 5;          ///< dynamic batching: longest wait to fill a batch
+  int max_batch_tokens = 2048;         ///< tokens per step; longer prompts are prefilled in chunks
+  int job_queue_size = 100;            ///< requests waiting to start
   std::int64_t max_queued_tokens = 0;  ///< prompt tokens waiting to start; 0 = no cap
-  bool use_job_ticket = false;      ///< reject at once ("overloaded") instead of queueing
-  double response_timeout_s = 120;  ///< a request running longer is cancelled everywhere
-  double startup_timeout_s = 120;   ///< the whole cluster must be ready within this
-  int min_workers = 1;              ///< pipeline replicas kept running
-  int max_workers = 1;              ///< pipeline replicas at most
-  int kv_block_size = 16;           ///< tokens per KV block
-  int kv_blocks = 0;                ///< KV blocks per stage; 0 = size them from kv_memory_fraction
-  double kv_memory_fraction = 0.9;  ///< share of device memory left after weights given to KV
-  int max_context = 0;              ///< longest sequence (prompt + output); 0 = the model's limit
+  bool use_job_ticket = false;         ///< reject at once ("overloaded") instead of queueing
+  double response_timeout_s = 120;     ///< a request running longer is cancelled everywhere
+  double startup_timeout_s = 120;      ///< the whole cluster must be ready within this
+  int min_workers = 1;                 ///< pipeline replicas kept running
+  int max_workers = 1;                 ///< pipeline replicas at most
+  int kv_block_size = 16;              ///< tokens per KV block
+  int kv_blocks = 0;                   ///< KV blocks per stage; 0 = size them from kv_memory_fraction
+  double kv_memory_fraction = 0.9;     ///< share of device memory left after weights given to KV
+  int max_context = 0;                 ///< longest sequence (prompt + output); 0 = the model's limit
 };
 
 /// [launch]: how `conveyor launch` starts processes on the hosts.

@@ -31,7 +31,9 @@ struct overrides {
 };
 
 /// Applies the flags with the same rules as the file, then re-checks the whole deployment (a flag
-/// may contradict a key of the file; the message names both). On error `d` is left unchanged.
+/// may contradict a key of the file; the message names both). Derived defaults of keys without an
+/// origin (type, chunks, dtype) are derived again, so `--stages 4` also gives 4 chunks unless the
+/// file set chunks. On error `d` is left unchanged.
 status apply_overrides(deployment& d, const overrides& o);
 
 /// The checks that relate keys to each other (both nproc_per_node and parallel_level, tp with
