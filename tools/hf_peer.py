@@ -8,8 +8,8 @@ logits of
   - HF in bf16 (the peer: what "bf16 tolerance" means for this model),
   - Conveyor `generate --device cuda --dtype bf16 --logits-out` and `--dtype f32`,
 by ‖Δ‖/‖ref‖ and top-1 agreement, and the greedy continuations of Conveyor bf16 and HF bf16.
-Conveyor bf16 passes when its error against the f32 reference is within 2× HF bf16's own error
-(and under 2e-2) with top-1 agreement ≥ 0.9; Conveyor f32 when its error is under 1e-3.
+Conveyor bf16 passes when its error against the f32 reference is within 2× HF bf16's own error and
+its top-1 agreement is within 0.05 of min(0.9, HF bf16's); Conveyor f32 when its error is under 1e-3.
 
 usage (device machine, repo root, after scripts/gpu-suite's pack is unpacked):
   python3 tools/hf_peer.py --conveyor .device-pack/bin/conveyor [--shapes llama-1b,qwen2-small] [--work /tmp/hf_peer]
@@ -49,7 +49,11 @@ def build(name, work):
     cfg._attn_implementation = "eager"
     torch.manual_seed(0)
     with torch.device("cuda"):
-        model = getattr(transformers, spec["cls"])(cfg).to(torch.bfloat16)
+        model = getattr(transformers, spec["cls"])(cfg)
+    # Rotary inv_freq is a float buffer that .to(bfloat16) would round, moving every angle by
+    # pos × its rounding error; Conveyor (and HF in float32) keep it in float32, so keep it there.
+    model._fp32_buffers = {n: b.detach().clone() for n, b in model.named_buffers() if "inv_freq" in n}
+    to_dtype(model, torch.bfloat16)
     # HF initialises biases to 0 and norm weights to 1: randomise them so a loader that drops them fails.
     with torch.no_grad():
         for n, p in model.named_parameters():
@@ -60,6 +64,15 @@ def build(name, work):
     path = os.path.join(work, name)
     model.save_pretrained(path)
     return model.eval(), path
+
+
+def to_dtype(model, dtype):
+    """Casts parameters, then puts the float32 rotary buffers back."""
+    model.to(dtype)
+    for name, saved in model._fp32_buffers.items():
+        owner, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(owner), leaf, saved.clone())
+    return model
 
 
 def rel(a, b):
@@ -107,8 +120,8 @@ def main():
                 hf_bf16 = model(x).logits[0].float().cpu()
                 hf_tokens = model.generate(x, max_new_tokens=a.new_tokens, do_sample=False, min_new_tokens=a.new_tokens,
                                            attention_mask=torch.ones_like(x))[0, plen:].tolist()
-                ref = model.float()(x).logits[0].cpu()
-                model.to(torch.bfloat16)
+                ref = to_dtype(model, torch.float32)(x).logits[0].cpu()
+                to_dtype(model, torch.bfloat16)
             cv_bf16, cv_tokens, secs_bf16 = conveyor_logits(a.conveyor, path, ids, "bf16", vocab, a.new_tokens)
             cv_f32, _, secs_f32 = conveyor_logits(a.conveyor, path, ids, "f32", vocab, 1)
             prefix = next((i for i, (p, q) in enumerate(zip(cv_tokens, hf_tokens)) if p != q), len(hf_tokens))
@@ -117,8 +130,10 @@ def main():
                      cv_vs_hf_bf16_top1=top1(cv_bf16, hf_bf16), cv_f32_rel=rel(cv_f32, ref),
                      cv_f32_top1=top1(cv_f32, ref), greedy_prefix=prefix, new_tokens=a.new_tokens,
                      conveyor_bf16_wall_s=round(secs_bf16, 2))
-            good = (r["cv_bf16_rel"] <= max(2 * r["hf_bf16_rel"], 1e-3) and r["cv_bf16_rel"] < 2e-2 and
-                    r["cv_bf16_top1"] >= 0.9 and r["cv_f32_rel"] < 1e-3)
+            # bf16 is judged against HF's own bf16 error on the same model and prompt: through 16
+            # layers of random weights, bf16 rounding alone moves the logits by a few percent.
+            good = (r["cv_bf16_rel"] <= max(2 * r["hf_bf16_rel"], 1e-3) and
+                    r["cv_bf16_top1"] >= min(0.9, r["hf_bf16_top1"]) - 0.05 and r["cv_f32_rel"] < 1e-3)
             r["pass"] = good
             ok = ok and good
             rows.append(r)

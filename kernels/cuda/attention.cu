@@ -152,6 +152,43 @@ __global__ void __launch_bounds__(block_threads) prefill_kernel(
   }
 }
 
+// q · k for one key row that this lane reads alone. 16-byte loads where the row allows them (a row
+// starts at a multiple of head_dim elements, so head_dim % 8 == 0 keeps bf16 rows 16-byte aligned):
+// scalar loads made the decode kernel latency-bound.
+__device__ __forceinline__ float dot_row(const float* q, const __nv_bfloat16* k, int D) {
+  float acc0 = 0.0f, acc1 = 0.0f;
+  if (D % 8 == 0) {
+    const uint4* k4 = reinterpret_cast<const uint4*>(k);
+    for (int c = 0; c < D / 8; ++c) {
+      const uint4 u = k4[c];
+      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 f = __bfloat1622float2(h[e]);
+        acc0 += q[c * 8 + 2 * e] * f.x;
+        acc1 += q[c * 8 + 2 * e + 1] * f.y;
+      }
+    }
+    return acc0 + acc1;
+  }
+  for (int d = 0; d < D; ++d) acc0 += q[d] * __bfloat162float(k[d]);
+  return acc0;
+}
+__device__ __forceinline__ float dot_row(const float* q, const float* k, int D) {
+  float acc0 = 0.0f, acc1 = 0.0f;
+  if (D % 4 == 0) {
+    const float4* k4 = reinterpret_cast<const float4*>(k);
+    for (int c = 0; c < D / 4; ++c) {
+      const float4 f = k4[c];
+      acc0 += q[c * 4] * f.x + q[c * 4 + 2] * f.z;
+      acc1 += q[c * 4 + 1] * f.y + q[c * 4 + 3] * f.w;
+    }
+    return acc0 + acc1;
+  }
+  for (int d = 0; d < D; ++d) acc0 += q[d] * k[d];
+  return acc0;
+}
+
 // grid (splits, heads, seqs), block 128 threads. Every sequence has exactly one query row.
 // splits == 1 writes the output; otherwise partial[(seq, head, split)] = {m, l, o[D]}.
 template <class T, int DC>
@@ -187,9 +224,7 @@ __global__ void __launch_bounds__(block_threads) decode_kernel(
     std::size_t at = 0;
     if (j < end) {
       at = cache_index(table, block_size, j, kv_heads, kvh, D);
-      float dot = 0.0f;
-      for (int d = 0; d < D; ++d) dot += q_s[d] * to_f32(k_cache[at + d]);
-      s = dot;
+      s = dot_row(q_s, k_cache + at, D);
     }
     const float m_new = fmaxf(m, warp_max(s));  // finite: key k0 is always < end
     const float alpha = exp_diff(m, m_new);
