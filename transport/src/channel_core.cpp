@@ -56,8 +56,10 @@ status channel_core::wait_open(deadline until) {
     return make_error(errc::io, name(id()) + ": the peer did not answer the hello within " +
                                     std::to_string(options_.connect_timeout.count()) + " ms");
   }
-  if (failure_) return *failure_;
-  return ok_status();
+  // Opened and then failed (a quick peer may send, say bye and go before we look): the frames it
+  // sent are still delivered, and receive() reports the failure after them.
+  if (open_) return ok_status();
+  return *failure_;
 }
 
 result<frame> channel_core::receive(deadline until) {
@@ -93,10 +95,18 @@ status channel_core::open(const worker_address& peer) {
                   UCP_EP_PARAM_FIELD_ERR_HANDLER;
   ep.address = reinterpret_cast<const ucp_address_t*>(peer.data());
   // PEER mode: a dead peer fails the endpoint (and every request on it) instead of hanging it.
-  ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  ep.err_mode = worker_->peer_failure_detectable() ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
+  peer_mode_ = ep.err_mode == UCP_ERR_HANDLING_MODE_PEER;
   ep.err_handler.cb = &channel_core::on_ep_error;
   ep.err_handler.arg = this;  // the worker's channel map keeps this alive while the ep exists
   ucs_status_t st = ucp_ep_create(worker_->handle(), &ep, &ep_);
+  if (st == UCS_ERR_UNREACHABLE && peer_mode_) {
+    // UCX 1.13's shared-memory transports cannot detect a dead peer, so PEER mode refuses them;
+    // fall back to no UCX error handling and rely on heartbeats (ucx_config::peer_timeout).
+    ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+    peer_mode_ = false;
+    st = ucp_ep_create(worker_->handle(), &ep, &ep_);
+  }
   if (st != UCS_OK) {
     ep_ = nullptr;
     return make_error(errc::io, name(id()) + ": cannot reach the peer's worker address: " + ucs_status_string(st));
@@ -113,7 +123,28 @@ status channel_core::open(const worker_address& peer) {
   s->channel = weak_from_this();
   s->expect(1);
   post_am(wire::am_hello, &s->am_header, nullptr, 0, s);
+  last_heard_ = last_sent_ = clock::now();
   return ok_status();
+}
+
+void channel_core::tick(clock::time_point now) {
+  if (closed_ || ep_ == nullptr || peer_instance_ == 0) return;
+  auto timeout = worker_->config().peer_timeout;
+  if (now - last_heard_ > timeout) {
+    fail(make_error(errc::io, name(id()) + ": lost the peer (silent for more than " +
+                                  std::to_string(timeout.count()) + " ms)"));
+    close();
+    return;
+  }
+  if (now - last_sent_ > timeout / 4) {
+    wire::preamble p;
+    p.channel_id = id();
+    p.instance = worker_->instance();
+    auto s = std::make_shared<send_handle::state>();
+    s->am_header = preamble_bytes(p, {});
+    s->expect(1);
+    post_am(wire::am_heartbeat, &s->am_header, nullptr, 0, s);
+  }
 }
 
 void channel_core::on_hello(const wire::preamble& p, std::span<const std::byte> hello_bytes) {
@@ -130,6 +161,7 @@ void channel_core::on_hello(const wire::preamble& p, std::span<const std::byte> 
   }
   if (peer_instance_ != 0 && peer_instance_ != p.instance) return;  // a stranger on a taken id
   peer_instance_ = p.instance;
+  last_heard_ = clock::now();
   {
     std::lock_guard lock(mu_);
     open_ = true;
@@ -159,6 +191,7 @@ ucs_status_t channel_core::on_frame(const wire::preamble& p, const void* header,
                                     void* data, std::size_t length, const ucp_am_recv_param_t* param) {
   bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
   if (!from_current_peer(p)) return rndv ? UCS_ERR_NOT_CONNECTED : UCS_OK;
+  last_heard_ = clock::now();
   std::string where = name(id()) + ", frame " + std::to_string(p.seq);
   if (p.payload_bytes > options_.max_payload_bytes) {
     reject(p.seq, make_error(errc::bad_format, where + ": payload of " + std::to_string(p.payload_bytes) +
@@ -220,6 +253,7 @@ ucs_status_t channel_core::on_separate_header(const wire::preamble& p, void* dat
                                               const ucp_am_recv_param_t* param) {
   bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
   if (!from_current_peer(p)) return rndv ? UCS_ERR_NOT_CONNECTED : UCS_OK;
+  last_heard_ = clock::now();
   std::string where = name(id()) + ", frame " + std::to_string(p.seq);
   if (length != p.header_bytes || length > options_.header_limits.max_header_bytes) {
     reject(p.seq, make_error(errc::bad_format, where + ": separate header of " + std::to_string(length) +
@@ -352,8 +386,11 @@ void channel_core::post_am(unsigned id, std::vector<std::byte>* header, const vo
   ucp_request_param_t rp{};
   rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   rp.cb.send = &channel_core::on_send_done;
+  s->channel = weak_from_this();
+  in_flight_[s.get()] = s;
   auto* holder = new std::shared_ptr<send_handle::state>(std::move(s));
   rp.user_data = holder;
+  last_sent_ = clock::now();
   ucs_status_ptr_t req = ucp_am_send_nbx(ep_, id, header->data(), header->size(), data, length, &rp);
   if (req == nullptr) {
     on_send_done(nullptr, UCS_OK, holder);
@@ -366,6 +403,7 @@ void channel_core::on_send_done(void* request, ucs_status_t st, void* user_data)
   auto* holder = static_cast<std::shared_ptr<send_handle::state>*>(user_data);
   if (request != nullptr) ucp_request_free(request);
   auto& s = **holder;
+  if (auto core = s.channel.lock()) core->in_flight_.erase(&s);
   if (st == UCS_OK) {
     s.complete_one(ok_status());
   } else {
@@ -423,8 +461,20 @@ void channel_core::close() {
       s->expect(1);
       post_am(wire::am_bye, &s->am_header, nullptr, 0, s);
     }
-    worker_->close_ep(ep_, failed, shared_from_this());
+    // Without UCX error handling a flush would wait forever on a dead peer: force it then.
+    worker_->close_ep(ep_, failed || !peer_mode_, shared_from_this());
     ep_ = nullptr;
+  }
+  if (!peer_mode_) {
+    // UCX leaves these pending after a force close when it has no error handling. A peer process
+    // that is gone cannot read the payloads any more; one that is merely silent could still read
+    // (never write) them through cma, which cannot corrupt this process.
+    // TODO(reliability): the UCX requests (and rendezvous receive buffers) leak here.
+    auto why = failure().value_or(make_error(errc::io, name(id()) + ": closed"));
+    for (auto& [raw, weak] : in_flight_) {
+      if (auto s = weak.lock()) s->fail_now(why);
+    }
+    in_flight_.clear();
   }
   fail(make_error(errc::io, name(id()) + ": closed"));
   worker_->remove_channel(id());

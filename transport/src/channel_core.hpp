@@ -48,6 +48,11 @@ class channel_core : public std::enable_shared_from_this<channel_core> {
   ucs_status_t on_separate_header(const wire::preamble& p, void* data, std::size_t length,
                                   const ucp_am_recv_param_t* param);
   void on_bye();
+  void on_heartbeat(const wire::preamble& p) {
+    if (from_current_peer(p)) last_heard_ = clock::now();
+  }
+  /// Sends a heartbeat when the channel was idle, and fails it when the peer went silent.
+  void tick(clock::time_point now);
   void start_send(std::shared_ptr<send_handle::state> s);
   /// Sends a bye (best effort) and closes the endpoint.
   void close();
@@ -93,10 +98,17 @@ class channel_core : public std::enable_shared_from_this<channel_core> {
   // progress thread only
   ucp_ep_h ep_ = nullptr;
   bool closed_ = false;
+  /// UCX watches the peer (UCP_ERR_HANDLING_MODE_PEER); false on transports that cannot, where the
+  /// heartbeat timeout is the only failure detector.
+  bool peer_mode_ = true;
+  clock::time_point last_heard_{};
+  clock::time_point last_sent_{};
   std::uint64_t next_send_seq_ = 0;
   std::uint64_t peer_instance_ = 0;
   std::map<std::uint64_t, partial_frame> partial_;
   std::deque<deferred_rndv> deferred_;
+  /// Sends UCX still owns, so a force close without UCX error handling can fail them itself.
+  std::map<send_handle::state*, std::weak_ptr<send_handle::state>> in_flight_;
 
   // shared, under mu_
   mutable std::mutex mu_;

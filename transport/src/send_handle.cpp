@@ -22,8 +22,19 @@ void send_handle::state::expect(int requests) {
 void send_handle::state::complete_one(status s) {
   {
     std::lock_guard lock(mu_);
+    if (done_) return;
     if (!s.ok() && status_.ok()) status_ = std::move(s);
     if (--outstanding_ > 0) return;
+    done_ = true;
+  }
+  cv_.notify_all();
+}
+
+void send_handle::state::fail_now(error why) {
+  {
+    std::lock_guard lock(mu_);
+    if (done_) return;
+    status_ = std::move(why);
     done_ = true;
   }
   cv_.notify_all();

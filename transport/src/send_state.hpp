@@ -26,6 +26,9 @@ class send_handle::state {
   /// failed if any failed.
   void expect(int requests);
   void complete_one(status s);
+  /// Completes the send now, failed, whatever UCX still owes: for endpoints without UCX error
+  /// handling, whose requests a force close leaves pending forever. Later completions are ignored.
+  void fail_now(error why);
   bool done() const;
   /// Waits for completion; false on timeout.
   bool wait_until(deadline until);

@@ -29,6 +29,15 @@ error ucs_error(const char* what, ucs_status_t st) {
 
 }  // namespace
 
+bool ucx_worker::peer_failure_detectable() const {
+  if (config_.tls == "auto") return true;
+  std::string t = tls_for(config_.tls);
+  for (const char* net : {"tcp", "rc", "ud", "dc", "ib", "all"}) {
+    if (t.find(net) != std::string::npos) return true;
+  }
+  return false;
+}
+
 ucx_worker::ucx_worker(const ucx_config& config) : config_(config) {
   std::random_device rd;
   instance_ = (static_cast<std::uint64_t>(rd()) << 32) ^ rd() ^ static_cast<std::uint64_t>(::getpid());
@@ -106,7 +115,7 @@ status ucx_worker::init_ucx() {
   ucp_worker_release_address(worker_, attr.address);
   max_am_header_ = attr.max_am_header;
 
-  for (unsigned id : {wire::am_hello, wire::am_frame, wire::am_header, wire::am_bye}) {
+  for (unsigned id : {wire::am_hello, wire::am_frame, wire::am_header, wire::am_bye, wire::am_heartbeat}) {
     ucp_am_handler_param_t hp{};
     hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
                     UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
@@ -199,9 +208,17 @@ void ucx_worker::run(std::promise<status>* started) {
   using std::chrono::steady_clock;
   // Keepalive runs inside ucp_worker_progress, so the thread must wake at least this often.
   int sleep_ms = static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(100, config_.keepalive_interval.count() / 4)));
+  sleep_ms = std::min<int>(sleep_ms, static_cast<int>(std::max<std::int64_t>(1, config_.peer_timeout.count() / 8)));
   auto last_active = steady_clock::now();
+  auto last_tick = last_active;
   while (!stop_.load(std::memory_order_relaxed)) {
     drain_commands();
+    if (auto now = steady_clock::now(); now - last_tick >= std::chrono::milliseconds(sleep_ms)) {
+      last_tick = now;
+      std::vector<std::shared_ptr<channel_core>> open;
+      for (auto& [id, core] : channels_) open.push_back(core);
+      for (auto& core : open) core->tick(now);  // tick may close (and unregister) a channel
+    }
     unsigned n = 0;
     while (ucp_worker_progress(worker_) != 0) ++n;
     auto now = steady_clock::now();
@@ -301,6 +318,7 @@ ucs_status_t ucx_worker::dispatch(unsigned id, const void* header, std::size_t h
     case wire::am_frame: return it->second->on_frame(*pre, header, header_length, data, length, param);
     case wire::am_header: return it->second->on_separate_header(*pre, data, length, param);
     case wire::am_bye: it->second->on_bye(); return UCS_OK;
+    case wire::am_heartbeat: it->second->on_heartbeat(*pre); return UCS_OK;
     default: return UCS_OK;
   }
 }

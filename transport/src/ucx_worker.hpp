@@ -34,6 +34,10 @@ class ucx_worker {
   std::size_t max_am_header() const { return max_am_header_; }
   const ucx_config& config() const { return config_; }
   std::string describe() const { return describe_; }
+  /// Whether the configured transports let UCX detect a dead peer (UCX 1.13: tcp and verbs yes,
+  /// shared memory no). Asking for PEER error handling over shared memory only makes UCX log an
+  /// error and refuse the endpoint.
+  bool peer_failure_detectable() const;
 
   /// Runs `fn` on the progress thread, soon. Safe from any thread.
   void post(std::function<void()> fn);

@@ -16,6 +16,7 @@ enum am_id : unsigned {
   am_frame = 0x43591,   ///< preamble [+ inline frame header] in the AM header; payload as data
   am_header = 0x43592,  ///< preamble in the AM header; a frame header too big to inline, as data
   am_bye = 0x43593,     ///< preamble only: the peer closed the channel on purpose
+  am_heartbeat = 0x43594,  ///< preamble only: the peer is alive (sent on idle channels)
 };
 
 constexpr std::uint32_t magic = 0x46595643;  // "CVYF"

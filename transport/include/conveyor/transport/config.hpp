@@ -19,6 +19,11 @@ struct ucx_config {
   /// How often UCX checks that each peer is alive; with `keepalive_interval` this bounds how long
   /// a dead peer can go unnoticed on transports that see no socket close (shared memory).
   std::chrono::milliseconds keepalive_interval{500};
+  /// A peer whose channel carried nothing (not even a heartbeat) for this long is declared dead, and
+  /// every pending operation on the channel fails. Heartbeats go out every peer_timeout / 4 on an
+  /// idle channel. This is the bound on transports where UCX cannot watch the peer (UCX 1.13's shared
+  /// memory has no peer-failure support); tcp usually notices a dead peer at once.
+  std::chrono::milliseconds peer_timeout{2000};
   /// After the worker goes idle, the progress thread spins this long before sleeping on its event
   /// fd: trades a core for latency.
   std::chrono::microseconds busy_poll{50};
