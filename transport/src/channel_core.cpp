@@ -63,6 +63,16 @@ status channel_core::wait_open(deadline until) {
 }
 
 result<frame> channel_core::receive(deadline until) {
+  // Spin a little first (ucx_config::busy_poll): a condition-variable sleep and wake-up costs tens of
+  // microseconds, more than a small frame's whole trip over shared memory.
+  auto spin_until = std::min(until, clock::now() + worker_->config().busy_poll);
+  for (;;) {
+    {
+      std::lock_guard lock(mu_);
+      if ((!ready_.empty() && ready_.begin()->first == next_deliver_) || failure_) break;
+    }
+    if (clock::now() >= spin_until) break;
+  }
   std::unique_lock lock(mu_);
   for (;;) {
     if (!ready_.empty() && ready_.begin()->first == next_deliver_) {

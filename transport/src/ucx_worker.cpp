@@ -173,8 +173,11 @@ void ucx_worker::post(std::function<void()> fn) {
     std::lock_guard lock(commands_mu_);
     commands_.push_back(std::move(fn));
   }
-  std::uint64_t one = 1;
-  [[maybe_unused]] auto n = ::write(command_fd_, &one, sizeof one);
+  // While the thread spins it sees the queue anyway; the eventfd write (a syscall) only when it sleeps.
+  if (sleeping_.load()) {
+    std::uint64_t one = 1;
+    [[maybe_unused]] auto n = ::write(command_fd_, &one, sizeof one);
+  }
 }
 
 void ucx_worker::run_sync(std::function<void()> fn) {
@@ -228,12 +231,17 @@ void ucx_worker::run(std::promise<status>* started) {
     }
     if (now - last_active < config_.busy_poll) continue;
     if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;
+    sleeping_.store(true);  // before the queue check: a post() after it sees the flag and wakes us
     {
       std::lock_guard lock(commands_mu_);
-      if (!commands_.empty()) continue;
+      if (!commands_.empty()) {
+        sleeping_.store(false);
+        continue;
+      }
     }
     epoll_event events[2];
     int k = ::epoll_wait(epoll_fd_, events, 2, sleep_ms);
+    sleeping_.store(false);
     for (int i = 0; i < k; ++i) {
       if (events[i].data.fd == command_fd_) {
         std::uint64_t v;

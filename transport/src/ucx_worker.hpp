@@ -77,6 +77,7 @@ class ucx_worker {
   std::mutex commands_mu_;
   std::deque<std::function<void()>> commands_;
   std::atomic<bool> stop_{false};
+  std::atomic<bool> sleeping_{false};  // the thread is (about to be) in epoll_wait: post() must wake it
   std::thread thread_;
 
   // progress thread only

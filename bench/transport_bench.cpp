@@ -1,0 +1,295 @@
+// Frame bandwidth and latency of conveyor's UCX channels against ucx_perftest on the same transport,
+// run in the same invocation, plus the CPU all-reduce bus bandwidth. Prints ratios (DESIGN.md: numbers
+// come with their reference). Loopback only.
+//
+//   transport_bench [--tls tcp,shm] [--quick] [--busy-poll-us N]
+//
+// The peer process is a fork of this one (forked before this process starts any UCX thread).
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "conveyor/transport/cpu_collective.hpp"
+#include "conveyor/transport/ucx_context.hpp"
+
+using namespace conveyor;
+using namespace conveyor::transport;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::string ucx_tls_env(const std::string& tls) { return tls == "shm" ? "posix,sysv,cma,self" : "tcp,self"; }
+
+// ---------------------------------------------------------------- ucx_perftest
+
+struct perftest_result {
+  double median_lat_us = 0;  // one-way (perftest reports half the round trip)
+  double bw_mbs = 0;         // MB/s (10^6... perftest prints MiB/s as "MB/s")
+  bool ok = false;
+};
+
+perftest_result run_perftest(const std::string& tls, const std::string& test, std::size_t size, int iters) {
+  static int port = 20000 + getpid() % 20000;
+  ++port;
+  std::string env = "UCX_TLS=" + ucx_tls_env(tls) + " UCX_NET_DEVICES=lo ";
+  std::string server = env + "timeout 120 ucx_perftest -p " + std::to_string(port) + " >/dev/null 2>&1 &";
+  if (std::system(server.c_str()) != 0) return {};
+  std::this_thread::sleep_for(1s);  // the server must listen before the client connects
+  std::string client = env + "timeout 120 ucx_perftest 127.0.0.1 -p " + std::to_string(port) + " -t " + test +
+                       " -s " + std::to_string(size) + " -n " + std::to_string(iters) + " -w " +
+                       std::to_string(std::max(2, iters / 10)) + " -f -v 2>/dev/null";
+  FILE* p = ::popen(client.c_str(), "r");
+  if (p == nullptr) return {};
+  char line[512];
+  std::string last;
+  while (std::fgets(line, sizeof line, p)) last = line;
+  ::pclose(p);
+  // iterations,50.0_percentile_lat,avg_lat,overall_lat,avg_bw,overall_bw,avg_mr,overall_mr
+  perftest_result r;
+  std::vector<double> cols;
+  std::stringstream ss(last);
+  std::string cell;
+  while (std::getline(ss, cell, ',')) cols.push_back(std::atof(cell.c_str()));
+  if (cols.size() >= 6) {
+    r.median_lat_us = cols[1];
+    r.bw_mbs = cols[5];
+    r.ok = true;
+  }
+  std::this_thread::sleep_for(200ms);  // let the server exit
+  return r;
+}
+
+// ---------------------------------------------------------------- our frames
+
+frame_header bench_header(std::uint64_t i, std::size_t bytes) {
+  frame_header h;
+  h.kind = frame_kind::logits;
+  h.microbatch_id = i;
+  sequence_plan s;
+  s.seq_id = 1;
+  s.tokens = {1};
+  s.start_pos = 100;
+  s.block_table = {0, 1, 2, 3, 4, 5, 6};
+  h.seqs.push_back(s);
+  h.tensor.type = kernels::dtype::i32;
+  h.tensor.shape = {static_cast<std::int64_t>(bytes / 4)};
+  return h;
+}
+
+std::string hex(const worker_address& a) {
+  std::string s;
+  char b[3];
+  for (auto x : a) {
+    std::snprintf(b, sizeof b, "%02x", static_cast<unsigned>(x));
+    s += b;
+  }
+  return s;
+}
+
+worker_address unhex(const std::string& s) {
+  worker_address a;
+  for (std::size_t i = 0; i + 1 < s.size(); i += 2) a.push_back(static_cast<std::byte>(std::stoi(s.substr(i, 2), nullptr, 16)));
+  return a;
+}
+
+std::chrono::microseconds g_busy_poll{50};
+
+ucx_config config_for(const std::string& tls) {
+  ucx_config c;
+  c.tls = tls;
+  c.net_devices = "lo";
+  c.busy_poll = g_busy_poll;
+  return c;
+}
+
+/// The forked peer: echo (latency) or sink (bandwidth) until the channel closes.
+[[noreturn]] void run_peer(const std::string& tls, bool echo, int in_fd, int out_fd) {
+  auto ctx = ucx_context::create(config_for(tls));
+  if (!ctx.ok()) _exit(2);
+  std::string mine = hex((*ctx)->address()) + "\n";
+  [[maybe_unused]] auto w = ::write(out_fd, mine.data(), mine.size());
+  std::string theirs;
+  char c;
+  while (::read(in_fd, &c, 1) == 1 && c != '\n') theirs += c;
+  auto ch = (*ctx)->connect(unhex(theirs), {});
+  if (!ch.ok()) _exit(3);
+  for (;;) {
+    auto f = (*ch)->receive(after(120s));
+    if (!f.ok()) break;
+    if (echo) {
+      auto s = (*ch)->send_encoded(f->header_bytes, {f->payload.data(), f->payload.size()});
+      if (!s.ok() || !s->wait(after(60s)).ok()) break;
+    }
+  }
+  ch->reset();
+  ctx->reset();
+  _exit(0);
+}
+
+struct peer {
+  pid_t pid = -1;
+  std::unique_ptr<ucx_context> ctx;
+  std::unique_ptr<channel> ch;
+  ~peer() {
+    ch.reset();
+    ctx.reset();
+    if (pid > 0) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+  }
+};
+
+bool start_peer(peer& p, const std::string& tls, bool echo) {
+  int to_child[2], from_child[2];
+  if (::pipe(to_child) != 0 || ::pipe(from_child) != 0) return false;
+  p.pid = ::fork();
+  if (p.pid == 0) run_peer(tls, echo, to_child[0], from_child[1]);
+  std::string theirs;
+  char c;
+  while (::read(from_child[0], &c, 1) == 1 && c != '\n') theirs += c;
+  auto ctx = ucx_context::create(config_for(tls));
+  if (!ctx.ok()) return false;
+  p.ctx = std::move(*ctx);
+  std::string mine = hex(p.ctx->address()) + "\n";
+  [[maybe_unused]] auto w = ::write(to_child[1], mine.data(), mine.size());
+  auto ch = p.ctx->connect(unhex(theirs), {});
+  ::close(to_child[0]); ::close(to_child[1]); ::close(from_child[0]); ::close(from_child[1]);
+  if (!ch.ok()) {
+    std::fprintf(stderr, "connect: %s\n", ch.err().message.c_str());
+    return false;
+  }
+  p.ch = std::move(*ch);
+  return true;
+}
+
+/// Median one-way latency (half the round trip) of `bytes`-byte frames, in microseconds.
+double frame_latency_us(channel& ch, std::size_t bytes, int iters) {
+  std::vector<std::byte> payload(bytes, std::byte{1});
+  std::vector<double> rtt;
+  for (int i = 0; i < iters + iters / 10; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    auto s = ch.send(bench_header(i, bytes), {payload.data(), payload.size()});
+    if (!s.ok()) return -1;
+    auto f = ch.receive(after(10s));
+    if (!f.ok() || !s->wait(after(10s)).ok()) return -1;
+    if (i >= iters / 10) rtt.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(rtt.begin(), rtt.end());
+  return rtt[rtt.size() / 2] / 2;
+}
+
+/// One-way frame bandwidth in MB/s (10^6 bytes... as MiB/s to match perftest: 2^20 bytes/s).
+double frame_bandwidth_mibs(channel& ch, std::size_t bytes, int frames, int window) {
+  std::vector<std::vector<std::byte>> bufs(window, std::vector<std::byte>(bytes, std::byte{7}));
+  std::deque<send_handle> pending;
+  auto run = [&](int n) -> double {
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < n; ++i) {
+      if (static_cast<int>(pending.size()) == window) {
+        if (!pending.front().wait(after(60s)).ok()) return -1;
+        pending.pop_front();
+      }
+      auto& b = bufs[i % window];
+      auto s = ch.send(bench_header(i, bytes), {b.data(), b.size()});
+      if (!s.ok()) return -1;
+      pending.push_back(*s);
+    }
+    while (!pending.empty()) {
+      if (!pending.front().wait(after(60s)).ok()) return -1;
+      pending.pop_front();
+    }
+    double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return static_cast<double>(bytes) * n / sec / (1 << 20);
+  };
+  run(std::max(2, frames / 8));  // warm-up: registration cache, page faults of the peer's buffers
+  return run(frames);
+}
+
+// ---------------------------------------------------------------- CPU all-reduce
+
+double cpu_allreduce_busbw_gbs(int ranks, std::size_t count, int iters) {
+  cpu_group g(ranks);
+  std::vector<std::vector<float>> data(ranks, std::vector<float>(count, 1.0f));
+  std::vector<std::thread> threads;
+  auto t0 = std::chrono::steady_clock::now();
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      auto c = g.rank(r);
+      for (int i = 0; i < iters; ++i) (void)c->all_reduce_sum(data[r].data(), count, kernels::dtype::f32);
+    });
+  }
+  for (auto& t : threads) t.join();
+  double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
+  // NCCL's bus bandwidth convention: algorithm bandwidth * 2 (n-1) / n.
+  return count * 4.0 / sec * 2.0 * (ranks - 1) / ranks / 1e9;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> tls_list = {"tcp", "shm"};
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--quick") quick = true;
+    if (a == "--busy-poll-us" && i + 1 < argc) g_busy_poll = std::chrono::microseconds(std::atoi(argv[++i]));
+    if (a == "--tls" && i + 1 < argc) {
+      tls_list.clear();
+      std::stringstream ss(argv[++i]);
+      std::string t;
+      while (std::getline(ss, t, ',')) tls_list.push_back(t);
+    }
+  }
+  int lat_iters = quick ? 500 : 5000;
+  int bw_frames = quick ? 8 : 32;
+  std::printf("# conveyor transport bench (loopback; %u hardware threads; busy_poll %lld us)\n",
+              std::thread::hardware_concurrency(), static_cast<long long>(g_busy_poll.count()));
+  std::fflush(stdout);  // the peer is a fork: it must not inherit unflushed output
+  for (const auto& tls : tls_list) {
+    std::printf("\n## tls=%s (UCX_TLS=%s)\n", tls.c_str(), ucx_tls_env(tls).c_str());
+    std::fflush(stdout);
+    auto p_lat = run_perftest(tls, "ucp_am_lat", 8, lat_iters * 4);
+    auto p_bw = run_perftest(tls, "ucp_am_bw", 64u << 20, bw_frames);
+    auto p_tag = run_perftest(tls, "tag_bw", 64u << 20, bw_frames);
+    double lat = -1, lat4k = -1;
+    {
+      peer p;
+      if (!start_peer(p, tls, true)) return 1;
+      lat = frame_latency_us(*p.ch, 8, lat_iters);
+      lat4k = frame_latency_us(*p.ch, 4096, lat_iters);
+    }
+    std::vector<std::pair<std::size_t, double>> bws;
+    {
+      peer p;
+      if (!start_peer(p, tls, false)) return 1;
+      for (std::size_t mib : {1, 8, 64}) bws.push_back({mib, frame_bandwidth_mibs(*p.ch, mib << 20, bw_frames * (mib == 64 ? 1 : 4), 4)});
+    }
+    std::printf("latency 8 B      : frame %.2f us | perftest ucp_am_lat %.2f us | ratio %.2fx (goal <= 2x)\n", lat,
+                p_lat.median_lat_us, p_lat.ok ? lat / p_lat.median_lat_us : 0.0);
+    std::printf("latency 4 KiB    : frame %.2f us\n", lat4k);
+    for (auto [mib, bw] : bws) {
+      if (mib == 64) {
+        std::printf("bandwidth %2zu MiB : frame %.0f MiB/s | perftest ucp_am_bw %.0f MiB/s, tag_bw %.0f MiB/s | ratio %.2f of am_bw (goal >= 0.8)\n",
+                    mib, bw, p_bw.bw_mbs, p_tag.bw_mbs, p_bw.ok ? bw / p_bw.bw_mbs : 0.0);
+      } else {
+        std::printf("bandwidth %2zu MiB : frame %.0f MiB/s\n", mib, bw);
+      }
+    }
+  }
+  std::printf("\n## CPU all-reduce (threads, f32, 16 MiB per rank)\n");
+  for (int ranks : {2, 4}) {
+    std::printf("ranks %d: bus bandwidth %.2f GB/s\n", ranks, cpu_allreduce_busbw_gbs(ranks, 4u << 20, quick ? 5 : 20));
+  }
+  return 0;
+}
