@@ -234,7 +234,7 @@ ucs_status_t channel_core::on_frame(const wire::preamble& p, const void* header,
     pf.header_ready = true;
   }
   if (!rndv) {
-    pf.payload = payload_buffer(length);
+    pf.payload = payload_buffer(worker_->pool(), length);
     if (length != 0) std::memcpy(pf.payload.data(), data, length);
     {
       std::lock_guard lock(mu_);
@@ -295,7 +295,7 @@ ucs_status_t channel_core::on_separate_header(const wire::preamble& p, void* dat
 
 void channel_core::start_rndv(std::uint64_t seq, void* desc, std::size_t length) {
   auto& pf = partial_[seq];
-  pf.payload = payload_buffer(length);
+  pf.payload = payload_buffer(worker_->pool(), length);
   if (pf.payload.data() == nullptr) {
     ucp_am_data_release(worker_->handle(), desc);
     reject(seq, make_error(errc::out_of_memory, name(id()) + ", frame " + std::to_string(seq) +

@@ -1,17 +1,25 @@
 #include <cstdlib>
 
+#include "buffer_pool.hpp"
 #include "send_state.hpp"
 #include "channel_core.hpp"
 
 namespace conveyor::transport {
 
-void payload_buffer::free_deleter::operator()(std::byte* p) const { std::free(p); }
+void payload_buffer::free_deleter::operator()(std::byte* p) const {
+  if (pool) {
+    pool->give(p, capacity);
+  } else {
+    std::free(p);
+  }
+}
 
-payload_buffer::payload_buffer(std::size_t size) : size_(size) {
+payload_buffer::payload_buffer(std::shared_ptr<buffer_pool> pool, std::size_t size) : size_(size) {
   if (size == 0) return;
   // 64-byte alignment: whole cache lines for the kernels, and room for AVX-512 loads.
-  std::size_t rounded = (size + 63) / 64 * 64;
-  data_.reset(static_cast<std::byte*>(std::aligned_alloc(64, rounded)));
+  std::size_t capacity = buffer_pool::capacity_for(size);
+  std::byte* p = pool ? pool->take(capacity) : static_cast<std::byte*>(std::aligned_alloc(64, capacity));
+  data_ = std::unique_ptr<std::byte[], free_deleter>(p, free_deleter{std::move(pool), capacity});
 }
 
 void send_handle::state::expect(int requests) {

@@ -38,7 +38,8 @@ bool ucx_worker::peer_failure_detectable() const {
   return false;
 }
 
-ucx_worker::ucx_worker(const ucx_config& config) : config_(config) {
+ucx_worker::ucx_worker(const ucx_config& config)
+    : config_(config), pool_(std::make_shared<buffer_pool>(config.max_pooled_bytes)) {
   std::random_device rd;
   instance_ = (static_cast<std::uint64_t>(rd()) << 32) ^ rd() ^ static_cast<std::uint64_t>(::getpid());
 }

@@ -17,6 +17,7 @@
 
 #include "conveyor/transport/config.hpp"
 #include "conveyor/transport/ucx_context.hpp"
+#include "buffer_pool.hpp"
 #include "wire.hpp"
 
 namespace conveyor::transport {
@@ -34,6 +35,8 @@ class ucx_worker {
   std::size_t max_am_header() const { return max_am_header_; }
   const ucx_config& config() const { return config_; }
   std::string describe() const { return describe_; }
+  /// Receive buffers shared by this worker's channels.
+  const std::shared_ptr<buffer_pool>& pool() const { return pool_; }
   /// Whether the configured transports let UCX detect a dead peer (UCX 1.13: tcp and verbs yes,
   /// shared memory no). Asking for PEER error handling over shared memory only makes UCX log an
   /// error and refuse the endpoint.
@@ -65,6 +68,7 @@ class ucx_worker {
                         std::size_t length, const ucp_am_recv_param_t* param);
 
   ucx_config config_;
+  std::shared_ptr<buffer_pool> pool_;
   std::uint64_t instance_ = 0;
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;

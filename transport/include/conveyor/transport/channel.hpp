@@ -28,11 +28,16 @@ struct payload_view {
   memory_type memory = memory_type::host;
 };
 
-/// A payload received into memory the frame owns (64-byte aligned).
+class buffer_pool;  // private: src/buffer_pool.hpp
+
+/// A payload received into memory the frame owns (64-byte aligned). Channels take it from a pool
+/// and it goes back there when the frame is dropped.
 class payload_buffer {
  public:
   payload_buffer() = default;
-  explicit payload_buffer(std::size_t size);
+  explicit payload_buffer(std::size_t size) : payload_buffer(nullptr, size) {}
+  /// From `pool` (nullptr: plain allocation).
+  payload_buffer(std::shared_ptr<buffer_pool> pool, std::size_t size);
   std::byte* data() { return data_.get(); }
   const std::byte* data() const { return data_.get(); }
   std::size_t size() const { return size_; }
@@ -40,6 +45,8 @@ class payload_buffer {
 
  private:
   struct free_deleter {
+    std::shared_ptr<buffer_pool> pool;
+    std::size_t capacity;  // no initializer: GCC rejects defaulted construction of a nested class before its parent is complete
     void operator()(std::byte* p) const;
   };
   std::unique_ptr<std::byte[], free_deleter> data_;

@@ -1,6 +1,7 @@
 #pragma once
 // Settings of the UCX data plane. Plain structs: the config loader fills them from TOML.
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -27,6 +28,8 @@ struct ucx_config {
   /// After the worker goes idle, the progress thread spins this long before sleeping on its event
   /// fd: trades a core for latency.
   std::chrono::microseconds busy_poll{50};
+  /// Received-payload buffers kept for reuse once their frames are dropped (all channels together).
+  std::size_t max_pooled_bytes = std::size_t{1} << 30;
 };
 
 /// One channel (both ends must agree on `channel_id`).
