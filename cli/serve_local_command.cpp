@@ -64,7 +64,7 @@ int serve_local_main(const args& argv) {
   auto server = frontend::start_rpc_server(**service, ro);
   if (!server) return fail(server.err());
   // Scripts read this line (the port matters with --listen HOST:0).
-  std::printf("conveyor serve-local: listening on %s (model %s, %d stages)\n", (*server)->address().c_str(),
+  std::printf("conveyor serve-local: listening on %s (model %s, stages %d)\n", (*server)->address().c_str(),
               model->c_str(), so.stages);
   std::fflush(stdout);
   int sig = 0;

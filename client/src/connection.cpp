@@ -129,10 +129,7 @@ class connection_impl final : public connection {
   }
 
   error to_error(const kj::Exception& e) const {
-    std::string what = e.getDescription().cStr();
-    // The RPC layer prefixes what the server threw; the server's own words are what a user needs.
-    static const std::string remote = "remote exception: ";
-    if (what.rfind(remote, 0) == 0) what = what.substr(remote.size());
+    const std::string what = reason(e);
     if (e.getType() == kj::Exception::Type::DISCONNECTED) {
       return make_error(errc::io, "connection to " + address_ + " lost: " + what);
     }
@@ -141,6 +138,22 @@ class connection_impl final : public connection {
                                       " s");
     }
     return make_error(errc::internal, address_ + ": " + what);
+  }
+
+  /// What a user needs from a kj exception: the server's own words without the RPC layer's prefix, or
+  /// for a failed system call its strerror text without kj's debugging detail.
+  static std::string reason(const kj::Exception& e) {
+    std::string what = e.getDescription().cStr();
+    static const std::string remote = "remote exception: ";
+    if (what.rfind(remote, 0) == 0) return what.substr(remote.size());
+    // e.g. "connect(): Connection refused" or "DNS lookup failed.; params.host = x; gai_strerror(status) = ..."
+    std::string detail;
+    static const std::string gai = "gai_strerror(status) = ";
+    if (auto at = what.find(gai); at != std::string::npos) detail = ": " + what.substr(at + gai.size());
+    what = what.substr(0, what.find("; "));
+    if (auto call = what.find("): "); call != std::string::npos) what = what.substr(call + 3);
+    if (!what.empty() && what.back() == '.') what.pop_back();
+    return what + detail;
   }
 
   void run(std::promise<status>& started) {
@@ -167,11 +180,10 @@ class connection_impl final : public connection {
                        .wait(io.waitScope);
       version_ = wire_codec::decode_version(reply.getInfo());
     })) {
-      auto err = to_error(*e);
       const bool timed_out = e->getType() == kj::Exception::Type::OVERLOADED;
       outcome = make_error(errc::io, "cannot connect to " + address_ + ": " +
                                          (timed_out ? "no answer within " + std::to_string(options_.connect_timeout_s) + " s"
-                                                    : err.message));
+                                                    : reason(*e)));
     }
     if (!outcome) {
       started.set_value(outcome);
@@ -199,6 +211,15 @@ class connection_impl final : public connection {
 }  // namespace
 
 result<std::unique_ptr<connection>> connect(const std::string& host_port, const connect_options& options) {
+  // kj would take a missing port as port 0; say what is expected instead.
+  const auto colon = host_port.rfind(':');
+  const bool has_port = colon != std::string::npos && colon + 1 < host_port.size() &&
+                        host_port.find_first_not_of("0123456789", colon + 1) == std::string::npos &&
+                        (host_port.front() != '[' || host_port[colon - 1] == ']');
+  if (!has_port) {
+    return make_error(errc::invalid_argument,
+                      "\"" + host_port + "\" is not HOST:PORT (e.g. 127.0.0.1:7600 or [::1]:7600)");
+  }
   auto c = std::make_unique<connection_impl>(host_port, options);
   CONVEYOR_TRY(c->start());
   return std::unique_ptr<connection>(std::move(c));

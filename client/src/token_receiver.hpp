@@ -32,7 +32,8 @@ class token_receiver final : public schema::rpc::TokenSink::Server {
     copy.reserve(ids.size());
     for (auto id : ids) copy.push_back(id);
     g_->received += static_cast<int>(copy.size());
-    if (!(*g_->on_tokens)(copy) && g_->cancel->isWaiting()) {
+    const auto& on_tokens = *g_->on_tokens;
+    if (on_tokens && !on_tokens(copy) && g_->cancel->isWaiting()) {
       g_->on_tokens = nullptr;
       g_->cancel->fulfill();
     }

@@ -38,8 +38,10 @@ local_server::~local_server() {
   service.reset();
 }
 
-std::unique_ptr<local_server> start_local_server(const std::string& fixture, frontend::rpc_server_options options) {
+std::unique_ptr<local_server> start_local_server(const std::string& fixture, frontend::rpc_server_options options,
+                                                int stages) {
   service::local_service_options so;
+  so.stages = stages;
   so.threads = 1;  // the build machine is shared; tiny models don't need more
   auto svc = service::make_local_inference_service(fixture_path(fixture), so);
   if (!svc) {

@@ -35,7 +35,8 @@ struct local_server {
   std::string address() const { return server->address(); }
   ~local_server();
 };
-std::unique_ptr<local_server> start_local_server(const std::string& fixture, frontend::rpc_server_options options = {});
+std::unique_ptr<local_server> start_local_server(const std::string& fixture, frontend::rpc_server_options options = {},
+                                                int stages = 1);
 
 /// Connects or fails the test.
 std::unique_ptr<client::connection> connect_or_die(const std::string& address, client::connect_options options = {});

@@ -91,6 +91,33 @@ TEST(RpcCancel, ClientThatDisconnectsMidStreamFreesItsBlocks) {
   EXPECT_EQ(st->rpc_connections, 1);  // only this one
 }
 
+class throwing_sink final : public schema::rpc::TokenSink::Server {
+ protected:
+  kj::Promise<void> tokens(TokensContext) override { KJ_FAIL_REQUIRE("this client refuses tokens"); }
+  kj::Promise<void> flush(FlushContext) override { return kj::READY_NOW; }
+};
+
+TEST(RpcCancel, SinkThatFailsEndsTheCallAndCancelsTheRequest) {
+  scripted_service svc(std::chrono::microseconds(200));
+  auto server = frontend::start_rpc_server(svc, {});
+  ASSERT_TRUE(server.ok());
+  {
+    capnp::EzRpcClient raw((*server)->address());
+    auto req = raw.getMain<schema::rpc::Inference>().generateRequest();
+    req.initRequest().initPromptIds(1).set(0, 1);
+    req.getRequest().setMaxNewTokens(1000000);
+    req.setSink(kj::heap<throwing_sink>());
+    auto outcome = req.send().then([](auto) { return std::string("returned"); },
+                                   [](kj::Exception&& e) { return std::string(e.getDescription().cStr()); });
+    const auto what = outcome.wait(raw.getWaitScope());
+    EXPECT_NE(what.find("this client refuses tokens"), std::string::npos) << what;
+  }
+  EXPECT_TRUE(eventually([&] { return svc.cancelled.load() == 1 && svc.running.load() == 0; }));
+  auto c = connect_or_die((*server)->address());
+  ASSERT_TRUE(c);
+  EXPECT_TRUE(c->health().ok());
+}
+
 TEST(RpcCancel, ScriptedServiceSeesTheCancel) {
   scripted_service svc(std::chrono::microseconds(200));
   auto server = frontend::start_rpc_server(svc, {});

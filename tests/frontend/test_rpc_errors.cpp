@@ -171,7 +171,16 @@ TEST(RpcErrors, ConnectTimesOutOnAServerThatNeverAnswers) {
 }
 
 TEST(RpcErrors, BadAddressesAreErrors) {
-  EXPECT_FALSE(client::connect("no-such-host.invalid:1", {.connect_timeout_s = 5}).ok());
+  auto unknown = client::connect("no-such-host.invalid:1", {.connect_timeout_s = 5});
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.err().message.find("cannot connect to no-such-host.invalid:1: DNS lookup failed"),
+            std::string::npos) << unknown.err().message;
+  for (const char* bad : {"127.0.0.1", "127.0.0.1:", "127.0.0.1:x", "[::1]", ""}) {
+    auto c = client::connect(bad);
+    ASSERT_FALSE(c.ok()) << bad;
+    EXPECT_EQ(c.err().code, errc::invalid_argument);
+    EXPECT_NE(c.err().message.find("is not HOST:PORT"), std::string::npos) << c.err().message;
+  }
   scripted_service svc;
   auto a = frontend::start_rpc_server(svc, {});
   ASSERT_TRUE(a.ok()) << a.err().message;
@@ -180,6 +189,9 @@ TEST(RpcErrors, BadAddressesAreErrors) {
   auto b = frontend::start_rpc_server(svc, same);
   ASSERT_FALSE(b.ok());
   EXPECT_NE(b.err().message.find("cannot listen on " + same.listen), std::string::npos) << b.err().message;
+  auto no_port = frontend::start_rpc_server(svc, {.listen = "127.0.0.1"});
+  ASSERT_FALSE(no_port.ok());
+  EXPECT_NE(no_port.err().message.find("is not HOST:PORT"), std::string::npos) << no_port.err().message;
 }
 
 TEST(RpcErrors, ServerBindsOnlyTheConfiguredAddress) {

@@ -53,6 +53,25 @@ TEST(RpcGolden, EveryFixturePromptThroughTheClient) {
   }
 }
 
+TEST(RpcGolden, StageSplitsGiveTheSameTokens) {
+  const auto golden = load_golden_json("tiny-llama");
+  for (int stages = 2; stages <= 4; ++stages) {
+    SCOPED_TRACE(std::to_string(stages) + " stages");
+    auto s = start_local_server("tiny-llama", {}, stages);
+    ASSERT_TRUE(s);
+    auto c = connect_or_die(s->address());
+    ASSERT_TRUE(c);
+    auto info = c->info();
+    ASSERT_TRUE(info.ok());
+    EXPECT_EQ(info->stages, stages);
+    for (const auto& g : golden) {
+      auto r = run_generate(*c, greedy_request(g.prompt));
+      ASSERT_TRUE(r.summary.ok()) << r.summary.err().message;
+      EXPECT_EQ(r.tokens, g.greedy);
+    }
+  }
+}
+
 /// Requests of different lengths, budgets and sampling settings, so concurrent ones share steps at
 /// different positions.
 std::vector<client::generate_request> mixed_requests(int n) {
@@ -75,7 +94,7 @@ std::vector<client::generate_request> mixed_requests(int n) {
 TEST(RpcGolden, ConcurrentClientsEqualTheirSoloResults) {
   auto s = start_local_server("tiny-llama");
   ASSERT_TRUE(s);
-  constexpr int kClients = 24;
+  constexpr int kClients = 32;
   const auto requests = mixed_requests(kClients);
   std::vector<std::vector<std::int32_t>> solo(kClients);
   {
@@ -89,6 +108,7 @@ TEST(RpcGolden, ConcurrentClientsEqualTheirSoloResults) {
   }
   std::vector<generation_result> got(kClients);
   std::vector<std::thread> threads;
+  const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < kClients; ++i) {
     threads.emplace_back([&, i] {
       auto c = connect_or_die(s->address());
@@ -96,6 +116,11 @@ TEST(RpcGolden, ConcurrentClientsEqualTheirSoloResults) {
     });
   }
   for (auto& t : threads) t.join();
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::size_t total = 0;
+  for (const auto& g : got) total += g.tokens.size();
+  std::printf("%d concurrent clients (tiny-llama, CPU, 1 thread): %zu tokens in %.3f s = %.0f tokens/s\n", kClients,
+              total, wall, total / wall);
   for (int i = 0; i < kClients; ++i) {
     ASSERT_TRUE(got[i].summary.ok()) << i << ": " << got[i].summary.err().message;
     EXPECT_EQ(got[i].tokens, solo[i]) << "client " << i;

@@ -63,9 +63,7 @@ class rpc_server_impl final : public rpc_server {
   std::string address() const override {
     // Replace the port of the configured address with the bound one (they differ with port 0).
     const std::string& a = state_.options.listen;
-    const auto colon = a.rfind(':');
-    const std::string host = (colon == std::string::npos || a.back() == ']') ? a : a.substr(0, colon);
-    return host + ":" + std::to_string(port_);
+    return a.substr(0, a.rfind(':')) + ":" + std::to_string(port_);
   }
 
   void stop() override {
@@ -139,6 +137,13 @@ class rpc_server_impl final : public rpc_server {
 
 result<std::unique_ptr<rpc_server>> start_rpc_server(service::inference_service& service,
                                                      const rpc_server_options& options) {
+  const auto& a = options.listen;
+  const auto colon = a.rfind(':');
+  if (colon == std::string::npos || colon + 1 == a.size() ||
+      a.find_first_not_of("0123456789", colon + 1) != std::string::npos || (a.front() == '[' && a[colon - 1] != ']')) {
+    return make_error(errc::invalid_argument,
+                      "listen address \"" + a + "\" is not HOST:PORT (e.g. 127.0.0.1:7600; port 0 picks a free one)");
+  }
   if (options.max_message_bytes < 4096) {
     return make_error(errc::invalid_argument, "max_message_bytes must be at least 4096, got " +
                                                   std::to_string(options.max_message_bytes));
