@@ -11,5 +11,6 @@ int generate_main(const args& argv);
 int client_main(const args& argv);
 int serve_local_main(const args& argv);
 int worker_main(const args& argv);
+int serve_main(const args& argv);
 
 }  // namespace conveyor::cli

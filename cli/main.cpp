@@ -1,5 +1,4 @@
-// conveyor: one executable, many subcommands (generate now; serve, worker, client, launch, plan,
-// bench come with later issues).
+// conveyor: one executable, many subcommands (launch, plan and bench come with later issues).
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -15,7 +14,12 @@ void usage(std::FILE* out) {
       "  generate   run a model in this process and print new token ids\n"
       "             --model DIR --prompt-ids 1,2,3 [--max-new-tokens N] [--temperature T]\n"
       "             [--top-k K] [--top-p P] [--seed S] [--stages K] [--format json|text]\n"
-      "             [--ignore-eos] [--threads N]\n"
+      "             [--ignore-eos] [--threads N] [--device cpu|cuda] [--dtype f32|bf16]\n"
+      "  serve      start a cluster (coordinator + one worker process per stage) and serve RPC\n"
+      "             [--config FILE.toml] [--model DIR] [--stages K] [--chunks C] [--tp N]\n"
+      "             [--listen HOST:PORT]   (configs/ holds commented examples)\n"
+      "  serve-local  serve RPC from an in-process engine (no cluster): --model DIR [--listen HOST:PORT]\n"
+      "  worker     one stage-worker process (started by serve): --coordinator HOST:PORT --stage K\n"
       "  client     talk to a server over Cap'n Proto RPC (--connect HOST:PORT [--timeout S])\n"
       "             generate --prompt-ids 1,2,3 [--max-new-tokens N] [--temperature T] [--top-k K]\n"
       "               [--top-p P] [--seed S] [--stop-ids 2,3] [--ignore-eos] [--format text|json]\n"
@@ -37,6 +41,7 @@ int main(int argc, char** argv) {
   if (cmd == "client") return conveyor::cli::client_main(rest);
   if (cmd == "serve-local") return conveyor::cli::serve_local_main(rest);
   if (cmd == "worker") return conveyor::cli::worker_main(rest);
+  if (cmd == "serve") return conveyor::cli::serve_main(rest);
   if (cmd == "help" || cmd == "--help" || cmd == "-h") {
     usage(stdout);
     return 0;

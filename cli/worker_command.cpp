@@ -1,4 +1,7 @@
 // conveyor worker: one stage-worker process, normally started by the coordinator.
+#include <sys/prctl.h>
+
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 
@@ -36,6 +39,11 @@ int worker_main(const args& argv) {
   const char* token = std::getenv("CONVEYOR_CLUSTER_TOKEN");
   if (token == nullptr || *token == '\0') return fail("CONVEYOR_CLUSTER_TOKEN is not set (the coordinator sets it)");
   o.token = token;
+  // A worker started by a local coordinator dies with it, even if the coordinator crashed before it
+  // could say stop (remote workers notice through the actor monitor instead).
+  if (const char* v = std::getenv("CONVEYOR_EXIT_WITH_PARENT"); v != nullptr && *v == '1') {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  }
   return stage::run_worker(o);
 }
 

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <filesystem>
 #include <cstdio>
 #include <future>
 #include <thread>
@@ -98,7 +99,7 @@ class cluster_impl final : public cluster {
     for (std::size_t k = 0; k < setup.ranges.size(); ++k) {
       auto pid = launcher_.launch({"--coordinator", options_.cluster_host + ":" + std::to_string(*port), "--stage",
                                    std::to_string(k), "--threads", std::to_string(options_.worker_threads)},
-                                  {"CONVEYOR_CLUSTER_TOKEN=" + setup.options.token});
+                                  {"CONVEYOR_CLUSTER_TOKEN=" + setup.options.token, "CONVEYOR_EXIT_WITH_PARENT=1"});
       if (!pid) return pid.err();
     }
     return wait_ready();
@@ -171,6 +172,9 @@ result<std::unique_ptr<cluster>> cluster::start(const cluster_options& o) {
   setup.canary_token = config.bos_token_id >= 0 && config.bos_token_id < config.vocab_size ? config.bos_token_id : 0;
   service::model_info info{o.model_dir, config.model_type, config.vocab_size, config.num_layers, config.hidden_size,
                            static_cast<int>(ranges->size()), 1, o.chunks, setup.max_context};
+  // Resolve /proc/self/exe so `ps` shows the workers as conveyor, not as a link name.
+  std::error_code ec;
+  if (auto real = std::filesystem::read_symlink(setup.options.executable, ec); !ec) setup.options.executable = real.string();
   auto c = std::make_unique<cluster_impl>(setup.options);
   if (auto st = c->boot(setup, info); !st.ok()) {
     c->shutdown();

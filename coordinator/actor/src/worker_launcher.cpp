@@ -26,8 +26,21 @@ result<pid_t> worker_launcher::launch(const std::vector<std::string>& args, cons
   std::vector<char*> envp;
   for (auto& e : env_strings) envp.push_back(e.data());
   envp.push_back(nullptr);
+  // The server blocks SIGINT/SIGTERM to sigwait for them; a worker gets a clean mask and default
+  // handlers so it can still be stopped by a signal.
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  sigset_t none, stops;
+  sigemptyset(&none);
+  sigemptyset(&stops);
+  sigaddset(&stops, SIGINT);
+  sigaddset(&stops, SIGTERM);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setsigdefault(&attr, &stops);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
   pid_t pid = 0;
-  const int rc = posix_spawn(&pid, executable_.c_str(), nullptr, nullptr, argv.data(), envp.data());
+  const int rc = posix_spawn(&pid, executable_.c_str(), nullptr, &attr, argv.data(), envp.data());
+  posix_spawnattr_destroy(&attr);
   if (rc != 0) return make_error(errc::io, "cannot start " + executable_ + " worker: " + std::strerror(rc));
   pids_.push_back(pid);
   return pid;
