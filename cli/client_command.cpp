@@ -34,7 +34,7 @@ result<client::generate_request> request_from(const flags& f) {
   CONVEYOR_TRY_ASSIGN(ids, f.get_int_list("prompt-ids"));
   CONVEYOR_TRY_ASSIGN(stops, f.get_int_list("stop-ids"));
   // Ranges that need the model (vocabulary, context) are the server's to check; these are not.
-  CONVEYOR_TRY_ASSIGN(max_new, f.get_int("max-new-tokens", 16, 0, INT32_MAX));
+  CONVEYOR_TRY_ASSIGN(max_new, f.get_int("max-new-tokens", 16, 1, INT32_MAX));
   CONVEYOR_TRY_ASSIGN(temperature, f.get_double("temperature", 0.0, 0.0, 100.0));
   CONVEYOR_TRY_ASSIGN(top_k, f.get_int("top-k", 0, 0, INT32_MAX));
   CONVEYOR_TRY_ASSIGN(top_p, f.get_double("top-p", 1.0, 1e-6, 1.0));

@@ -78,7 +78,7 @@ struct GenerateRequest {
   promptIds @0 :List(Int32);
   # The prompt as token ids; must not be empty, each id in [0, vocabSize).
   maxNewTokens @1 :Int32 = 16;
-  # How many tokens to generate at most; >= 0. Prompt + new tokens must fit in `ModelInfo.maxContext`.
+  # How many tokens to generate at most; at least 1. Prompt + new tokens must fit in `ModelInfo.maxContext`.
   sampling @2 :SamplingParams;
   # How each token is drawn; unset means greedy.
   stopIds @3 :List(Int32);

@@ -27,8 +27,10 @@ TEST(RequestValidation, AcceptsAGoodRequest) {
   auto r = ok_request();
   r.prompt.assign(508, 1023);  // exactly fills the context
   EXPECT_TRUE(validate_request(r, kLimits).ok());
-  r.max_new_tokens = 0;
+  r.prompt.push_back(1);  // 509 + 1 new token = 510
+  r.max_new_tokens = 1;
   EXPECT_TRUE(validate_request(r, kLimits).ok());
+  r.prompt.assign(100000, 5000);
   EXPECT_TRUE(validate_request(r, request_limits{}).ok()) << "zero limits mean not checked";
 }
 
@@ -44,7 +46,9 @@ TEST(RequestValidation, NamesTheBadField) {
   EXPECT_EQ(message_of(r), "prompt (509 tokens) + maxNewTokens (4) exceeds the context limit of 512 tokens");
   r = ok_request();
   r.max_new_tokens = -2;
-  EXPECT_EQ(message_of(r), "maxNewTokens must be >= 0, got -2");
+  EXPECT_EQ(message_of(r), "maxNewTokens must be at least 1, got -2");
+  r.max_new_tokens = 0;
+  EXPECT_EQ(message_of(r), "maxNewTokens must be at least 1, got 0");
   r = ok_request();
   r.sampling.top_p = 0.0f;
   EXPECT_EQ(message_of(r), "sampling.topP must be in (0, 1], got 0");

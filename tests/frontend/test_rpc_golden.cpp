@@ -35,6 +35,20 @@ TEST(RpcGolden, TinyLlamaPromptGivesHfGreedyTokens) {
   EXPECT_GE(r.batches, 1);
 }
 
+TEST(RpcGolden, StopIdEndsTheStreamWithFinishReasonStop) {
+  auto s = start_local_server("tiny-llama");
+  ASSERT_TRUE(s);
+  auto c = connect_or_die(s->address());
+  ASSERT_TRUE(c);
+  auto req = greedy_request({989, 229, 186, 822, 100, 504, 324});
+  req.stop_ids = {692};  // the 5th greedy token
+  auto r = run_generate(*c, req);
+  ASSERT_TRUE(r.summary.ok()) << r.summary.err().message;
+  EXPECT_EQ(r.tokens, (std::vector<std::int32_t>{371, 119, 801, 572, 692}));
+  EXPECT_EQ(r.summary->finish_reason, "stop");
+  EXPECT_EQ(r.summary->completion_tokens, 5);
+}
+
 TEST(RpcGolden, EveryFixturePromptThroughTheClient) {
   for (const auto& name : fixture_list()) {
     SCOPED_TRACE(name);

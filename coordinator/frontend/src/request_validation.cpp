@@ -32,8 +32,8 @@ status check_ids(const std::vector<std::int32_t>& ids, const char* what, int voc
 status validate_request(const service::generate_request& r, const request_limits& limits) {
   if (r.prompt.empty()) return invalid("prompt is empty: send at least one token id");
   CONVEYOR_TRY(check_ids(r.prompt, "prompt", limits.vocab_size));
-  if (r.max_new_tokens < 0) {
-    return invalid("maxNewTokens must be >= 0, got " + std::to_string(r.max_new_tokens));
+  if (r.max_new_tokens < 1) {
+    return invalid("maxNewTokens must be at least 1, got " + std::to_string(r.max_new_tokens));
   }
   if (limits.max_context > 0 &&
       static_cast<long long>(r.prompt.size()) + r.max_new_tokens > limits.max_context) {
