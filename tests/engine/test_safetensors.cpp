@@ -124,7 +124,8 @@ class broken_model_dir : public ::testing::Test {
     auto ckpt = engine::checkpoint::open(dir_.string());
     if (!ckpt) return ckpt.err().message;
     auto backend = kernels::make_cpu_backend({});
-    auto w = engine::stage_weights::load(*backend, *ckpt, *cfg, engine::whole_model(*cfg));
+    auto w = engine::stage_weights::load(*backend, *ckpt, *cfg, engine::whole_model(*cfg),
+                                         engine::make_tp_layout(*cfg, 0, 1).value());
     return w.ok() ? std::string() : w.err().message;
   }
 

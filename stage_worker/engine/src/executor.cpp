@@ -12,7 +12,8 @@ std::string seq_name(const sequence_step& s) { return "sequence " + std::to_stri
 
 result<std::unique_ptr<stage_executor>> stage_executor::create(kernels::backend& backend, checkpoint& ckpt,
                                                                const model_config& config, stage_range range,
-                                                               const executor_options& options) {
+                                                               const executor_options& options,
+                                                               kernels::collective* collective) {
   if (range.first_layer < 0 || range.last_layer > config.num_layers || range.first_layer > range.last_layer) {
     return make_error(errc::invalid_argument, "layer range [" + std::to_string(range.first_layer) + ", " +
                                                   std::to_string(range.last_layer) + ") is outside the model's " +
@@ -22,24 +23,27 @@ result<std::unique_ptr<stage_executor>> stage_executor::create(kernels::backend&
     return make_error(errc::invalid_argument, "executor options must be positive");
   }
   std::unique_ptr<stage_executor> ex(new stage_executor(backend, config, range, options));
-  CONVEYOR_TRY_ASSIGN(weights, stage_weights::load(backend, ckpt, config, range));
+  CONVEYOR_TRY_ASSIGN(tp, make_tp_layout(config, collective ? collective->rank() : 0, collective ? collective->size() : 1));
+  ex->collective_ = collective != nullptr && collective->size() > 1 ? collective : nullptr;
+  ex->ffn_ = tp.ffn;
+  CONVEYOR_TRY_ASSIGN(weights, stage_weights::load(backend, ckpt, config, range, tp));
   ex->weights_ = std::move(weights);
   CONVEYOR_TRY_ASSIGN(kv, kv_pools::create(backend, range.num_layers(), options.kv_blocks, options.kv_block_size,
-                                           config.num_kv_heads, config.head_dim));
+                                           tp.kv_heads, config.head_dim));
   ex->kv_ = std::move(kv);
 
   const rope_tables rope = compute_rope_tables(config);
   ex->inv_freq_ = device_buffer(backend, rope.inv_freq.size() * sizeof(float));
   ex->attention_scaling_ = rope.attention_scaling;
-  ex->shape_ = kernels::attn_shape{config.num_heads, config.num_kv_heads, config.head_dim,
+  ex->shape_ = kernels::attn_shape{tp.heads, tp.kv_heads, config.head_dim,
                                    1.0f / std::sqrt(static_cast<float>(config.head_dim)), 0};
 
   const std::size_t act = kernels::dtype_size(backend.caps().act_dtype);
   const std::size_t t = options.max_step_tokens;
   const std::size_t h = config.hidden_size;
-  const std::size_t qkv_w = static_cast<std::size_t>(config.num_heads + 2 * config.num_kv_heads) * config.head_dim;
-  const std::size_t attn_w = static_cast<std::size_t>(config.num_heads) * config.head_dim;
-  const std::size_t f = config.intermediate_size;
+  const std::size_t qkv_w = static_cast<std::size_t>(tp.heads + 2 * tp.kv_heads) * config.head_dim;
+  const std::size_t attn_w = static_cast<std::size_t>(tp.heads) * config.head_dim;
+  const std::size_t f = tp.ffn;
   ex->residual_ = device_buffer(backend, t * h * act);
   ex->normed_ = device_buffer(backend, t * h * act);
   ex->delta_ = device_buffer(backend, t * h * act);
@@ -186,7 +190,13 @@ void stage_executor::observe(int index, const void* data, int rows) {
   observer_(index, observe_buf_);
 }
 
-void stage_executor::run_layer(int li, int n, bool first) {
+status stage_executor::reduce(void* data, int rows) {
+  if (collective_ == nullptr) return ok_status();
+  return collective_->all_reduce_sum(data, static_cast<std::size_t>(rows) * config_.hidden_size,
+                                     backend_.caps().act_dtype);
+}
+
+status stage_executor::run_layer(int li, int n, bool first) {
   const layer_weights& w = weights_->layers[li];
   const int layer = range_.first_layer + li;
   const int h = config_.hidden_size;
@@ -209,10 +219,12 @@ void stage_executor::run_layer(int li, int n, bool first) {
                                  pv_.max_ctx, pv_.max_q};
   b.attention(qkv_.get(), shape, batch, kv_.layout(), kv_.k(li), kv_.v(li), attn_.get());
   b.linear(attn_.get(), n, w.o, w.o_bias, delta_.get());
+  CONVEYOR_TRY(reduce(delta_.get(), n));
   b.add_rmsnorm(residual_.get(), delta_.get(), n, h, w.post_norm, config_.rms_norm_eps, normed_.get());
   b.linear(normed_.get(), n, w.gate_up, w.gate_up_bias, gate_up_.get());
-  b.silu_mul(gate_up_.get(), n, config_.intermediate_size, act_.get());
+  b.silu_mul(gate_up_.get(), n, ffn_, act_.get());
   b.linear(act_.get(), n, w.down, w.down_bias, delta_.get());
+  return reduce(delta_.get(), n);
 }
 
 result<step_output> stage_executor::run(const step_plan& plan, std::span<const float> hidden_in) {
@@ -226,7 +238,7 @@ result<step_output> stage_executor::run(const step_plan& plan, std::span<const f
   } else {
     b.write_f32(residual_.get(), hidden_in.data(), hidden_in.size());
   }
-  for (int li = 0; li < range_.num_layers(); ++li) run_layer(li, n, li == 0);
+  for (int li = 0; li < range_.num_layers(); ++li) CONVEYOR_TRY(run_layer(li, n, li == 0));
   const bool ran_layers = range_.num_layers() > 0;
 
   step_output out;

@@ -6,14 +6,27 @@
 namespace conveyor::engine {
 
 namespace {
+
 std::string shape_str(const std::vector<std::int64_t>& s) {
   std::string out = "[";
   for (std::size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
   return out + "]";
 }
+
+/// A host-side matrix to upload: rows of a checkpoint tensor (pointing into the mapping) or a
+/// column slice copied out of it.
+struct host_part {
+  std::string name;
+  const void* data = nullptr;
+  kernels::dtype type = kernels::dtype::f32;
+  std::int64_t rows = 0;
+  std::int64_t cols = 1;
+  std::vector<std::uint8_t> owned;  ///< column slices are strided, so they are copied
+};
+
 }  // namespace
 
-/// Fetches, checks and uploads tensors for one stage_weights.
+/// Fetches, checks, slices and uploads tensors for one stage_weights.
 class weight_loader {
  public:
   weight_loader(kernels::backend& b, checkpoint& c, stage_weights& w) : b_(b), ckpt_(c), w_(w) {}
@@ -34,28 +47,57 @@ class weight_loader {
     return ref;
   }
 
-  /// Uploads the row-wise concatenation of `parts` (each [rows_i, cols]) as one matrix.
-  result<kernels::weight> upload(const std::vector<tensor_ref>& parts, bool is_vector) {
+  /// Rows [begin, begin + count) of a fetched tensor (a vector counts as a column).
+  static host_part rows_of(const tensor_ref& t, std::int64_t begin, std::int64_t count) {
+    host_part p;
+    p.name = t.info->name;
+    p.type = *t.info->type;
+    p.cols = t.info->shape.size() > 1 ? t.info->shape[1] : 1;
+    p.rows = count;
+    p.data = t.file->data(*t.info) + static_cast<std::size_t>(begin) * p.cols * kernels::dtype_size(p.type);
+    return p;
+  }
+  static host_part whole(const tensor_ref& t) { return rows_of(t, 0, t.info->shape[0]); }
+
+  /// Columns [begin, begin + count) of a fetched matrix.
+  static host_part cols_of(const tensor_ref& t, std::int64_t begin, std::int64_t count) {
+    host_part p;
+    p.name = t.info->name;
+    p.type = *t.info->type;
+    p.rows = t.info->shape[0];
+    p.cols = count;
+    const std::size_t esize = kernels::dtype_size(p.type);
+    const std::size_t full = static_cast<std::size_t>(t.info->shape[1]) * esize;
+    const std::uint8_t* src = t.file->data(*t.info) + static_cast<std::size_t>(begin) * esize;
+    p.owned.resize(static_cast<std::size_t>(p.rows) * count * esize);
+    for (std::int64_t r = 0; r < p.rows; ++r) {
+      std::memcpy(p.owned.data() + static_cast<std::size_t>(r) * count * esize, src + r * full, count * esize);
+    }
+    p.data = p.owned.data();
+    return p;
+  }
+
+  /// Uploads the row-wise concatenation of `parts` (all with the same column count).
+  result<kernels::weight> upload(const std::vector<host_part>& parts, bool is_vector) {
     std::int64_t rows = 0;
-    const std::int64_t cols = is_vector ? 1 : parts[0].info->shape[1];
-    for (const auto& p : parts) rows += p.info->shape[0];
-    const void* src = parts[0].file->data(*parts[0].info);
-    kernels::dtype type = *parts[0].info->type;
+    const std::int64_t cols = parts[0].cols;
+    for (const auto& p : parts) rows += p.rows;
+    const void* src = parts[0].data;
+    kernels::dtype type = parts[0].type;
     std::vector<std::uint8_t> staging;
     if (parts.size() > 1) {
       bool same = true;
-      for (const auto& p : parts) same = same && *p.info->type == type;
+      for (const auto& p : parts) same = same && p.type == type;
       if (!same) type = kernels::dtype::f32;
       const std::size_t esize = kernels::dtype_size(type);
       staging.resize(static_cast<std::size_t>(rows) * cols * esize);
       std::size_t at = 0;
       for (const auto& p : parts) {
-        const std::size_t n = static_cast<std::size_t>(p.info->numel());
+        const std::size_t n = static_cast<std::size_t>(p.rows) * p.cols;
         if (same) {
-          std::memcpy(staging.data() + at, p.file->data(*p.info), n * esize);
+          std::memcpy(staging.data() + at, p.data, n * esize);
         } else {
-          kernels::convert_to_f32(p.file->data(*p.info), *p.info->type, n,
-                                  reinterpret_cast<float*>(staging.data() + at));
+          kernels::convert_to_f32(p.data, p.type, n, reinterpret_cast<float*>(staging.data() + at));
         }
         at += n * esize;
       }
@@ -63,8 +105,7 @@ class weight_loader {
     }
     kernels::weight w = b_.upload_weight(src, type, is_vector ? 1 : rows, is_vector ? rows : cols, is_vector);
     if (w.empty()) {
-      return make_error(errc::out_of_memory, "out of " + b_.caps().name + " memory loading \"" +
-                                                 parts[0].info->name + "\"");
+      return make_error(errc::out_of_memory, "out of " + b_.caps().name + " memory loading \"" + parts[0].name + "\"");
     }
     const std::size_t bytes = static_cast<std::size_t>(w.rows) * w.cols * kernels::dtype_size(w.type);
     w_.bytes += bytes;
@@ -74,11 +115,11 @@ class weight_loader {
 
   result<kernels::weight> matrix(const std::string& name, std::int64_t rows, std::int64_t cols) {
     CONVEYOR_TRY_ASSIGN(ref, fetch(name, rows, cols));
-    return upload({ref}, false);
+    return upload({whole(ref)}, false);
   }
   result<kernels::weight> vector(const std::string& name, std::int64_t n) {
     CONVEYOR_TRY_ASSIGN(ref, fetch(name, n, 0));
-    return upload({ref}, true);
+    return upload({whole(ref)}, true);
   }
 
  private:
@@ -88,13 +129,21 @@ class weight_loader {
 };
 
 result<std::unique_ptr<stage_weights>> stage_weights::load(kernels::backend& backend, checkpoint& ckpt,
-                                                           const model_config& c, stage_range range) {
+                                                           const model_config& c, stage_range range,
+                                                           const tp_layout& tp) {
   std::unique_ptr<stage_weights> w(new stage_weights(backend));
   weight_loader ld(backend, ckpt, *w);
   const std::int64_t h = c.hidden_size;
-  const std::int64_t q_rows = static_cast<std::int64_t>(c.num_heads) * c.head_dim;
-  const std::int64_t kv_rows = static_cast<std::int64_t>(c.num_kv_heads) * c.head_dim;
+  const std::int64_t hd = c.head_dim;
+  const std::int64_t q_rows = static_cast<std::int64_t>(c.num_heads) * hd;
+  const std::int64_t kv_rows = static_cast<std::int64_t>(c.num_kv_heads) * hd;
   const std::int64_t f = c.intermediate_size;
+  // This rank's slices (the whole tensors when tp.size == 1).
+  const std::int64_t q0 = tp.head_begin * hd, qn = tp.heads * hd;
+  const std::int64_t kv0 = tp.kv_head_begin * hd, kvn = tp.kv_heads * hd;
+  const std::int64_t f0 = tp.ffn_begin, fn = tp.ffn;
+  const bool rank0 = tp.rank == 0;  // row-parallel biases are added once, before the all-reduce
+  using wl = weight_loader;
   if (range.has_embedding) {
     CONVEYOR_TRY_ASSIGN(e, ld.matrix("model.embed_tokens.weight", c.vocab_size, h));
     w->embedding = e;
@@ -109,38 +158,47 @@ result<std::unique_ptr<stage_weights>> stage_weights::load(kernels::backend& bac
     CONVEYOR_TRY_ASSIGN(q, ld.fetch(p + "self_attn.q_proj.weight", q_rows, h));
     CONVEYOR_TRY_ASSIGN(k, ld.fetch(p + "self_attn.k_proj.weight", kv_rows, h));
     CONVEYOR_TRY_ASSIGN(v, ld.fetch(p + "self_attn.v_proj.weight", kv_rows, h));
-    CONVEYOR_TRY_ASSIGN(qkv, ld.upload({q, k, v}, false));
+    CONVEYOR_TRY_ASSIGN(qkv, ld.upload({wl::rows_of(q, q0, qn), wl::rows_of(k, kv0, kvn), wl::rows_of(v, kv0, kvn)}, false));
     lw.qkv = qkv;
     if (c.qkv_bias) {
       CONVEYOR_TRY_ASSIGN(qb, ld.fetch(p + "self_attn.q_proj.bias", q_rows, 0));
       CONVEYOR_TRY_ASSIGN(kb, ld.fetch(p + "self_attn.k_proj.bias", kv_rows, 0));
       CONVEYOR_TRY_ASSIGN(vb, ld.fetch(p + "self_attn.v_proj.bias", kv_rows, 0));
-      CONVEYOR_TRY_ASSIGN(qkv_b, ld.upload({qb, kb, vb}, true));
+      CONVEYOR_TRY_ASSIGN(qkv_b, ld.upload({wl::rows_of(qb, q0, qn), wl::rows_of(kb, kv0, kvn), wl::rows_of(vb, kv0, kvn)}, true));
       lw.qkv_bias = qkv_b;
     }
-    CONVEYOR_TRY_ASSIGN(o, ld.matrix(p + "self_attn.o_proj.weight", h, q_rows));
-    lw.o = o;
+    CONVEYOR_TRY_ASSIGN(o, ld.fetch(p + "self_attn.o_proj.weight", h, q_rows));
+    CONVEYOR_TRY_ASSIGN(o_w, ld.upload({tp.size == 1 ? wl::whole(o) : wl::cols_of(o, q0, qn)}, false));
+    lw.o = o_w;
     if (c.o_bias) {
-      CONVEYOR_TRY_ASSIGN(ob, ld.vector(p + "self_attn.o_proj.bias", h));
-      lw.o_bias = ob;
+      CONVEYOR_TRY_ASSIGN(ob, ld.fetch(p + "self_attn.o_proj.bias", h, 0));
+      if (rank0) {
+        CONVEYOR_TRY_ASSIGN(ob_w, ld.upload({wl::whole(ob)}, true));
+        lw.o_bias = ob_w;
+      }
     }
     CONVEYOR_TRY_ASSIGN(g, ld.fetch(p + "mlp.gate_proj.weight", f, h));
     CONVEYOR_TRY_ASSIGN(u, ld.fetch(p + "mlp.up_proj.weight", f, h));
-    CONVEYOR_TRY_ASSIGN(gu, ld.upload({g, u}, false));
+    CONVEYOR_TRY_ASSIGN(gu, ld.upload({wl::rows_of(g, f0, fn), wl::rows_of(u, f0, fn)}, false));
     lw.gate_up = gu;
-    CONVEYOR_TRY_ASSIGN(d, ld.matrix(p + "mlp.down_proj.weight", h, f));
-    lw.down = d;
+    CONVEYOR_TRY_ASSIGN(d, ld.fetch(p + "mlp.down_proj.weight", h, f));
+    CONVEYOR_TRY_ASSIGN(d_w, ld.upload({tp.size == 1 ? wl::whole(d) : wl::cols_of(d, f0, fn)}, false));
+    lw.down = d_w;
     if (c.mlp_bias) {
       CONVEYOR_TRY_ASSIGN(gb, ld.fetch(p + "mlp.gate_proj.bias", f, 0));
       CONVEYOR_TRY_ASSIGN(ub, ld.fetch(p + "mlp.up_proj.bias", f, 0));
-      CONVEYOR_TRY_ASSIGN(gub, ld.upload({gb, ub}, true));
+      CONVEYOR_TRY_ASSIGN(gub, ld.upload({wl::rows_of(gb, f0, fn), wl::rows_of(ub, f0, fn)}, true));
       lw.gate_up_bias = gub;
-      CONVEYOR_TRY_ASSIGN(db, ld.vector(p + "mlp.down_proj.bias", h));
-      lw.down_bias = db;
+      CONVEYOR_TRY_ASSIGN(db, ld.fetch(p + "mlp.down_proj.bias", h, 0));
+      if (rank0) {
+        CONVEYOR_TRY_ASSIGN(db_w, ld.upload({wl::whole(db)}, true));
+        lw.down_bias = db_w;
+      }
     }
     w->layers.push_back(lw);
   }
   if (range.has_head) {
+    // The LM head is replicated on every rank. TODO(perf): split it by vocabulary + all-gather.
     CONVEYOR_TRY_ASSIGN(n, ld.vector("model.norm.weight", h));
     w->final_norm = n;
     if (c.tie_word_embeddings) {

@@ -13,6 +13,7 @@
 #include "conveyor/engine/stage_weights.hpp"
 #include "conveyor/engine/step_plan.hpp"
 #include "conveyor/kernels/backend.hpp"
+#include "conveyor/kernels/collective.hpp"
 
 namespace conveyor::engine {
 
@@ -29,9 +30,13 @@ using hidden_observer = std::function<void(int index, std::span<const float> hid
 
 class stage_executor {
  public:
+  /// `collective` (optional) makes this executor one rank of a tensor-parallel group: it loads only
+  /// its slice of every layer and sums the row-parallel outputs across the group. Every rank must
+  /// run the same plans in the same order.
   static result<std::unique_ptr<stage_executor>> create(kernels::backend& backend, checkpoint& ckpt,
                                                         const model_config& config, stage_range range,
-                                                        const executor_options& options);
+                                                        const executor_options& options,
+                                                        kernels::collective* collective = nullptr);
 
   /// Runs one step. `hidden_in` is [num_tokens, hidden] float32 for a stage without the embedding
   /// and empty for the first stage. Bad plans (ids out of range, short block tables, too many
@@ -52,7 +57,8 @@ class stage_executor {
       : backend_(b), config_(c), range_(r), options_(o) {}
   status validate(const step_plan& plan, std::span<const float> hidden_in) const;
   void upload_plan(const step_plan& plan);
-  void run_layer(int layer_index, int n, bool first);
+  status run_layer(int layer_index, int n, bool first);
+  status reduce(void* data, int rows);
   void observe(int index, const void* data, int rows);
 
   kernels::backend& backend_;
@@ -64,6 +70,8 @@ class stage_executor {
   device_buffer inv_freq_;
   float attention_scaling_ = 1.0f;
   kernels::attn_shape shape_;
+  kernels::collective* collective_ = nullptr;
+  int ffn_ = 0;  ///< ffn units of this rank
   int max_blocks_per_seq_ = 0;
   int table_stride_ = 1;  ///< block-table row length of the current step
 

@@ -1,6 +1,7 @@
 #pragma once
 // K consecutive stages in one process, activations handed from one to the next: the engine's own
 // driver for `conveyor generate`, the golden tests and the GPU benchmarks (no actors involved).
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -23,11 +24,20 @@ struct generation_result {
   std::string finish_reason;  ///< "length" or "stop"
 };
 
+/// Makes the collectives of one tensor-parallel group of `size` ranks (one per rank, rank order).
+using tp_group_factory = std::function<std::vector<std::unique_ptr<kernels::collective>>(int size)>;
+
 class local_pipeline {
  public:
   /// Loads the model in `model_dir` split into `stages` even layer ranges.
   static result<std::unique_ptr<local_pipeline>> create(kernels::backend& backend, const std::string& model_dir,
                                                         int stages, const executor_options& options);
+  /// The same with every stage a tensor-parallel group of rank_backends.size() ranks (rank r runs on
+  /// rank_backends[r], in its own thread); `make_group` provides each stage's collectives.
+  static result<std::unique_ptr<local_pipeline>> create(const std::vector<kernels::backend*>& rank_backends,
+                                                        const std::string& model_dir, int stages,
+                                                        const executor_options& options,
+                                                        const tp_group_factory& make_group);
 
   /// Runs one step through every stage.
   result<step_output> step(const step_plan& plan);
@@ -38,7 +48,9 @@ class local_pipeline {
 
   const model_config& config() const { return config_; }
   kv_block_manager& blocks() { return blocks_; }
+  /// Rank 0 of every stage (with tp == 1, simply the stages).
   std::vector<std::unique_ptr<stage_executor>>& stages() { return stages_; }
+  int tp() const { return static_cast<int>(other_ranks_.empty() ? 1 : other_ranks_[0].size() + 1); }
 
  private:
   local_pipeline(model_config c, const executor_options& o)
@@ -47,7 +59,11 @@ class local_pipeline {
   model_config config_;
   executor_options options_;
   kv_block_manager blocks_;
+  result<step_output> run_stage(std::size_t s, const step_plan& plan, const std::vector<float>& hidden);
+
   std::vector<std::unique_ptr<stage_executor>> stages_;
+  std::vector<std::vector<std::unique_ptr<kernels::collective>>> groups_;      ///< per stage, per rank
+  std::vector<std::vector<std::unique_ptr<stage_executor>>> other_ranks_;    ///< per stage, ranks 1..tp-1
   std::int64_t next_seq_id_ = 1;
 };
 

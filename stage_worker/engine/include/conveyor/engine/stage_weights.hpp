@@ -9,6 +9,7 @@
 #include "conveyor/engine/device_buffer.hpp"
 #include "conveyor/engine/model_config.hpp"
 #include "conveyor/engine/stage.hpp"
+#include "conveyor/engine/tensor_parallel.hpp"
 #include "conveyor/kernels/backend.hpp"
 
 namespace conveyor::engine {
@@ -24,9 +25,11 @@ struct layer_weights {
 
 class stage_weights {
  public:
-  /// Reads only the tensors of `range` from the checkpoint; names the tensor on any mismatch.
+  /// Reads only the tensors of `range` from the checkpoint, and of those only the slice of tensor-
+  /// parallel rank `tp` (whole tensors when tp.size == 1); names the tensor on any mismatch.
   static result<std::unique_ptr<stage_weights>> load(kernels::backend& backend, checkpoint& ckpt,
-                                                     const model_config& config, stage_range range);
+                                                     const model_config& config, stage_range range,
+                                                     const tp_layout& tp);
 
   kernels::weight embedding;   ///< set on the first stage
   kernels::weight final_norm;  ///< set on the last stage
