@@ -5,6 +5,7 @@
 #include "conveyor/engine/local_pipeline.hpp"
 #include "conveyor/engine/memory_plan.hpp"
 #include "conveyor/kernels/cpu_backend.hpp"
+#include "conveyor/transport/cpu_collective.hpp"
 #ifdef CONVEYOR_HAVE_CUDA
 #include "conveyor/kernels/cuda_backend.hpp"
 #endif
@@ -72,7 +73,7 @@ status write_prompt_logits(engine::local_pipeline& pipe, const std::vector<int>&
 
 int generate_main(const args& argv) {
   auto f = flags::parse(argv, {"model", "prompt-ids", "max-new-tokens", "temperature", "top-k", "top-p", "seed",
-                               "stages", "format", "ignore-eos", "threads", "device", "dtype", "logits-out"},
+                               "stages", "format", "ignore-eos", "threads", "device", "dtype", "logits-out", "tp"},
                         {"ignore-eos"});
   if (!f) return fail(f.err());
   auto model = f->get("model");
@@ -87,6 +88,8 @@ int generate_main(const args& argv) {
   auto top_p = f->get_double("top-p", 1.0, 1e-6, 1.0);
   auto seed = f->get_int("seed", 0, 0, INT64_MAX);
   auto stages = f->get_int("stages", 1, 1, 1 << 16);
+  auto tp = f->get_int("tp", 1, 1, 64);
+  if (!tp) return fail(tp.err());
   auto threads = f->get_int("threads", 0, 0, 4096);
   for (const auto* r : {&max_new, &top_k, &seed, &stages, &threads}) {
     if (!*r) return fail(r->err());
@@ -118,7 +121,26 @@ int generate_main(const args& argv) {
     auto plan = engine::plan_memory(**backend, *config, *ranges, opts, po);
     if (!plan) return fail(plan.err());
   }
-  auto pipe = engine::local_pipeline::create(**backend, *model, static_cast<int>(*stages), opts);
+  // --tp N: N tensor-parallel ranks as threads of this process, joined by the CPU collective.
+  std::vector<std::unique_ptr<kernels::backend>> extra_ranks;
+  std::vector<kernels::backend*> rank_backends{backend->get()};
+  if (*tp > 1 && f->get("device").value_or("cpu") != "cpu") {
+    return fail(make_error(errc::unsupported, "--tp with --device cuda needs NCCL across GPUs: not available in "
+                                              "`generate` yet (use --device cpu)"));
+  }
+  for (int r = 1; r < *tp; ++r) {
+    auto b = make_backend(*f, static_cast<int>(*threads));
+    if (!b) return fail(b.err());
+    rank_backends.push_back(b->get());
+    extra_ranks.push_back(std::move(b).value());
+  }
+  auto make_group = [](int size) {
+    transport::cpu_group group(size);
+    std::vector<std::unique_ptr<kernels::collective>> ranks;
+    for (int r = 0; r < size; ++r) ranks.push_back(group.rank(r));
+    return ranks;
+  };
+  auto pipe = engine::local_pipeline::create(rank_backends, *model, static_cast<int>(*stages), opts, make_group);
   if (!pipe) return fail(pipe.err());
   if (context > (*pipe)->config().max_position_embeddings) {
     std::fprintf(stderr, "conveyor generate: warning: %d tokens exceed max_position_embeddings (%d)\n", context,

@@ -14,7 +14,7 @@ void usage(std::FILE* out) {
       "  generate   run a model in this process and print new token ids\n"
       "             --model DIR --prompt-ids 1,2,3 [--max-new-tokens N] [--temperature T]\n"
       "             [--top-k K] [--top-p P] [--seed S] [--stages K] [--format json|text]\n"
-      "             [--ignore-eos] [--threads N] [--device cpu|cuda] [--dtype f32|bf16]\n"
+      "             [--ignore-eos] [--threads N] [--device cpu|cuda] [--dtype f32|bf16] [--tp N]\n"
       "  serve      start a cluster (coordinator + one worker process per stage) and serve RPC\n"
       "             [--config FILE.toml] [--model DIR] [--stages K] [--chunks C] [--tp N]\n"
       "             [--listen HOST:PORT]   (configs/ holds commented examples)\n"

@@ -21,6 +21,9 @@ ids=989,229,186,822,100,504,324
 want='\{"tokens":\[371,119,801,572,692,735,572,698,641,53,1005,620,931,415,46,170,897,736,36,194,330,256,635,529\]'
 check golden_json 0 "$want" -- generate --model "$fx/tiny-llama" --prompt-ids $ids --max-new-tokens 24 --ignore-eos
 check golden_4_stages 0 "$want" -- generate --model "$fx/tiny-llama" --prompt-ids $ids --max-new-tokens 24 --ignore-eos --stages 4
+check golden_tp2_stages2 0 "$want" -- generate --model "$fx/tiny-llama" --prompt-ids $ids --max-new-tokens 24 --ignore-eos --stages 2 --tp 2
+check golden_tp4 0 "$want" -- generate --model "$fx/tiny-llama" --prompt-ids $ids --max-new-tokens 24 --ignore-eos --tp 4
+check bad_tp 1 'allowed: 1, 2, 4' -- generate --model "$fx/tiny-llama" --prompt-ids 1 --tp 3
 check text_format 0 '^371 119 801' -- generate --model "$fx/tiny-llama" --prompt-ids $ids --max-new-tokens 3 --format text
 check sampled_is_reproducible 0 '"tokens"' -- generate --model "$fx/tiny-qwen2" --prompt-ids 1,2,3 --max-new-tokens 8 --temperature 0.8 --top-k 50 --top-p 0.9 --seed 7
 a=$("$bin" generate --model "$fx/tiny-qwen2" --prompt-ids 1,2,3 --max-new-tokens 8 --temperature 0.8 --top-p 0.9 --seed 7 --ignore-eos)
