@@ -1,11 +1,14 @@
 // conveyor generate: the engine alone, in one process, on the CPU or the CUDA backend.
 #include <cstdio>
+#include <optional>
+#include <thread>
 
 #include "command.hpp"
 #include "conveyor/engine/local_pipeline.hpp"
 #include "conveyor/engine/memory_plan.hpp"
 #include "conveyor/kernels/cpu_backend.hpp"
 #include "conveyor/transport/cpu_collective.hpp"
+#include "conveyor/transport/nccl_collective.hpp"
 #ifdef CONVEYOR_HAVE_CUDA
 #include "conveyor/kernels/cuda_backend.hpp"
 #endif
@@ -21,7 +24,7 @@ int fail(const error& e) {
 }
 
 /// The backend `--device` and `--dtype` name; errors say what is allowed.
-result<std::unique_ptr<kernels::backend>> make_backend(const flags& f, int threads) {
+result<std::unique_ptr<kernels::backend>> make_backend(const flags& f, int threads, int device_ordinal = 0) {
   const std::string device = f.get("device").value_or("cpu");
   const std::string dtype = f.get("dtype").value_or(device == "cuda" ? "bf16" : "f32");
   if (dtype != "bf16" && dtype != "f32") {
@@ -34,6 +37,7 @@ result<std::unique_ptr<kernels::backend>> make_backend(const flags& f, int threa
   if (device == "cuda") {
 #ifdef CONVEYOR_HAVE_CUDA
     kernels::cuda_backend_options o;
+    o.device = device_ordinal;
     o.compute_dtype = dtype == "f32" ? kernels::dtype::f32 : kernels::dtype::bf16;
     auto b = kernels::make_cuda_backend(o);
     if (!b) return make_error(b.err().code, "--device cuda: " + b.err().message);
@@ -43,6 +47,38 @@ result<std::unique_ptr<kernels::backend>> make_backend(const flags& f, int threa
 #endif
   }
   return make_error(errc::invalid_argument, "--device must be cpu or cuda, got \"" + device + "\"");
+}
+
+/// One NCCL communicator per rank of a tensor-parallel group, rank r on rank_backends[r]'s device
+/// and stream. ncclCommInitRank blocks until every rank joined, so the ranks initialise in parallel.
+result<std::vector<std::unique_ptr<kernels::collective>>> make_nccl_group(
+    const std::vector<kernels::backend*>& rank_backends, int size) {
+#ifdef CONVEYOR_HAVE_CUDA
+  auto id = transport::make_nccl_unique_id();
+  if (!id) return id.err();
+  std::vector<std::unique_ptr<kernels::collective>> ranks(size);
+  std::vector<std::optional<error>> errors(size);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      auto c = transport::make_nccl_collective(*id, size, r, r, kernels::cuda_stream_of(*rank_backends[r]));
+      if (c) {
+        ranks[r] = std::move(c).value();
+      } else {
+        errors[r] = c.err();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors) {
+    if (e) return *e;
+  }
+  return ranks;
+#else
+  (void)rank_backends;
+  (void)size;
+  return make_error(errc::unsupported, "--tp with --device cuda: this build has no CUDA/NCCL");
+#endif
 }
 
 /// --logits-out FILE: one forward pass over the prompt, its logits [T, vocab] written as raw
@@ -121,25 +157,24 @@ int generate_main(const args& argv) {
     auto plan = engine::plan_memory(**backend, *config, *ranges, opts, po);
     if (!plan) return fail(plan.err());
   }
-  // --tp N: N tensor-parallel ranks as threads of this process, joined by the CPU collective.
+  // --tp N: N tensor-parallel ranks as threads of this process: on the CPU joined by the CPU
+  // collective, on GPUs (rank r on device r) by NCCL on each backend's stream.
+  const bool cuda = f->get("device").value_or("cpu") == "cuda";
   std::vector<std::unique_ptr<kernels::backend>> extra_ranks;
   std::vector<kernels::backend*> rank_backends{backend->get()};
-  if (*tp > 1 && f->get("device").value_or("cpu") != "cpu") {
-    return fail(make_error(errc::unsupported, "--tp with --device cuda needs NCCL across GPUs: not available in "
-                                              "`generate` yet (use --device cpu)"));
-  }
   for (int r = 1; r < *tp; ++r) {
-    auto b = make_backend(*f, static_cast<int>(*threads));
+    auto b = make_backend(*f, static_cast<int>(*threads), r);
     if (!b) return fail(b.err());
     rank_backends.push_back(b->get());
     extra_ranks.push_back(std::move(b).value());
   }
-  auto make_group = [](int size) {
+  engine::tp_group_factory make_group = [](int size) -> result<std::vector<std::unique_ptr<kernels::collective>>> {
     transport::cpu_group group(size);
     std::vector<std::unique_ptr<kernels::collective>> ranks;
     for (int r = 0; r < size; ++r) ranks.push_back(group.rank(r));
     return ranks;
   };
+  if (cuda) make_group = [&rank_backends](int size) { return make_nccl_group(rank_backends, size); };
   auto pipe = engine::local_pipeline::create(rank_backends, *model, static_cast<int>(*stages), opts, make_group);
   if (!pipe) return fail(pipe.err());
   if (context > (*pipe)->config().max_position_embeddings) {

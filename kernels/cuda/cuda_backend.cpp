@@ -23,6 +23,9 @@ cudaDataType_t cuda_type(dtype t) { return t == dtype::bf16 ? CUDA_R_16BF : CUDA
 
 class cuda_backend final : public backend {
  public:
+  /// The stream every op runs on (collectives of a tensor-parallel group enqueue on it too).
+  cudaStream_t stream() const { return stream_; }
+  int device() const { return device_; }
   static result<std::unique_ptr<backend>> create(const cuda_backend_options& options) {
     int count = 0;
     if (const cudaError_t err = cudaGetDeviceCount(&count); err != cudaSuccess) {
@@ -321,6 +324,11 @@ class cuda_backend final : public backend {
 
 result<std::unique_ptr<backend>> make_cuda_backend(const cuda_backend_options& options) {
   return cuda_backend::create(options);
+}
+
+void* cuda_stream_of(backend& b) {
+  auto* cb = dynamic_cast<cuda_backend*>(&b);
+  return cb != nullptr ? static_cast<void*>(cb->stream()) : nullptr;
 }
 
 }  // namespace conveyor::kernels

@@ -54,7 +54,7 @@ TEST_P(tensor_parallel, logits_and_greedy_tokens_match_goldens) {
   o.kv_blocks = 64;
   o.max_step_tokens = 512;
   o.max_seqs = 8;
-  auto make_group = [](int size) {
+  auto make_group = [](int size) -> result<std::vector<std::unique_ptr<kernels::collective>>> {
     transport::cpu_group group(size, std::chrono::seconds(30));
     std::vector<std::unique_ptr<kernels::collective>> ranks;
     for (int r = 0; r < size; ++r) ranks.push_back(group.rank(r));

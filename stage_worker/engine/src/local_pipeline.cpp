@@ -25,7 +25,10 @@ result<std::unique_ptr<local_pipeline>> local_pipeline::create(const std::vector
   std::unique_ptr<local_pipeline> p(new local_pipeline(config, options));
   for (const auto& r : ranges) {
     std::vector<std::unique_ptr<kernels::collective>> group;
-    if (tp > 1) group = make_group(tp);
+    if (tp > 1) {
+      CONVEYOR_TRY_ASSIGN(made, make_group(tp));
+      group = std::move(made);
+    }
     std::vector<std::unique_ptr<stage_executor>> ranks;
     for (int rank = 0; rank < tp; ++rank) {
       CONVEYOR_TRY_ASSIGN(ex, stage_executor::create(*rank_backends[rank], ckpt, config, r, options,

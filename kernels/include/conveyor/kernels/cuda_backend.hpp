@@ -23,4 +23,8 @@ struct cuda_backend_options {
 /// ordinal is out of range or the dtype is not bf16/f32.
 result<std::unique_ptr<backend>> make_cuda_backend(const cuda_backend_options& options = {});
 
+/// The cudaStream_t a CUDA backend runs its ops on (for NCCL collectives that must be ordered with
+/// them); nullptr when `b` is not a CUDA backend.
+void* cuda_stream_of(backend& b);
+
 }  // namespace conveyor::kernels

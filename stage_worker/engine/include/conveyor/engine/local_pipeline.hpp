@@ -25,7 +25,7 @@ struct generation_result {
 };
 
 /// Makes the collectives of one tensor-parallel group of `size` ranks (one per rank, rank order).
-using tp_group_factory = std::function<std::vector<std::unique_ptr<kernels::collective>>(int size)>;
+using tp_group_factory = std::function<result<std::vector<std::unique_ptr<kernels::collective>>>(int size)>;
 
 class local_pipeline {
  public:
