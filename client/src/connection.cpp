@@ -78,10 +78,19 @@ class connection_impl final : public connection {
         return s;
       });
       // exclusiveJoin drops the call when the callback cancels: the server then cancels the request.
+      // The callback is detached here, on the I/O thread, before the caller wakes up and may destroy it.
       return req.send()
           .then([](auto response) { return wire_codec::decode_summary(response.getSummary()); })
           .exclusiveJoin(kj::mv(cancelled))
-          .attach(kj::defer([g] { g->on_tokens = nullptr; }));
+          .then(
+              [g](result<generate_summary> r) {
+                g->on_tokens = nullptr;
+                return r;
+              },
+              [this, g](kj::Exception&& e) -> result<generate_summary> {
+                g->on_tokens = nullptr;
+                return to_error(e);
+              });
     });
   }
 
