@@ -28,6 +28,8 @@ forbid stage_worker/engine 'caf/|ucp/|ucs/|uct/|capnp/|kj/|toml\+\+/|conveyor/tr
   'the engine depends only on kernels'
 forbid transport 'caf/|toml\+\+/|conveyor/engine/' 'transport never links CAF or the engine'
 forbid schemas 'caf/' 'schemas are plain Cap n Proto'
+forbid tokenizer 'caf/|ucp/|ucs/|uct/|capnp/|kj/|toml\+\+/|conveyor/(kernels|engine|transport|service|scheduler|frontend|coordinator)/' \
+  'the tokenizer depends on nothing of ours but base'
 for dir in cli tests bench tools stage_worker/engine transport kernels; do
   forbid "$dir" 'caf/' 'only coordinator/ and stage_worker/actor/ use CAF'
 done
