@@ -97,9 +97,15 @@ class cluster_impl final : public cluster {
                                       std::to_string(options_.cluster_port) + ": " + sys_->render(port.error()));
     }
     for (std::size_t k = 0; k < setup.ranges.size(); ++k) {
+      std::vector<std::string> env = {"CONVEYOR_CLUSTER_TOKEN=" + setup.options.token, "CONVEYOR_EXIT_WITH_PARENT=1"};
+      if (options_.device == "cuda") {
+        const auto& ids = options_.device_ids;
+        const int gpu = ids.empty() ? static_cast<int>(k) : ids[k % ids.size()];
+        env.push_back("CUDA_VISIBLE_DEVICES=" + std::to_string(gpu));
+      }
       auto pid = launcher_.launch({"--coordinator", options_.cluster_host + ":" + std::to_string(*port), "--stage",
                                    std::to_string(k), "--threads", std::to_string(options_.worker_threads)},
-                                  {"CONVEYOR_CLUSTER_TOKEN=" + setup.options.token, "CONVEYOR_EXIT_WITH_PARENT=1"});
+                                  env);
       if (!pid) return pid.err();
     }
     return wait_ready();

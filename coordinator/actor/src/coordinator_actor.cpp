@@ -268,6 +268,8 @@ caf::behavior coordinator_impl(coord_actor* self, coordinator_setup setup) {
         a.max_seqs = s.setup.options.max_seqs_per_step;
         a.ucx_tls = s.setup.options.ucx_tls;
         a.step_delay_us = s.setup.options.step_delay_us;
+        a.device = s.setup.options.device;
+        a.dtype = s.setup.options.dtype;
         return {assign_atom::value, a};
       },
       [=](progress_atom, std::int32_t stage, std::int32_t, const std::string& text) {

@@ -21,8 +21,15 @@ result<pid_t> worker_launcher::launch(const std::vector<std::string>& args, cons
   std::vector<char*> argv;
   for (auto& a : full) argv.push_back(a.data());
   argv.push_back(nullptr);
+  // Our entries first and the inherited ones without the names we set, so ours win.
   std::vector<std::string> env_strings(env.begin(), env.end());
-  for (char** e = environ; *e != nullptr; ++e) env_strings.emplace_back(*e);
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry(*e);
+    const std::string name = entry.substr(0, entry.find('='));
+    bool overridden = false;
+    for (const auto& mine : env) overridden = overridden || mine.compare(0, name.size() + 1, name + "=") == 0;
+    if (!overridden) env_strings.push_back(entry);
+  }
   std::vector<char*> envp;
   for (auto& e : env_strings) envp.push_back(e.data());
   envp.push_back(nullptr);

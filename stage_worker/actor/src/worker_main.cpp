@@ -9,6 +9,9 @@
 
 #include "caf/io/all.hpp"
 #include "conveyor/kernels/cpu_backend.hpp"
+#ifdef CONVEYOR_HAVE_CUDA
+#include "conveyor/kernels/cuda_backend.hpp"
+#endif
 #include "conveyor/stage/protocol.hpp"
 #include "conveyor/stage/stage_runtime.hpp"
 
@@ -30,6 +33,22 @@ bytes_msg to_msg(const std::vector<std::byte>& v) {
 }
 
 using loaded_internal = caf::atom_constant<caf::atom("iloaded")>;
+
+/// The backend the assignment asks for. A CUDA worker sees only its own GPU (CUDA_VISIBLE_DEVICES,
+/// set by whoever started it), so it always uses device 0.
+result<std::unique_ptr<kernels::backend>> make_backend(const stage_assignment& a, int threads) {
+  if (a.device == "cpu") return kernels::make_cpu_backend({threads});
+  if (a.device == "cuda") {
+#ifdef CONVEYOR_HAVE_CUDA
+    kernels::cuda_backend_options o;
+    o.compute_dtype = a.dtype == "f32" ? kernels::dtype::f32 : kernels::dtype::bf16;
+    return kernels::make_cuda_backend(o);
+#else
+    return make_error(errc::unsupported, "this worker was built without the CUDA backend");
+#endif
+  }
+  return make_error(errc::invalid_argument, "unknown device \"" + a.device + "\"");
+}
 
 struct worker_state {
   worker_options options;
@@ -75,7 +94,13 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, worker_optio
             o.step_delay = std::chrono::microseconds(a.step_delay_us);
             self->send(coordinator, progress_atom::value, a.stage, static_cast<std::int32_t>(options.rank),
                        "loading layers " + std::to_string(a.first_layer) + ".." + std::to_string(a.last_layer));
-            self->state.backend = kernels::make_cpu_backend({options.threads});
+            auto made = make_backend(a, options.threads);
+            if (!made) {
+              self->send(coordinator, failed_atom::value, a.stage, static_cast<std::int32_t>(options.rank),
+                         made.err().message);
+              return;
+            }
+            self->state.backend = std::move(made).value();
             kernels::backend* backend = self->state.backend.get();
             caf::actor me = caf::actor_cast<caf::actor>(self);
             auto* st = &self->state;

@@ -33,6 +33,11 @@ struct cluster_options {
   std::chrono::seconds startup_timeout{120};
   std::string executable = "/proc/self/exe";  ///< the conveyor binary that runs `worker`
   std::int64_t step_delay_us = 0;             ///< test only: per-step sleep on every stage
+  std::string device = "cpu";   ///< cpu | cuda
+  std::string dtype = "f32";    ///< f32 | bf16 (cuda)
+  /// GPUs the stages use, round-robin: stage k gets device_ids[k % size] as its only visible GPU
+  /// (CUDA_VISIBLE_DEVICES). Empty = 0, 1, 2, ...
+  std::vector<int> device_ids;
 };
 
 class cluster {
