@@ -1,4 +1,5 @@
 // conveyor generate: the engine alone, in one process, on the CPU or the CUDA backend.
+#include <algorithm>
 #include <cstdio>
 #include <optional>
 #include <thread>

@@ -32,16 +32,13 @@ result<std::string> read_token_file(const std::string& path) {
   return token;
 }
 
-/// The cluster's settings from the deployment (CPU workers: GPU stages come with the GPU issues).
+/// The cluster's settings from the deployment. One worker process per stage on this host; a CUDA
+/// stage sees one GPU, assigned round-robin over placement.device_ids.
 result<coordinator::cluster_options> cluster_options_of(const config::deployment& d) {
   if (d.parallel.tp > 1) {
     return make_error(errc::unsupported, "parallel.tp = " + std::to_string(d.parallel.tp) +
                                              ": tensor-parallel stages are not served by the cluster yet (use tp = 1; "
                                              "`conveyor generate --tp` runs TP in one process)");
-  }
-  if (d.model.device != config::device_kind::cpu) {
-    return make_error(errc::unsupported, "model.device = \"cuda\": cluster workers run on the CPU backend for now; "
-                                         "`conveyor generate --device cuda` runs the GPU engine in one process");
   }
   coordinator::cluster_options o;
   o.model_dir = d.model.dir;
@@ -64,6 +61,9 @@ result<coordinator::cluster_options> cluster_options_of(const config::deployment
   o.heartbeat = std::chrono::milliseconds(static_cast<long>(d.cluster.heartbeat_interval_s * 1000));
   o.heartbeat_timeout = std::chrono::milliseconds(static_cast<long>(d.cluster.heartbeat_timeout_s * 1000));
   o.startup_timeout = std::chrono::seconds(static_cast<long>(d.serving.startup_timeout_s));
+  o.device = std::string(config::to_string(d.model.device));
+  o.dtype = std::string(config::to_string(d.model.dtype));
+  o.device_ids = d.placement.device_ids;
   return o;
 }
 
