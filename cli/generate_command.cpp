@@ -110,8 +110,8 @@ status write_prompt_logits(engine::local_pipeline& pipe, const std::vector<int>&
 
 int generate_main(const args& argv) {
   auto f = flags::parse(argv, {"model", "prompt-ids", "max-new-tokens", "temperature", "top-k", "top-p", "seed",
-                               "stages", "format", "ignore-eos", "threads", "device", "dtype", "logits-out", "tp"},
-                        {"ignore-eos"});
+                               "stages", "format", "ignore-eos", "threads", "device", "dtype", "logits-out", "tp", "batch", "timing"},
+                        {"ignore-eos", "timing"});
   if (!f) return fail(f.err());
   auto model = f->get("model");
   if (!model) return fail(make_error(errc::invalid_argument, "--model DIR is required"));
@@ -127,6 +127,8 @@ int generate_main(const args& argv) {
   auto stages = f->get_int("stages", 1, 1, 1 << 16);
   auto tp = f->get_int("tp", 1, 1, 64);
   if (!tp) return fail(tp.err());
+  auto batch = f->get_int("batch", 1, 1, 4096);
+  if (!batch) return fail(batch.err());
   auto threads = f->get_int("threads", 0, 0, 4096);
   for (const auto* r : {&max_new, &top_k, &seed, &stages, &threads}) {
     if (!*r) return fail(r->err());
@@ -144,9 +146,12 @@ int generate_main(const args& argv) {
   engine::executor_options opts;
   const int context = static_cast<int>(ids->size() + *max_new);
   opts.kv_block_size = 16;
-  opts.kv_blocks = std::max(1, (context + 15) / 16);
-  opts.max_step_tokens = std::max(1, std::min(static_cast<int>(ids->size()), 2048));
-  opts.max_seqs = 1;
+  // --batch N decodes N copies of the prompt together (a throughput measurement; greedy copies must
+  // agree, which is checked below).
+  const int n = static_cast<int>(*batch);
+  opts.kv_blocks = std::max(1, n * ((context + 15) / 16));
+  opts.max_step_tokens = std::max(n, std::min(n * static_cast<int>(ids->size()), 16384));
+  opts.max_seqs = n;
   {
     // Check up front that weights, workspace and this request's KV blocks fit.
     auto config = engine::load_model_config(*model);
@@ -193,9 +198,31 @@ int generate_main(const args& argv) {
   req.sampling.top_p = static_cast<float>(*top_p);
   req.sampling.seed = static_cast<std::uint64_t>(*seed);
   req.stop_at_eos = !f->has("ignore-eos");
-  auto res = (*pipe)->generate({req});
+  auto res = (*pipe)->generate(std::vector<engine::generation_request>(n, req));
   if (!res) return fail(res.err());
   const auto& toks = (*res)[0].tokens;
+  if (req.sampling.temperature <= 0.0f) {
+    for (int i = 1; i < n; ++i) {
+      if ((*res)[i].tokens != toks) {
+        std::fprintf(stderr, "conveyor generate: warning: batch copy %d differs from copy 0\n", i);
+        break;
+      }
+    }
+  }
+  if (f->has("timing")) {
+    // Steps that carried prompt tokens are prefill; the rest decode one token per sequence.
+    const auto& steps = (*pipe)->last_step_seconds();
+    const std::size_t prefill_steps =
+        std::max<std::size_t>(1, (static_cast<std::size_t>(n) * ids->size() + opts.max_step_tokens - 1) / opts.max_step_tokens);
+    double prefill = 0.0, decode = 0.0;
+    for (std::size_t i = 0; i < steps.size(); ++i) (i < prefill_steps ? prefill : decode) += steps[i];
+    const std::size_t decode_steps = steps.size() > prefill_steps ? steps.size() - prefill_steps : 0;
+    std::fprintf(stderr,
+                 "timing: batch %d, prompt %zu: prefill %.3f ms (%.0f tok/s), %zu decode steps %.3f ms "
+                 "(%.2f ms/step, %.0f tok/s)\n",
+                 n, ids->size(), prefill * 1e3, n * ids->size() / std::max(prefill, 1e-9), decode_steps, decode * 1e3,
+                 decode_steps ? decode * 1e3 / decode_steps : 0.0, decode_steps * n / std::max(decode, 1e-9));
+  }
   if (format == "json") {
     std::printf("{\"tokens\":[");
     for (std::size_t i = 0; i < toks.size(); ++i) std::printf("%s%d", i ? "," : "", toks[i]);

@@ -1,6 +1,7 @@
 #include "conveyor/engine/local_pipeline.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <optional>
 #include <thread>
 
@@ -82,6 +83,7 @@ result<std::vector<generation_result>> local_pipeline::generate(const std::vecto
   };
   std::vector<running> seqs;
   std::vector<generation_result> results(requests.size());
+  step_seconds_.clear();
   for (std::size_t i = 0; i < requests.size(); ++i) {
     const auto& r = requests[i];
     if (r.prompt.empty()) return make_error(errc::invalid_argument, "request " + std::to_string(i) + " has an empty prompt");
@@ -117,7 +119,9 @@ result<std::vector<generation_result>> local_pipeline::generate(const std::vecto
       budget -= take;
     }
     if (plan.seqs.empty()) break;
+    const auto t0 = std::chrono::steady_clock::now();
     auto out = step(plan);
+    step_seconds_.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     if (!out) {
       release_all();
       return out.err();

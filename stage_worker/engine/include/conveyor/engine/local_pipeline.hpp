@@ -47,6 +47,8 @@ class local_pipeline {
   result<std::vector<generation_result>> generate(const std::vector<generation_request>& requests);
 
   const model_config& config() const { return config_; }
+  /// Wall time of every step of the last generate() call, in order (the first ones are prefill).
+  const std::vector<double>& last_step_seconds() const { return step_seconds_; }
   kv_block_manager& blocks() { return blocks_; }
   /// Rank 0 of every stage (with tp == 1, simply the stages).
   std::vector<std::unique_ptr<stage_executor>>& stages() { return stages_; }
@@ -65,6 +67,7 @@ class local_pipeline {
   std::vector<std::vector<std::unique_ptr<kernels::collective>>> groups_;      ///< per stage, per rank
   std::vector<std::vector<std::unique_ptr<stage_executor>>> other_ranks_;    ///< per stage, ranks 1..tp-1
   std::int64_t next_seq_id_ = 1;
+  std::vector<double> step_seconds_;
 };
 
 }  // namespace conveyor::engine
