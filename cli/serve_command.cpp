@@ -12,6 +12,7 @@
 #include "conveyor/coordinator/cluster.hpp"
 #include "conveyor/engine/model_config.hpp"
 #include "conveyor/frontend/rpc_server.hpp"
+#include "conveyor/http/http_server.hpp"
 #include "flags.hpp"
 
 namespace conveyor::cli {
@@ -70,7 +71,7 @@ result<coordinator::cluster_options> cluster_options_of(const config::deployment
 }  // namespace
 
 int serve_main(const args& argv) {
-  auto f = flags::parse(argv, {"config", "model", "stages", "chunks", "tp", "listen"});
+  auto f = flags::parse(argv, {"config", "model", "stages", "chunks", "tp", "listen", "http"});
   if (!f) return fail(f.err().message);
   auto dep = f->has("config") ? config::load_deployment(*f->get("config"))
                               : config::parse_deployment("", "<defaults>");
@@ -115,6 +116,21 @@ int serve_main(const args& argv) {
     (*cluster)->shutdown();
     return fail(server.err().message);
   }
+  std::optional<http::http_gateway> gateway;  // frontend.http_listen or --http HOST:PORT
+  if (f->has("http") || dep->frontend.http_listen) {
+    http::http_server_options ho;
+    ho.listen = f->has("http") ? *f->get("http") : config::to_string(*dep->frontend.http_listen);
+    ho.request_timeout_s = dep->serving.response_timeout_s;
+    std::string note;
+    auto g = http::start_http_gateway((*cluster)->service(), options->model_dir, ho, note);
+    if (!g) {
+      (*server)->stop();
+      (*cluster)->shutdown();
+      return fail(g.err().message);
+    }
+    gateway = std::move(*g);
+    std::printf("conveyor serve: HTTP on %s (%s)\n", gateway->server->address().c_str(), note.c_str());
+  }
   // Scripts read this line (the port matters with --listen HOST:0).
   std::printf("conveyor serve: listening on %s (model %s, %d stages, %d chunks)\n", (*server)->address().c_str(),
               options->model_dir.c_str(), options->stages, options->chunks);
@@ -122,6 +138,7 @@ int serve_main(const args& argv) {
   int sig = 0;
   sigwait(&stop_signals, &sig);
   std::fprintf(stderr, "conveyor serve: %s, stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+  if (gateway) gateway->server->stop();  // first, like the RPC server: its requests hold sinks
   (*server)->stop();  // first: its calls hold sinks of the service
   (*cluster)->shutdown();
   return 0;

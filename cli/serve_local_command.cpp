@@ -7,6 +7,7 @@
 
 #include "command.hpp"
 #include "conveyor/frontend/rpc_server.hpp"
+#include "conveyor/http/http_server.hpp"
 #include "conveyor/service/local_inference_service.hpp"
 #include "flags.hpp"
 
@@ -23,7 +24,7 @@ int fail(const error& e) {
 
 int serve_local_main(const args& argv) {
   auto f = flags::parse(argv, {"model", "listen", "stages", "threads", "kv-blocks", "kv-block-size", "max-seqs",
-                               "max-step-tokens", "max-context", "max-message-mb"});
+                               "max-step-tokens", "max-context", "max-message-mb", "http"});
   if (!f) return fail(f.err());
   auto model = f->get("model");
   if (!model) return fail(make_error(errc::invalid_argument, "--model DIR is required"));
@@ -66,10 +67,19 @@ int serve_local_main(const args& argv) {
   // Scripts read this line (the port matters with --listen HOST:0).
   std::printf("conveyor serve-local: listening on %s (model %s, stages %d)\n", (*server)->address().c_str(),
               model->c_str(), so.stages);
+  std::optional<http::http_gateway> gateway;  // --http HOST:PORT: the OpenAI-compatible gateway
+  if (auto listen = f->get("http")) {
+    std::string note;
+    auto g = http::start_http_gateway(**service, *model, {.listen = *listen}, note);
+    if (!g) return fail(g.err());
+    gateway = std::move(*g);
+    std::printf("conveyor serve-local: HTTP on %s (%s)\n", gateway->server->address().c_str(), note.c_str());
+  }
   std::fflush(stdout);
   int sig = 0;
   sigwait(&stop_signals, &sig);
   std::fprintf(stderr, "conveyor serve-local: %s, stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+  if (gateway) gateway->server->stop();  // first, like the RPC server: its requests hold sinks
   (*server)->stop();  // first: its calls hold sinks of the service
   server->reset();
   service->reset();
