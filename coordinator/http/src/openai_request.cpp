@@ -161,17 +161,17 @@ std::optional<api_error> stops(const json& body, const request_context& ctx, com
 /// Fields we don't implement are accepted only at their neutral values, so a client never gets
 /// silently different semantics.
 std::optional<api_error> unsupported_fields(const json& body) {
-  auto neutral = [&](const char* key, const json& ok) -> std::optional<api_error> {
-    if (!body.contains(key) || body[key].is_null() || body[key] == ok) return std::nullopt;
-    return bad_request(key, std::string(key) + " = " + body[key].dump() + " is not supported (only " + ok.dump() + ")",
-                       "unsupported_value");
+  auto neutral = [](const json& v, const json& ok) {
+    if (v.is_null() || v == ok) return true;
+    if (v.is_number() && ok.is_number()) return v.get<double>() == ok.get<double>();
+    if (v.is_number() && ok.is_boolean()) return v.get<double>() == 0.0 && !ok.get<bool>();  // logprobs: 0
+    return false;
   };
-  for (auto [key, ok] : {std::pair<const char*, json>{"n", 1}, {"best_of", 1}, {"echo", false}, {"logprobs", false},
-                         {"presence_penalty", 0}, {"frequency_penalty", 0}, {"suffix", ""}}) {
-    if (auto e = neutral(key, ok)) {
-      // logprobs: 0 and presence_penalty: 0.0 are neutral spellings too.
-      if (body[key].is_number() && body[key].get<double>() == ok.get<double>()) continue;
-      return e;
+  for (const auto& [key, ok] : {std::pair<const char*, json>{"n", 1}, {"best_of", 1}, {"echo", false}, {"logprobs", false},
+                                {"top_logprobs", 0}, {"presence_penalty", 0}, {"frequency_penalty", 0}, {"suffix", ""}}) {
+    if (body.contains(key) && !neutral(body[key], ok)) {
+      return bad_request(key, std::string(key) + " = " + body[key].dump() + " is not supported (only " + ok.dump() + ")",
+                         "unsupported_value");
     }
   }
   return std::nullopt;
