@@ -117,6 +117,12 @@ enum ErrorCode {
   # The operating system refused an operation.
   internal @7;
   # The server failed (a stage died, a device error); not the client's fault.
+  overloaded @8;
+  # The server has no room for the request now (job queue caps, or a job ticket it cannot grant at
+  # once); the message says why. Nothing was started: retrying after a short backoff may succeed.
+  deadlineExceeded @9;
+  # The request passed its deadline (`deadlineS`, at most the server's response timeout) and was
+  # cancelled everywhere; tokens already streamed stand.
 }
 
 struct Error {

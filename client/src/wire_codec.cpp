@@ -12,6 +12,8 @@ errc decode_code(wire::ErrorCode code) {
     case wire::ErrorCode::UNSUPPORTED: return errc::unsupported;
     case wire::ErrorCode::OUT_OF_MEMORY: return errc::out_of_memory;
     case wire::ErrorCode::IO: return errc::io;
+    case wire::ErrorCode::OVERLOADED: return errc::overloaded;
+    case wire::ErrorCode::DEADLINE_EXCEEDED: return errc::deadline_exceeded;
     case wire::ErrorCode::NONE:
     case wire::ErrorCode::INTERNAL: return errc::internal;
   }

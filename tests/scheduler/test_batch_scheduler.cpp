@@ -1,89 +1,16 @@
 // The batch scheduler driving the real engine: microbatches, chunked prefill, cancel, bad requests.
 #include <gtest/gtest.h>
 
-#include <condition_variable>
 #include <future>
-#include <mutex>
 
-#include "../engine/golden.hpp"
-#include "conveyor/engine/local_pipeline.hpp"
-#include "conveyor/kernels/cpu_backend.hpp"
-#include "conveyor/scheduler/batch_scheduler.hpp"
 #include "conveyor/service/local_inference_service.hpp"
+#include "scheduler_fixture.hpp"
 
 namespace conveyor::scheduler {
 namespace {
 
-struct collecting_sink : service::token_sink {
-  std::vector<std::int32_t> tokens;
-  std::optional<result<service::generate_summary>> done;
-  std::mutex mu;
-  std::condition_variable cv;
-  void on_tokens(std::span<const std::int32_t> t) override {
-    std::lock_guard l(mu);
-    tokens.insert(tokens.end(), t.begin(), t.end());
-  }
-  void on_done(result<service::generate_summary> s) override {
-    std::lock_guard l(mu);
-    ASSERT_FALSE(done.has_value()) << "on_done called twice";
-    done.emplace(std::move(s));
-    cv.notify_all();
-  }
-  bool wait(double seconds = 30) {
-    std::unique_lock l(mu);
-    return cv.wait_for(l, std::chrono::duration<double>(seconds), [&] { return done.has_value(); });
-  }
-};
-
-class scheduler_test : public ::testing::Test {
- protected:
-  void SetUp() override {
-    golden_ = testing::load_golden("tiny-llama");
-    backend_ = kernels::make_cpu_backend({});
-    engine::executor_options eo;
-    eo.kv_blocks = 64;
-    eo.kv_block_size = 16;
-    eo.max_step_tokens = 24;
-    eo.max_seqs = 8;
-    auto p = engine::local_pipeline::create(*backend_, golden_.dir, 2, eo);
-    ASSERT_TRUE(p.ok()) << p.err().message;
-    pipe_ = std::move(p).value();
-    opts_.chunks = 3;
-    opts_.kv_blocks = 64;
-    opts_.kv_block_size = 16;
-    opts_.max_step_tokens = 24;
-    opts_.max_seqs_per_step = 8;
-    opts_.max_context = 512;
-    opts_.vocab_size = 1024;
-    opts_.eos_ids = {2};
-  }
-
-  service::generate_request greedy(std::size_t prompt) {
-    service::generate_request r;
-    r.prompt = golden_.prompts[prompt].input_ids;
-    r.max_new_tokens = 24;
-    r.ignore_eos = true;
-    return r;
-  }
-
-  // Runs microbatches round-robin, one step each, until the scheduler is idle.
-  void drain(batch_scheduler& s) {
-    for (int guard = 0; s.has_work() && guard < 10000; ++guard) {
-      for (int m = 0; m < s.chunks(); ++m) {
-        auto plan = s.next_step(m);
-        if (!plan) continue;
-        auto out = pipe_->step(*plan);
-        ASSERT_TRUE(out.ok()) << out.err().message;
-        s.complete(m, out->tokens);
-      }
-    }
-  }
-
-  testing::golden_fixture golden_;
-  std::unique_ptr<kernels::backend> backend_;
-  std::unique_ptr<engine::local_pipeline> pipe_;
-  scheduler_options opts_;
-};
+using testing::collecting_sink;
+using testing::scheduler_test;
 
 TEST_F(scheduler_test, microbatches_with_chunked_prefill_reproduce_goldens) {
   batch_scheduler s(opts_);
@@ -180,7 +107,7 @@ TEST_F(scheduler_test, waits_for_kv_blocks_instead_of_failing) {
 }
 
 TEST(local_inference_service, serves_concurrent_requests_from_threads) {
-  auto golden = testing::load_golden("tiny-qwen2");
+  auto golden = conveyor::testing::load_golden("tiny-qwen2");
   service::local_service_options o;
   o.stages = 3;
   auto svc = service::make_local_inference_service(golden.dir, o);

@@ -16,6 +16,8 @@ namespace {
 using namespace conveyor::stage;  // protocol atoms
 using bytes_msg = std::vector<char>;
 constexpr std::uint64_t whole_stage = UINT64_MAX;
+/// The scheduler's clock: expires deadlines, starts dynamic batches whose delay ran out (issue 6).
+using policy_tick_atom = caf::atom_constant<caf::atom("ptick")>;
 
 struct worker_slot {
   caf::actor handle;
@@ -124,6 +126,7 @@ void start_canary(coord_actor* self) {
   r.ignore_eos = true;
   auto id = self->state.sched->add(std::move(r), std::make_shared<canary_sink>(self));
   if (!id) fail_cluster(self, "cannot schedule the canary: " + id.err().message);
+  self->state.sched->flush();  // a static batch must not wait for company for the canary
   pump(self);
 }
 
@@ -147,6 +150,7 @@ service::stats_report stats_of(const coordinator_state& st) {
   r.tokens_generated = c.tokens_generated;
   r.kv_blocks_total = st.sched->blocks().num_blocks();
   r.kv_blocks_free = c.kv_blocks_free;
+  st.sched->report(r);  // and the policy counters: rejected, expired, preemptions, prefix cache
   for (const auto& w : st.workers) {
     r.stage_busy_s.push_back(w.busy_s);
     r.stage_idle_s.push_back(w.idle_s);
@@ -227,6 +231,7 @@ caf::behavior coordinator_impl(coord_actor* self, coordinator_setup setup) {
   so.max_context = st.setup.max_context;
   so.vocab_size = st.setup.vocab_size;
   so.eos_ids = st.setup.eos_ids;
+  so.policy = o.policy;
   st.sched = std::make_unique<scheduler::batch_scheduler>(so);
   self->set_down_handler([=](caf::down_msg& dm) {
     auto& s = self->state;
@@ -240,6 +245,7 @@ caf::behavior coordinator_impl(coord_actor* self, coordinator_setup setup) {
     }
   });
   self->delayed_send(self, o.heartbeat, tick_atom::value);
+  self->delayed_send(self, st.sched->tick_period(), policy_tick_atom::value);
   return {
       [=](join_atom, const std::string& token, std::int32_t version, std::int32_t stage, std::int32_t rank,
           std::int32_t pid, caf::actor worker) -> caf::result<assign_atom, stage_assignment> {
@@ -323,6 +329,10 @@ caf::behavior coordinator_impl(coord_actor* self, coordinator_setup setup) {
       },
       [=](frontend_atom, const frontend_call_ptr& call) { handle_frontend(self, call); },
       [=](tick_atom) { heartbeat(self); },
+      [=](policy_tick_atom) {
+        pump(self);  // next_step ticks the scheduler's clock
+        self->delayed_send(self, self->state.sched->tick_period(), policy_tick_atom::value);
+      },
       [=](shutdown_atom) {
         auto& s = self->state;
         s.failure = s.failure.empty() ? "the server is shutting down" : s.failure;

@@ -13,6 +13,8 @@ wire::ErrorCode encode_code(errc code) {
     case errc::out_of_memory: return wire::ErrorCode::OUT_OF_MEMORY;
     case errc::io: return wire::ErrorCode::IO;
     case errc::internal: return wire::ErrorCode::INTERNAL;
+    case errc::overloaded: return wire::ErrorCode::OVERLOADED;
+    case errc::deadline_exceeded: return wire::ErrorCode::DEADLINE_EXCEEDED;
   }
   return wire::ErrorCode::INTERNAL;
 }

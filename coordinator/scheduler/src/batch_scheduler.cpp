@@ -1,22 +1,71 @@
+// The lifecycle of a request in the scheduler: validation and admission control, cancel and
+// deadlines, applying a step's tokens, retiring. Step planning is in step_planner.cpp.
 #include "conveyor/scheduler/batch_scheduler.hpp"
 
 #include <algorithm>
 #include <cassert>
+#include <cmath>
+#include <cstdio>
 #include <string>
 
 namespace conveyor::scheduler {
 
 namespace {
 double seconds(batch_scheduler::clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+std::string fmt_s(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g", s);
+  return buf;
+}
 }  // namespace
 
 batch_scheduler::batch_scheduler(const scheduler_options& options)
     : options_(options),
-      blocks_(options.kv_blocks, options.kv_block_size),
+      pool_(options.kv_blocks, options.kv_block_size, options.policy.prefix_caching),
       members_(options.chunks),
       step_seqs_(options.chunks),
       in_flight_(options.chunks, false) {
   assert(options.chunks >= 1);
+}
+
+std::optional<std::string> batch_scheduler::overload_reason(const service::generate_request& r) const {
+  const auto& p = options_.policy;
+  const auto queued = static_cast<std::int64_t>(waiting_.size());
+  if (p.job_queue_size > 0 && queued >= p.job_queue_size) {
+    return std::to_string(queued) + " requests are already waiting to start (serving.job_queue_size = " +
+           std::to_string(p.job_queue_size) + ")";
+  }
+  const auto prompt = static_cast<std::int64_t>(r.prompt.size());
+  // An empty queue takes any prompt: the cap bounds the backlog, not the size of one request.
+  if (p.max_queued_tokens > 0 && queued > 0 && waiting_tokens_ + prompt > p.max_queued_tokens) {
+    return std::to_string(waiting_tokens_) + " prompt tokens are already waiting to start; " + std::to_string(prompt) +
+           " more would pass serving.max_queued_tokens = " + std::to_string(p.max_queued_tokens);
+  }
+  if (!p.use_job_ticket) return std::nullopt;
+  // A job ticket is a promise that the request starts at the next step: a free sequence slot (in a
+  // batch that admits now) and KV blocks for its prompt after those of everyone already waiting.
+  if (preempted_now_ > 0) {
+    return "the KV cache is under pressure (" + std::to_string(preempted_now_) +
+           " running sequences are waiting for blocks; serving.use_job_ticket = true)";
+  }
+  std::int64_t slots = 0;
+  for (const auto& mem : members_) {
+    const auto free_slots = options_.max_seqs_per_step - static_cast<std::int64_t>(mem.size());
+    const bool admits = options_.policy.batching == service::batching_mode::continuous || mem.empty();
+    if (admits) slots += free_slots;
+  }
+  if (slots <= queued) {
+    return "every batch slot is taken (" + std::to_string(seqs_.size() - waiting_.size()) + " running, " +
+           std::to_string(queued) + " about to start; serving.use_job_ticket = true)";
+  }
+  int blocks_needed = pool_.blocks_for(static_cast<int>(prompt) + 1);
+  for (auto id : waiting_) blocks_needed += pool_.blocks_for(seqs_.at(id).prompt_len + 1);
+  if (blocks_needed > pool_.free_blocks()) {
+    return "the KV cache has " + std::to_string(pool_.free_blocks()) + " free blocks and the waiting prompts need " +
+           std::to_string(blocks_needed) + " (serving.use_job_ticket = true)";
+  }
+  return std::nullopt;
 }
 
 result<std::uint64_t> batch_scheduler::add(service::generate_request r, std::shared_ptr<service::token_sink> sink) {
@@ -37,21 +86,33 @@ result<std::uint64_t> batch_scheduler::add(service::generate_request r, std::sha
       r.sampling.top_k < 0) {
     return bad("sampling needs temperature >= 0, top_k >= 0 and 0 < top_p <= 1");
   }
-  const int need = blocks_.blocks_for(std::min<int>(options_.max_context, static_cast<int>(r.prompt.size()) + r.max_new_tokens));
-  if (need > blocks_.num_blocks()) {
+  if (!(r.deadline_s >= 0.0 && std::isfinite(r.deadline_s))) return bad("deadline_s must be a finite number >= 0");
+  // A sequence alone must fit: preemption can free every other block, never more than the pool.
+  const int need = pool_.blocks_for(std::min<int>(options_.max_context, static_cast<int>(r.prompt.size()) + r.max_new_tokens));
+  if (need > pool_.num_blocks()) {
     return bad("the request needs " + std::to_string(need) + " KV blocks; the cache has " +
-               std::to_string(blocks_.num_blocks()) + " (lower max_new_tokens)");
+               std::to_string(pool_.num_blocks()) + " (lower max_new_tokens)");
+  }
+  if (auto why = overload_reason(r)) {
+    ++rejected_;
+    return make_error(errc::overloaded, "overloaded: " + *why + "; retry after about 1 s");
   }
   sequence s;
   s.id = next_id_++;
   s.tokens = r.prompt;
   s.prompt_len = static_cast<int>(r.prompt.size());
+  s.submitted = clock::now();
+  // The request's own deadline, never past the server's response_timeout_s.
+  double limit = options_.policy.response_timeout_s;
+  if (r.deadline_s > 0.0) limit = limit > 0.0 ? std::min(limit, r.deadline_s) : r.deadline_s;
+  if (limit > 0.0) s.deadline = s.submitted + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(limit));
   s.request = std::move(r);
   s.sink = std::move(sink);
-  s.submitted = clock::now();
   const auto id = s.id;
+  waiting_tokens_ += s.prompt_len;
   seqs_.emplace(id, std::move(s));
   waiting_.push_back(id);
+  flush_ = false;
   return id;
 }
 
@@ -59,53 +120,63 @@ void batch_scheduler::cancel(std::uint64_t id) {
   auto it = seqs_.find(id);
   if (it == seqs_.end()) return;
   sequence& s = it->second;
-  s.cancelled = true;
-  bool busy = false;
-  if (s.microbatch >= 0 && in_flight_[s.microbatch]) {
-    for (const auto& e : step_seqs_[s.microbatch]) busy = busy || e.id == id;
+  if (s.in_step) {
+    if (s.fate == doom::none) s.fate = doom::cancelled;
+    return;
   }
-  if (!busy) retire(id, summary_of(s, "cancelled"));
+  retire(id, summary_of(s, "cancelled"));
 }
 
-void batch_scheduler::admit(int m) {
-  // Conservative reservation: a sequence gets blocks for its whole budget when admitted, so a running
-  // sequence never runs out. TODO(perf): reserve per step and preempt under pressure (issue 6).
-  while (!waiting_.empty() && static_cast<int>(members_[m].size()) < options_.max_seqs_per_step) {
-    sequence& s = seqs_.at(waiting_.front());
-    const int budget = std::min(options_.max_context, s.prompt_len + s.request.max_new_tokens);
-    if (!blocks_.reserve(static_cast<std::int64_t>(s.id), budget).ok()) break;  // wait for blocks
-    s.microbatch = m;
-    s.scheduled = clock::now();
-    members_[m].push_back(s.id);
-    waiting_.pop_front();
+error batch_scheduler::deadline_error(const sequence& s, clock::time_point now) const {
+  const double limit = seconds(s.deadline - s.submitted);
+  const int generated = static_cast<int>(s.tokens.size()) - s.prompt_len;
+  return make_error(errc::deadline_exceeded,
+                    "deadline exceeded: the request was cancelled after " + fmt_s(seconds(now - s.submitted)) +
+                        " s, past its " + fmt_s(limit) + " s deadline (deadline_s, at most serving.response_timeout_s), " +
+                        (s.microbatch < 0 ? std::string("before it started") : std::to_string(generated) + " of " +
+                                                                                   std::to_string(s.request.max_new_tokens) +
+                                                                                   " tokens generated"));
+}
+
+void batch_scheduler::tick(clock::time_point now) {
+  std::vector<std::uint64_t> due;
+  for (auto& [id, s] : seqs_) {
+    if (s.deadline > now || s.fate != doom::none) continue;
+    if (s.in_step) {
+      s.fate = doom::expired;  // its blocks are being written: retired when the step completes
+    } else {
+      due.push_back(id);
+    }
+  }
+  for (auto id : due) {
+    ++expired_;
+    retire(id, deadline_error(seqs_.at(id), now));
   }
 }
 
-std::optional<engine::step_plan> batch_scheduler::next_step(int m) {
-  if (in_flight_[m]) return std::nullopt;
-  admit(m);
-  engine::step_plan plan;
-  int budget = options_.max_step_tokens;
-  for (auto id : members_[m]) {
-    if (budget <= 0) break;
-    sequence& s = seqs_.at(id);
-    const int pending = static_cast<int>(s.tokens.size()) - s.cached;
-    const int take = std::min(pending, budget);
-    engine::sequence_step step;
-    step.seq_id = static_cast<std::int64_t>(id);
-    step.tokens.assign(s.tokens.begin() + s.cached, s.tokens.begin() + s.cached + take);
-    step.start_pos = s.cached;
-    step.block_table = blocks_.table(static_cast<std::int64_t>(id));
-    step.sample = s.cached + take == static_cast<int>(s.tokens.size());
-    step.sampling = s.request.sampling;
-    step.sampling.step = s.tokens.size();
-    plan.seqs.push_back(std::move(step));
-    step_seqs_[m].push_back({id, take});
-    budget -= take;
+std::optional<batch_scheduler::clock::time_point> batch_scheduler::next_wakeup() const {
+  std::optional<clock::time_point> at;
+  auto consider = [&](clock::time_point t) {
+    if (!at || t < *at) at = t;
+  };
+  for (const auto& [id, s] : seqs_) {
+    if (s.deadline != clock::time_point::max() && s.fate == doom::none) consider(s.deadline);
   }
-  if (plan.seqs.empty()) return std::nullopt;
-  in_flight_[m] = true;
-  return plan;
+  if (options_.policy.batching == service::batching_mode::dynamic && !waiting_.empty()) {
+    for (int m = 0; m < options_.chunks; ++m) {
+      if (members_[m].empty() && !in_flight_[m]) {
+        consider(seqs_.at(waiting_.front()).submitted + std::chrono::milliseconds(options_.policy.max_batch_delay_ms));
+      }
+    }
+  }
+  return at;
+}
+
+std::chrono::milliseconds batch_scheduler::tick_period() const {
+  if (options_.policy.batching == service::batching_mode::dynamic) {
+    return std::chrono::milliseconds(std::clamp(options_.policy.max_batch_delay_ms, 1, 100));
+  }
+  return std::chrono::milliseconds(100);  // deadlines: a tenth of a second late at most
 }
 
 void batch_scheduler::complete(int m, const std::vector<std::int32_t>& tokens) {
@@ -117,12 +188,19 @@ void batch_scheduler::complete(int m, const std::vector<std::int32_t>& tokens) {
     auto it = seqs_.find(entries[k].id);
     if (it == seqs_.end()) continue;
     sequence& s = it->second;
+    s.in_step = false;
     s.cached += entries[k].tokens;
-    const bool sampled = k < tokens.size() && tokens[k] >= 0;
-    if (s.cancelled) {
+    publish_full_blocks(s);
+    if (s.fate == doom::cancelled) {
       retire(s.id, summary_of(s, "cancelled"));
       continue;
     }
+    if (s.fate == doom::expired) {
+      ++expired_;
+      retire(s.id, deadline_error(s, clock::now()));
+      continue;
+    }
+    const bool sampled = k < tokens.size() && tokens[k] >= 0;
     if (!sampled) continue;
     const std::int32_t tok = tokens[k];
     s.tokens.push_back(tok);
@@ -148,17 +226,23 @@ void batch_scheduler::fail_step(int m, const error& why) {
   const auto entries = std::move(step_seqs_[m]);
   step_seqs_[m].clear();
   in_flight_[m] = false;
-  for (const auto& e : entries) retire(e.id, why);
+  for (const auto& e : entries) {
+    if (auto it = seqs_.find(e.id); it != seqs_.end()) it->second.in_step = false;
+    retire(e.id, why);
+  }
 }
 
 void batch_scheduler::fail_all(const error& why) {
-  std::vector<std::uint64_t> ids;
-  for (const auto& [id, s] : seqs_) ids.push_back(id);
-  for (auto id : ids) retire(id, why);
   for (int m = 0; m < options_.chunks; ++m) {
     step_seqs_[m].clear();
     in_flight_[m] = false;
   }
+  std::vector<std::uint64_t> ids;
+  for (auto& [id, s] : seqs_) {
+    s.in_step = false;
+    ids.push_back(id);
+  }
+  for (auto id : ids) retire(id, why);
 }
 
 service::generate_summary batch_scheduler::summary_of(const sequence& s, const char* reason) const {
@@ -176,14 +260,17 @@ service::generate_summary batch_scheduler::summary_of(const sequence& s, const c
 void batch_scheduler::retire(std::uint64_t id, result<service::generate_summary> outcome) {
   auto it = seqs_.find(id);
   if (it == seqs_.end()) return;
+  assert(!it->second.in_step);
   sequence s = std::move(it->second);
   seqs_.erase(it);
-  blocks_.release(static_cast<std::int64_t>(id));
+  drop_blocks(s);
+  if (s.preempted) --preempted_now_;
   if (s.microbatch >= 0) {
     auto& mem = members_[s.microbatch];
     mem.erase(std::remove(mem.begin(), mem.end(), id), mem.end());
   } else {
     waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), id), waiting_.end());
+    waiting_tokens_ -= s.prompt_len;
   }
   if (!outcome.ok()) {
     ++failed_;
@@ -204,9 +291,31 @@ scheduler_counters batch_scheduler::counters() const {
   c.finished = finished_;
   c.failed = failed_;
   c.cancelled = cancelled_;
+  c.rejected = rejected_;
+  c.expired = expired_;
+  c.preempted = preemptions_;
   c.tokens_generated = tokens_generated_;
-  c.kv_blocks_free = blocks_.free_blocks();
+  c.kv_blocks_free = pool_.free_blocks();
+  c.kv_blocks_cached = pool_.cached_blocks();
+  c.prefix = pool_.counters();
   return c;
+}
+
+void batch_scheduler::report(service::stats_report& r) const {
+  const auto c = counters();
+  r.requests_running = c.running;
+  r.requests_waiting = c.waiting;
+  r.requests_finished = c.finished + c.cancelled;
+  r.requests_failed = c.failed;
+  r.requests_rejected = c.rejected;
+  r.requests_expired = c.expired;
+  r.preemptions = c.preempted;
+  r.tokens_generated = c.tokens_generated;
+  r.kv_blocks_total = pool_.num_blocks();
+  r.kv_blocks_free = c.kv_blocks_free;
+  r.kv_blocks_cached = c.kv_blocks_cached;
+  r.prefix_cache_queried_tokens = c.prefix.queried_blocks * pool_.block_size();
+  r.prefix_cache_hit_tokens = c.prefix.hit_blocks * pool_.block_size();
 }
 
 }  // namespace conveyor::scheduler

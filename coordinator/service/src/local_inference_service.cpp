@@ -61,15 +61,8 @@ class local_inference_service final : public inference_service {
 
   void stats(std::function<void(stats_report)> reply) override {
     post([this, reply = std::move(reply)] {
-      const auto c = scheduler_.counters();
       stats_report r;
-      r.requests_running = c.running;
-      r.requests_waiting = c.waiting;
-      r.requests_finished = c.finished + c.cancelled;
-      r.requests_failed = c.failed;
-      r.tokens_generated = c.tokens_generated;
-      r.kv_blocks_total = scheduler_.blocks().num_blocks();
-      r.kv_blocks_free = c.kv_blocks_free;
+      scheduler_.report(r);
       r.stage_busy_s.assign(info_.stages, busy_s_ / info_.stages);
       r.stage_idle_s.assign(info_.stages, 0.0);
       reply(std::move(r));
@@ -77,6 +70,10 @@ class local_inference_service final : public inference_service {
   }
 
   model_info info() const override { return info_; }
+
+  void flush() override {
+    post([this] { scheduler_.flush(); });
+  }
 
  private:
   void post(std::function<void()> fn) {
@@ -88,16 +85,28 @@ class local_inference_service final : public inference_service {
   }
 
   void loop() {
+    // Whether the last next_step had work: if not, sleep until a command arrives or the scheduler's
+    // next deadline or batching delay, instead of spinning (a dynamic or static batch may be
+    // waiting for company).
+    bool stepping = false;
     for (;;) {
       std::deque<std::function<void()>> batch;
       {
         std::unique_lock lock(mu_);
-        cv_.wait(lock, [&] { return stopping_ || !commands_.empty() || scheduler_.has_work(); });
+        auto woken = [&] { return stopping_ || !commands_.empty(); };
+        if (!stepping) {
+          if (auto at = scheduler_.next_wakeup()) {
+            cv_.wait_until(lock, *at, woken);
+          } else {
+            cv_.wait(lock, woken);
+          }
+        }
         if (stopping_) break;
         batch.swap(commands_);
       }
       for (auto& fn : batch) fn();
       auto plan = scheduler_.next_step(0);
+      stepping = plan.has_value();
       if (!plan) continue;
       const auto t0 = std::chrono::steady_clock::now();
       auto out = pipe_->step(*plan);
@@ -149,6 +158,7 @@ result<std::unique_ptr<inference_service>> make_local_inference_service(const st
   so.max_context = std::min(max_context, o.kv_blocks * o.kv_block_size);
   so.vocab_size = config.vocab_size;
   so.eos_ids = config.eos_token_ids;
+  so.policy = o.policy;
   model_info info{model_dir, config.model_type, config.vocab_size, config.num_layers, config.hidden_size,
                   o.stages, 1, 1, so.max_context};
   return std::unique_ptr<inference_service>(

@@ -17,6 +17,8 @@ enum class errc {
   out_of_memory,     ///< a planned allocation does not fit
   io,                ///< the operating system refused (open, mmap, read)
   internal,          ///< a device or library call failed
+  overloaded,        ///< the server has no room for the request now (queue caps, job tickets); retry later
+  deadline_exceeded, ///< the request passed its deadline and was cancelled
 };
 
 /// What went wrong, in words a user can act on.

@@ -10,6 +10,7 @@
 
 #include "conveyor/base/result.hpp"
 #include "conveyor/service/inference_service.hpp"
+#include "conveyor/service/serving_policy.hpp"
 
 namespace conveyor::coordinator {
 
@@ -27,6 +28,7 @@ struct cluster_options {
   int max_step_tokens = 512;
   int max_seqs_per_step = 64;
   int max_context = 0;  ///< 0 = the model's max_position_embeddings
+  service::serving_policy policy;  ///< batching mode, admission control, deadlines, prefix caching
   int worker_threads = 0;
   std::chrono::milliseconds heartbeat{500};          ///< how often workers are pinged
   std::chrono::milliseconds heartbeat_timeout{1500}; ///< a worker silent this long has failed

@@ -20,7 +20,8 @@ struct generate_request {
   kernels::sample_params sampling;     ///< step is set per token by the scheduler
   std::vector<std::int32_t> stop_ids;  ///< extra ids that end the sequence (besides the model's EOS)
   bool ignore_eos = false;
-  double deadline_s = 0.0;  ///< seconds from submission; 0 = the server's default
+  double deadline_s = 0.0;  ///< seconds from submission; 0 = the server's default (serving.response_timeout_s).
+                            ///< Past it the request is cancelled and fails with errc::deadline_exceeded.
 };
 
 struct generate_summary {
@@ -61,6 +62,12 @@ struct stats_report {
   std::int64_t tokens_generated = 0;
   int kv_blocks_total = 0;
   int kv_blocks_free = 0;
+  std::int64_t requests_rejected = 0;  ///< turned away as overloaded (queue caps, job tickets)
+  std::int64_t requests_expired = 0;   ///< cancelled at their deadline (also in requests_failed)
+  std::int64_t preemptions = 0;        ///< times a sequence gave its KV blocks back under pressure
+  int kv_blocks_cached = 0;            ///< blocks naming a prompt prefix that later prompts can share
+  std::int64_t prefix_cache_queried_tokens = 0;  ///< prompt tokens looked up in the prefix cache
+  std::int64_t prefix_cache_hit_tokens = 0;      ///< of those, found cached: their prefill was skipped
   std::vector<double> stage_busy_s;  ///< per stage: time spent computing
   std::vector<double> stage_idle_s;  ///< per stage: time waiting for work (the pipeline bubble)
 };
@@ -87,6 +94,9 @@ class inference_service {
   virtual void health(std::function<void(health_report)> reply) = 0;
   virtual void stats(std::function<void(stats_report)> reply) = 0;
   virtual model_info info() const = 0;
+  /// No more requests are coming for now (e.g. an offline batch has submitted its last line): batching
+  /// modes that wait to fill a batch start what they have. A no-op where batches never wait.
+  virtual void flush() {}
 };
 
 }  // namespace conveyor::service

@@ -7,6 +7,7 @@
 
 #include "conveyor/base/result.hpp"
 #include "conveyor/service/inference_service.hpp"
+#include "conveyor/service/serving_policy.hpp"
 
 namespace conveyor::service {
 
@@ -18,6 +19,7 @@ struct local_service_options {
   int kv_block_size = 16;
   int max_context = 0;  ///< 0 = the model's max_position_embeddings
   int threads = 0;      ///< CPU threads for the matrix products, 0 = all
+  serving_policy policy;  ///< batching mode, admission control, deadlines, prefix caching
 };
 
 result<std::unique_ptr<inference_service>> make_local_inference_service(const std::string& model_dir,
