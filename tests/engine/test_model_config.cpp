@@ -96,5 +96,19 @@ TEST(model_config, errors_name_the_problem) {
   expect_error(with(R"(,"tie_word_embeddings":"yes")"), "tie_word_embeddings");
 }
 
+// Found by fuzz/model_config: a float far outside int's range was converted to int to test whether it
+// was whole (undefined behaviour); now it is an out-of-range error like any other (fuzz/regressions/).
+TEST(model_config, huge_numbers_for_integer_keys_are_out_of_range) {
+  for (const char* value : {"4444444444444444444444444444444192", "1e300", "18446744073709551615", "-9.9e30"}) {
+    auto c = parse_model_config(with(std::string(R"(,"head_dim":)") + value), "config.json");
+    ASSERT_FALSE(c.ok()) << value;
+    EXPECT_NE(c.err().message.find("\"head_dim\""), std::string::npos) << c.err().message;
+    EXPECT_NE(c.err().message.find("out of range"), std::string::npos) << c.err().message;
+  }
+  auto whole = parse_model_config(with(R"(,"head_dim":32.0)"), "config.json");
+  ASSERT_TRUE(whole.ok()) << whole.err().message;
+  EXPECT_EQ(whole->head_dim, 32);
+}
+
 }  // namespace
 }  // namespace conveyor::engine

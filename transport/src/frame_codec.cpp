@@ -85,7 +85,7 @@ std::vector<std::byte> flatten(capnp::MessageBuilder& message) {
 
 // Cap'n Proto reads words in place; a receive buffer need not be 8-byte aligned, so copy when it is not.
 struct aligned_words {
-  std::vector<capnp::word> copy;
+  kj::Array<capnp::word> copy;  // not std::vector: capnp::word cannot be copied, which clang's libstdc++ checks
   kj::ArrayPtr<const capnp::word> view;
 };
 
@@ -104,9 +104,9 @@ result<aligned_words> as_words(std::span<const std::byte> bytes, std::size_t max
   if (reinterpret_cast<std::uintptr_t>(bytes.data()) % alignof(capnp::word) == 0) {
     w.view = kj::ArrayPtr<const capnp::word>(reinterpret_cast<const capnp::word*>(bytes.data()), n);
   } else {
-    w.copy.resize(n);
-    std::memcpy(w.copy.data(), bytes.data(), bytes.size());
-    w.view = kj::ArrayPtr<const capnp::word>(w.copy.data(), n);
+    w.copy = kj::heapArray<capnp::word>(n);
+    std::memcpy(w.copy.begin(), bytes.data(), bytes.size());
+    w.view = kj::ArrayPtr<const capnp::word>(w.copy.begin(), n);
   }
   return w;
 }

@@ -91,6 +91,10 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, worker_optio
             o.executor.max_step_tokens = a.max_step_tokens;
             o.executor.max_seqs = a.max_seqs;
             o.ucx.tls = a.ucx_tls;
+            // A coordinator on loopback means a one-host cluster: UCX's tcp listeners stay on lo too, not on
+            // every interface (tests/security found them on eth0).
+            const auto& host = options.coordinator_host;
+            if (host.rfind("127.", 0) == 0 || host == "localhost" || host == "::1") o.ucx.net_devices = "lo";
             o.step_delay = std::chrono::microseconds(a.step_delay_us);
             self->send(coordinator, progress_atom::value, a.stage, static_cast<std::int32_t>(options.rank),
                        "loading layers " + std::to_string(a.first_layer) + ".." + std::to_string(a.last_layer));

@@ -1,5 +1,6 @@
 #include "conveyor/engine/model_config.hpp"
 
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -25,17 +26,19 @@ class reader {
       if (required) fail(std::string("missing required key \"") + key + "\"");
       return fallback;
     }
-    if (!v->is_number_integer() && !(v->is_number_float() && v->get<double>() == static_cast<int>(v->get<double>()))) {
+    const double d = v->is_number() ? v->get<double>() : 0.0;
+    if (!v->is_number_integer() && !(v->is_number_float() && d == std::trunc(d))) {
       fail(std::string("key \"") + key + "\" must be an integer, got " + v->dump());
       return fallback;
     }
-    const long long x = v->get<long long>();
-    if (x < min_value || x > (1ll << 30)) {
-      fail(std::string("key \"") + key + "\" = " + std::to_string(x) + " is out of range (>= " +
-           std::to_string(min_value) + ")");
+    // The range is checked on the double: converting one outside the integer's range is undefined
+    // behaviour (found by fuzz/model_config), and 2^64 - 1 must not wrap into range.
+    if (d < min_value || d > (1ll << 30)) {
+      fail(std::string("key \"") + key + "\" = " + v->dump() + " is out of range (>= " + std::to_string(min_value) +
+           ")");
       return fallback;
     }
-    return static_cast<int>(x);
+    return static_cast<int>(v->get<long long>());
   }
 
   double get_double(const json& obj, const char* key, double fallback, const std::string& where) {
