@@ -1,8 +1,6 @@
 // conveyor generate: the engine alone, in one process, on the CPU or the CUDA backend.
 #include <algorithm>
 #include <cstdio>
-#include <optional>
-#include <thread>
 
 #include "command.hpp"
 #include "conveyor/engine/local_pipeline.hpp"
@@ -48,38 +46,6 @@ result<std::unique_ptr<kernels::backend>> make_backend(const flags& f, int threa
 #endif
   }
   return make_error(errc::invalid_argument, "--device must be cpu or cuda, got \"" + device + "\"");
-}
-
-/// One NCCL communicator per rank of a tensor-parallel group, rank r on rank_backends[r]'s device
-/// and stream. ncclCommInitRank blocks until every rank joined, so the ranks initialise in parallel.
-result<std::vector<std::unique_ptr<kernels::collective>>> make_nccl_group(
-    const std::vector<kernels::backend*>& rank_backends, int size) {
-#ifdef CONVEYOR_HAVE_CUDA
-  auto id = transport::make_nccl_unique_id();
-  if (!id) return id.err();
-  std::vector<std::unique_ptr<kernels::collective>> ranks(size);
-  std::vector<std::optional<error>> errors(size);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < size; ++r) {
-    threads.emplace_back([&, r] {
-      auto c = transport::make_nccl_collective(*id, size, r, r, kernels::cuda_stream_of(*rank_backends[r]));
-      if (c) {
-        ranks[r] = std::move(c).value();
-      } else {
-        errors[r] = c.err();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (auto& e : errors) {
-    if (e) return *e;
-  }
-  return ranks;
-#else
-  (void)rank_backends;
-  (void)size;
-  return make_error(errc::unsupported, "--tp with --device cuda: this build has no CUDA/NCCL");
-#endif
 }
 
 /// --logits-out FILE: one forward pass over the prompt, its logits [T, vocab] written as raw
@@ -165,7 +131,7 @@ int generate_main(const args& argv) {
   }
   // --tp N: N tensor-parallel ranks as threads of this process: on the CPU joined by the CPU
   // collective, on GPUs (rank r on device r) by NCCL on each backend's stream.
-  const bool cuda = f->get("device").value_or("cpu") == "cuda";
+  [[maybe_unused]] const bool cuda = f->get("device").value_or("cpu") == "cuda";
   std::vector<std::unique_ptr<kernels::backend>> extra_ranks;
   std::vector<kernels::backend*> rank_backends{backend->get()};
   for (int r = 1; r < *tp; ++r) {
@@ -180,7 +146,19 @@ int generate_main(const args& argv) {
     for (int r = 0; r < size; ++r) ranks.push_back(group.rank(r));
     return ranks;
   };
-  if (cuda) make_group = [&rank_backends](int size) { return make_nccl_group(rank_backends, size); };
+#ifdef CONVEYOR_HAVE_CUDA
+  if (cuda) {
+    make_group = [&rank_backends](int size) {
+      std::vector<int> devices;
+      std::vector<void*> streams;
+      for (int r = 0; r < size; ++r) {
+        devices.push_back(r);
+        streams.push_back(kernels::cuda_stream_of(*rank_backends[r]));
+      }
+      return transport::make_nccl_group(devices, streams);
+    };
+  }
+#endif
   auto pipe = engine::local_pipeline::create(rank_backends, *model, static_cast<int>(*stages), opts, make_group);
   if (!pipe) return fail(pipe.err());
   if (context > (*pipe)->config().max_position_embeddings) {

@@ -33,14 +33,9 @@ result<std::string> read_token_file(const std::string& path) {
   return token;
 }
 
-/// The cluster's settings from the deployment. One worker process per stage on this host; a CUDA
-/// stage sees one GPU, assigned round-robin over placement.device_ids.
+/// The cluster's settings from the deployment. One worker process per stage on this host, its
+/// tensor-parallel ranks as threads; a CUDA stage sees tp GPUs, round-robin over placement.device_ids.
 result<coordinator::cluster_options> cluster_options_of(const config::deployment& d) {
-  if (d.parallel.tp > 1) {
-    return make_error(errc::unsupported, "parallel.tp = " + std::to_string(d.parallel.tp) +
-                                             ": tensor-parallel stages are not served by the cluster yet (use tp = 1; "
-                                             "`conveyor generate --tp` runs TP in one process)");
-  }
   coordinator::cluster_options o;
   o.model_dir = d.model.dir;
   o.stages = d.parallel.stages;
@@ -65,6 +60,7 @@ result<coordinator::cluster_options> cluster_options_of(const config::deployment
   o.device = std::string(config::to_string(d.model.device));
   o.dtype = std::string(config::to_string(d.model.dtype));
   o.device_ids = d.placement.device_ids;
+  o.tp = d.parallel.tp;
   return o;
 }
 

@@ -10,7 +10,9 @@
 #include <thread>
 
 #include "../engine/golden.hpp"
+#include "conveyor/client/client.hpp"
 #include "conveyor/coordinator/cluster.hpp"
+#include "conveyor/frontend/rpc_server.hpp"
 
 namespace conveyor::coordinator {
 namespace {
@@ -71,11 +73,55 @@ service::stats_report stats_of(service::inference_service& svc) {
 
 class cluster_stages : public ::testing::TestWithParam<int> {};
 
-TEST_P(cluster_stages, every_fixture_prompt_gives_the_golden_tokens) {
+// Through the whole path a user takes: Cap'n Proto RPC client -> rpc_server -> coordinator actor ->
+// stage-worker processes (UCX between them) -> tokens streamed back.
+TEST_P(cluster_stages, every_fixture_prompt_gives_the_golden_tokens_through_rpc) {
   for (const std::string fixture : {"tiny-llama", "tiny-qwen2"}) {
     const auto golden = testing::load_golden(fixture);
     auto c = cluster::start(base_options(fixture, GetParam()));
     ASSERT_TRUE(c.ok()) << c.err().message;
+    auto server = frontend::start_rpc_server((*c)->service(), frontend::rpc_server_options{});
+    ASSERT_TRUE(server.ok()) << server.err().message;
+    auto conn = client::connect((*server)->address());
+    ASSERT_TRUE(conn.ok()) << conn.err().message;
+    for (std::size_t i = 0; i < golden.prompts.size(); ++i) {
+      const auto& p = golden.prompts[i];
+      client::generate_request r;
+      r.prompt = p.input_ids;
+      r.max_new_tokens = static_cast<int>(p.greedy.size());
+      r.ignore_eos = true;
+      std::vector<std::int32_t> streamed;
+      auto summary = (*conn)->generate(r, [&](std::span<const std::int32_t> ids) {
+        streamed.insert(streamed.end(), ids.begin(), ids.end());
+        return true;
+      });
+      ASSERT_TRUE(summary.ok()) << summary.err().message;
+      EXPECT_EQ(streamed, p.greedy) << fixture << " prompt " << i << ", " << GetParam() << " stages";
+      EXPECT_EQ(summary->finish_reason, "length");
+    }
+    auto health = (*conn)->health();
+    ASSERT_TRUE(health.ok());
+    EXPECT_TRUE(health->ready);
+    EXPECT_EQ(static_cast<int>(health->stages.size()), GetParam());
+    const auto st = stats_of((*c)->service());
+    EXPECT_EQ(st.kv_blocks_free, st.kv_blocks_total);
+    conn->reset();
+    (*server)->stop();
+    (*c)->shutdown();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(stages, cluster_stages, ::testing::Values(1, 2, 3, 4));
+
+// Stages that are tensor-parallel groups (ranks as threads of each worker, CPU collective).
+TEST(cluster, tensor_parallel_stages_give_the_golden_tokens) {
+  for (const std::string fixture : {"tiny-llama", "tiny-qwen2"}) {
+    const auto golden = testing::load_golden(fixture);
+    auto o = base_options(fixture, 2);
+    o.tp = 2;
+    auto c = cluster::start(o);
+    ASSERT_TRUE(c.ok()) << c.err().message;
+    EXPECT_EQ((*c)->service().info().tp, 2);
     std::vector<std::shared_ptr<collecting_sink>> sinks;
     for (const auto& p : golden.prompts) {
       sinks.push_back(std::make_shared<collecting_sink>());
@@ -84,15 +130,15 @@ TEST_P(cluster_stages, every_fixture_prompt_gives_the_golden_tokens) {
     for (std::size_t i = 0; i < sinks.size(); ++i) {
       ASSERT_TRUE(sinks[i]->wait()) << fixture << " prompt " << i << " timed out";
       ASSERT_TRUE(sinks[i]->done->ok()) << sinks[i]->done->err().message;
-      EXPECT_EQ(sinks[i]->tokens, golden.prompts[i].greedy) << fixture << " prompt " << i << ", " << GetParam() << " stages";
+      EXPECT_EQ(sinks[i]->tokens, golden.prompts[i].greedy) << fixture << " prompt " << i << ", 2 stages x tp 2";
     }
-    const auto st = stats_of((*c)->service());
-    EXPECT_EQ(st.kv_blocks_free, st.kv_blocks_total);
-    (*c)->shutdown();
   }
+  auto o = base_options("tiny-llama", 2);
+  o.tp = 3;  // 4 heads, 2 KV heads: 3 divides neither
+  auto bad = cluster::start(o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.err().message.find("allowed: 1, 2, 4"), std::string::npos) << bad.err().message;
 }
-
-INSTANTIATE_TEST_SUITE_P(stages, cluster_stages, ::testing::Values(1, 2, 3, 4));
 
 TEST(cluster, concurrent_requests_equal_their_solo_results) {
   const auto golden = testing::load_golden("tiny-llama");

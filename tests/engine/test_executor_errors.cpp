@@ -62,9 +62,9 @@ TEST_F(executor_errors, rejects_bad_plans_with_reasons) {
 }
 
 TEST_F(executor_errors, later_stage_checks_activation_size) {
-  auto& stage1 = pipe_->stages()[1];
+  auto& stage1 = pipe_->stages()[1]->rank0();
   std::vector<float> wrong(5, 0.0f);
-  auto out = stage1->run(one({1}, {0}), wrong);
+  auto out = stage1.run(one({1}, {0}), wrong);
   ASSERT_FALSE(out.ok());
   EXPECT_NE(out.err().message.find("activations"), std::string::npos);
 }

@@ -62,7 +62,7 @@ TEST_P(golden_test, prompt_logits_and_hidden_states_match) {
     const auto& p = golden_.prompts[i];
     const int t = static_cast<int>(p.input_ids.size());
     std::vector<float> hidden(static_cast<std::size_t>(cfg.num_layers + 1) * t * cfg.hidden_size, NAN);
-    pipe->stages()[0]->set_observer([&](int index, std::span<const float> h) {
+    pipe->stages()[0]->rank0().set_observer([&](int index, std::span<const float> h) {
       ASSERT_EQ(h.size(), static_cast<std::size_t>(t) * cfg.hidden_size);
       std::copy(h.begin(), h.end(), hidden.begin() + static_cast<std::size_t>(index) * h.size());
     });
@@ -84,7 +84,7 @@ TEST_P(golden_test, prompt_logits_and_hidden_states_match) {
       EXPECT_LE(max_abs_diff(hidden.data() + layer * n, p.hidden_states.data() + layer * n, n), 1e-4f)
           << "prompt " << i << " hidden state " << layer;
     }
-    pipe->stages()[0]->set_observer(nullptr);
+    pipe->stages()[0]->rank0().set_observer(nullptr);
   }
 }
 

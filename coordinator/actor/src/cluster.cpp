@@ -13,6 +13,7 @@
 #include "caf/io/all.hpp"
 #include "conveyor/coordinator/worker_launcher.hpp"
 #include "conveyor/engine/model_config.hpp"
+#include "conveyor/engine/tensor_parallel.hpp"
 #include "conveyor/stage/protocol.hpp"
 #include "coordinator_actor.hpp"
 
@@ -100,8 +101,13 @@ class cluster_impl final : public cluster {
       std::vector<std::string> env = {"CONVEYOR_CLUSTER_TOKEN=" + setup.options.token, "CONVEYOR_EXIT_WITH_PARENT=1"};
       if (options_.device == "cuda") {
         const auto& ids = options_.device_ids;
-        const int gpu = ids.empty() ? static_cast<int>(k) : ids[k % ids.size()];
-        env.push_back("CUDA_VISIBLE_DEVICES=" + std::to_string(gpu));
+        std::string visible;
+        for (int r = 0; r < options_.tp; ++r) {
+          const int slot = static_cast<int>(k) * options_.tp + r;
+          const int gpu = ids.empty() ? slot : ids[slot % ids.size()];
+          visible += (r ? "," : "") + std::to_string(gpu);
+        }
+        env.push_back("CUDA_VISIBLE_DEVICES=" + visible);
       }
       auto pid = launcher_.launch({"--coordinator", options_.cluster_host + ":" + std::to_string(*port), "--stage",
                                    std::to_string(k), "--threads", std::to_string(options_.worker_threads)},
@@ -167,6 +173,7 @@ result<std::unique_ptr<cluster>> cluster::start(const cluster_options& o) {
                                            : engine::split_explicit(config, o.layers_per_stage);
   if (!ranges) return ranges.err();
   if (o.chunks < 1) return make_error(errc::invalid_argument, "chunks must be at least 1");
+  if (auto layout = engine::make_tp_layout(config, 0, std::max(1, o.tp)); !layout) return layout.err();
   coordinator_setup setup;
   setup.options = o;
   if (setup.options.token.empty()) setup.options.token = random_token();
@@ -177,7 +184,7 @@ result<std::unique_ptr<cluster>> cluster::start(const cluster_options& o) {
   setup.eos_ids = config.eos_token_ids;
   setup.canary_token = config.bos_token_id >= 0 && config.bos_token_id < config.vocab_size ? config.bos_token_id : 0;
   service::model_info info{o.model_dir, config.model_type, config.vocab_size, config.num_layers, config.hidden_size,
-                           static_cast<int>(ranges->size()), 1, o.chunks, setup.max_context};
+                           static_cast<int>(ranges->size()), std::max(1, o.tp), o.chunks, setup.max_context};
   // Resolve /proc/self/exe so `ps` shows the workers as conveyor, not as a link name.
   std::error_code ec;
   if (auto real = std::filesystem::read_symlink(setup.options.executable, ec); !ec) setup.options.executable = real.string();

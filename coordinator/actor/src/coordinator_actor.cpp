@@ -276,6 +276,7 @@ caf::behavior coordinator_impl(coord_actor* self, coordinator_setup setup) {
         a.step_delay_us = s.setup.options.step_delay_us;
         a.device = s.setup.options.device;
         a.dtype = s.setup.options.dtype;
+        a.tp = s.setup.options.tp;
         return {assign_atom::value, a};
       },
       [=](progress_atom, std::int32_t stage, std::int32_t, const std::string& text) {

@@ -17,13 +17,15 @@ std::uint64_t ns_since(steady::time_point t) {
 constexpr std::uint64_t whole_stage = UINT64_MAX;
 }  // namespace
 
-result<std::unique_ptr<stage_runtime>> stage_runtime::create(kernels::backend& backend, const stage_runtime_options& o) {
+result<std::unique_ptr<stage_runtime>> stage_runtime::create(const std::vector<kernels::backend*>& rank_backends,
+                                                             const stage_runtime_options& o,
+                                                             const engine::tp_group_factory& make_group) {
   std::unique_ptr<stage_runtime> rt(new stage_runtime());
   rt->options_ = o;
   CONVEYOR_TRY_ASSIGN(config, engine::load_model_config(o.model_dir));
   CONVEYOR_TRY_ASSIGN(ckpt, engine::checkpoint::open(o.model_dir));
-  CONVEYOR_TRY_ASSIGN(ex, engine::stage_executor::create(backend, ckpt, config, o.range, o.executor));
-  rt->executor_ = std::move(ex);
+  CONVEYOR_TRY_ASSIGN(stage, engine::tp_stage::create(rank_backends, ckpt, config, o.range, o.executor, make_group));
+  rt->stage_ = std::move(stage);
   CONVEYOR_TRY_ASSIGN(ucx, transport::ucx_context::create(o.ucx));
   rt->ucx_ = std::move(ucx);
   return rt;
@@ -123,7 +125,7 @@ status stage_runtime::run_step(transport::frame& in) {
   }
   const auto t0 = steady::now();
   if (options_.step_delay.count() > 0) std::this_thread::sleep_for(options_.step_delay);
-  auto out = executor_->run(plan, hidden);
+  auto out = stage_->run(plan, hidden);
   busy_ns_ += ns_since(t0);
   ++steps_;
   if (!out) return out.err();
@@ -139,7 +141,7 @@ status stage_runtime::run_step(transport::frame& in) {
   }
   transport::frame_header h = std::move(in.header);
   h.kind = transport::frame_kind::activations;
-  h.tensor = {kernels::dtype::f32, {plan.num_tokens(), executor_->config().hidden_size}};
+  h.tensor = {kernels::dtype::f32, {plan.num_tokens(), stage_->rank0().config().hidden_size}};
   pending_send p{std::move(out->hidden), {}};
   CONVEYOR_TRY_ASSIGN(handle, downstream_->send(h, {p.hidden.data(), p.hidden.size() * sizeof(float)}));
   p.handle = std::move(handle);

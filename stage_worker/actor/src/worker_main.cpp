@@ -14,6 +14,8 @@
 #endif
 #include "conveyor/stage/protocol.hpp"
 #include "conveyor/stage/stage_runtime.hpp"
+#include "conveyor/transport/cpu_collective.hpp"
+#include "conveyor/transport/nccl_collective.hpp"
 
 namespace conveyor::stage {
 
@@ -34,26 +36,59 @@ bytes_msg to_msg(const std::vector<std::byte>& v) {
 
 using loaded_internal = caf::atom_constant<caf::atom("iloaded")>;
 
-/// The backend the assignment asks for. A CUDA worker sees only its own GPU (CUDA_VISIBLE_DEVICES,
-/// set by whoever started it), so it always uses device 0.
-result<std::unique_ptr<kernels::backend>> make_backend(const stage_assignment& a, int threads) {
-  if (a.device == "cpu") return kernels::make_cpu_backend({threads});
-  if (a.device == "cuda") {
+/// The backends of the stage's tensor-parallel ranks, as the assignment asks. A CUDA worker sees
+/// only its own GPUs (CUDA_VISIBLE_DEVICES, set by whoever started it): rank r uses device r.
+result<std::vector<std::unique_ptr<kernels::backend>>> make_backends(const stage_assignment& a, int threads) {
+  std::vector<std::unique_ptr<kernels::backend>> out;
+  for (int r = 0; r < a.tp; ++r) {
+    if (a.device == "cpu") {
+      out.push_back(kernels::make_cpu_backend({threads}));
+    } else if (a.device == "cuda") {
 #ifdef CONVEYOR_HAVE_CUDA
-    kernels::cuda_backend_options o;
-    o.compute_dtype = a.dtype == "f32" ? kernels::dtype::f32 : kernels::dtype::bf16;
-    return kernels::make_cuda_backend(o);
+      kernels::cuda_backend_options o;
+      o.device = r;
+      o.compute_dtype = a.dtype == "f32" ? kernels::dtype::f32 : kernels::dtype::bf16;
+      CONVEYOR_TRY_ASSIGN(b, kernels::make_cuda_backend(o));
+      out.push_back(std::move(b));
 #else
-    return make_error(errc::unsupported, "this worker was built without the CUDA backend");
+      return make_error(errc::unsupported, "this worker was built without the CUDA backend");
 #endif
+    } else {
+      return make_error(errc::invalid_argument, "unknown device \"" + a.device + "\"");
+    }
   }
-  return make_error(errc::invalid_argument, "unknown device \"" + a.device + "\"");
+  return out;
+}
+
+/// The collectives joining the ranks: the CPU group for CPU ranks, NCCL on each GPU's stream.
+engine::tp_group_factory group_factory(const std::string& device, std::vector<kernels::backend*> backends) {
+  if (device == "cuda") {
+    return [backends](int size) -> result<std::vector<std::unique_ptr<kernels::collective>>> {
+      std::vector<int> devices;
+      std::vector<void*> streams;
+      for (int r = 0; r < size; ++r) {
+        devices.push_back(r);
+#ifdef CONVEYOR_HAVE_CUDA
+        streams.push_back(kernels::cuda_stream_of(*backends[r]));
+#else
+        streams.push_back(nullptr);
+#endif
+      }
+      return transport::make_nccl_group(devices, streams);
+    };
+  }
+  return [](int size) -> result<std::vector<std::unique_ptr<kernels::collective>>> {
+    transport::cpu_group group(size);
+    std::vector<std::unique_ptr<kernels::collective>> ranks;
+    for (int r = 0; r < size; ++r) ranks.push_back(group.rank(r));
+    return ranks;
+  };
 }
 
 struct worker_state {
   worker_options options;
   caf::actor coordinator;
-  std::unique_ptr<kernels::backend> backend;
+  std::vector<std::unique_ptr<kernels::backend>> backends;  // one per tensor-parallel rank
   std::shared_ptr<stage_runtime> runtime;
   std::string load_error;
   std::vector<std::thread> helpers;  // loading and wiring threads, joined at exit
@@ -91,6 +126,7 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, worker_optio
             o.executor.max_step_tokens = a.max_step_tokens;
             o.executor.max_seqs = a.max_seqs;
             o.ucx.tls = a.ucx_tls;
+            o.ucx.net_devices = options.net_devices;
             // A coordinator on loopback means a one-host cluster: UCX's tcp listeners stay on lo too, not on
             // every interface (tests/security found them on eth0).
             const auto& host = options.coordinator_host;
@@ -98,18 +134,20 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, worker_optio
             o.step_delay = std::chrono::microseconds(a.step_delay_us);
             self->send(coordinator, progress_atom::value, a.stage, static_cast<std::int32_t>(options.rank),
                        "loading layers " + std::to_string(a.first_layer) + ".." + std::to_string(a.last_layer));
-            auto made = make_backend(a, options.threads);
+            auto made = make_backends(a, options.threads);
             if (!made) {
               self->send(coordinator, failed_atom::value, a.stage, static_cast<std::int32_t>(options.rank),
                          made.err().message);
               return;
             }
-            self->state.backend = std::move(made).value();
-            kernels::backend* backend = self->state.backend.get();
+            self->state.backends = std::move(made).value();
+            std::vector<kernels::backend*> backends;
+            for (auto& b : self->state.backends) backends.push_back(b.get());
+            auto make_group = group_factory(a.device, backends);
             caf::actor me = caf::actor_cast<caf::actor>(self);
             auto* st = &self->state;
             st->helpers.emplace_back([=] {
-              auto rt = stage_runtime::create(*backend, o);
+              auto rt = stage_runtime::create(backends, o, make_group);
               if (!rt) {
                 st->load_error = rt.err().message;
               } else {
@@ -175,13 +213,14 @@ int run_worker(const worker_options& options) {
   tune_actor_system(cfg);
   cfg.load<caf::io::middleman>();
   caf::actor_system sys{cfg};
-  // The coordinator publishes before it starts us, but allow for a slow start.
+  // The coordinator publishes before it starts us, but allow for a slow start or a slow network.
   caf::expected<caf::actor> coordinator = caf::sec::cannot_connect_to_node;
-  for (int attempt = 0; attempt < 50; ++attempt) {
+  const auto give_up = std::chrono::steady_clock::now() + options.join_timeout;
+  do {
     coordinator = sys.middleman().remote_actor(options.coordinator_host, options.coordinator_port);
     if (coordinator) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
+  } while (std::chrono::steady_clock::now() < give_up);
   if (!coordinator) {
     std::fprintf(stderr, "conveyor worker %d: cannot reach the coordinator at %s:%u: %s\n", options.stage,
                  options.coordinator_host.c_str(), options.coordinator_port, sys.render(coordinator.error()).c_str());

@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <optional>
-#include <thread>
 
 namespace conveyor::engine {
 
@@ -16,58 +14,22 @@ result<std::unique_ptr<local_pipeline>> local_pipeline::create(const std::vector
                                                                const std::string& model_dir, int stages,
                                                                const executor_options& options,
                                                                const tp_group_factory& make_group) {
-  const int tp = static_cast<int>(rank_backends.size());
-  if (tp < 1) return make_error(errc::invalid_argument, "a pipeline needs at least one backend");
-  if (tp > 1 && !make_group) return make_error(errc::invalid_argument, "tensor parallelism needs a collective factory");
   CONVEYOR_TRY_ASSIGN(config, load_model_config(model_dir));
-  if (auto layout = make_tp_layout(config, 0, tp); !layout) return layout.err();
   CONVEYOR_TRY_ASSIGN(ranges, split_even(config, stages));
   CONVEYOR_TRY_ASSIGN(ckpt, checkpoint::open(model_dir));
   std::unique_ptr<local_pipeline> p(new local_pipeline(config, options));
   for (const auto& r : ranges) {
-    std::vector<std::unique_ptr<kernels::collective>> group;
-    if (tp > 1) {
-      CONVEYOR_TRY_ASSIGN(made, make_group(tp));
-      group = std::move(made);
-    }
-    std::vector<std::unique_ptr<stage_executor>> ranks;
-    for (int rank = 0; rank < tp; ++rank) {
-      CONVEYOR_TRY_ASSIGN(ex, stage_executor::create(*rank_backends[rank], ckpt, config, r, options,
-                                                     tp > 1 ? group[rank].get() : nullptr));
-      ranks.push_back(std::move(ex));
-    }
-    p->stages_.push_back(std::move(ranks[0]));
-    if (tp > 1) {
-      p->other_ranks_.emplace_back(std::make_move_iterator(ranks.begin() + 1), std::make_move_iterator(ranks.end()));
-      p->groups_.push_back(std::move(group));
-    }
+    CONVEYOR_TRY_ASSIGN(stage, tp_stage::create(rank_backends, ckpt, config, r, options, make_group));
+    p->stages_.push_back(std::move(stage));
   }
   return p;
-}
-
-result<step_output> local_pipeline::run_stage(std::size_t s, const step_plan& plan, const std::vector<float>& hidden) {
-  if (other_ranks_.empty()) return stages_[s]->run(plan, hidden);
-  // Every rank runs the same step; the all-reduces inside keep their activations identical, so
-  // rank 0's output is the stage's. TODO(perf): a persistent thread per rank instead of one per step.
-  auto& others = other_ranks_[s];
-  std::vector<std::optional<result<step_output>>> outs(others.size());
-  std::vector<std::thread> threads;
-  for (std::size_t r = 0; r < others.size(); ++r) {
-    threads.emplace_back([&, r] { outs[r].emplace(others[r]->run(plan, hidden)); });
-  }
-  auto out = stages_[s]->run(plan, hidden);
-  for (auto& t : threads) t.join();
-  for (auto& o : outs) {
-    if (!o->ok()) return o->err();
-  }
-  return out;
 }
 
 result<step_output> local_pipeline::step(const step_plan& plan) {
   std::vector<float> hidden;
   for (std::size_t s = 0; s < stages_.size(); ++s) {
-    CONVEYOR_TRY_ASSIGN(out, run_stage(s, plan, hidden));
-    if (stages_[s]->range().has_head) return out;
+    CONVEYOR_TRY_ASSIGN(out, stages_[s]->run(plan, hidden));
+    if (stages_[s]->rank0().range().has_head) return out;
     hidden = std::move(out.hidden);
   }
   return make_error(errc::internal, "pipeline has no last stage");

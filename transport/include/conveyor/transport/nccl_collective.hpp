@@ -23,4 +23,10 @@ result<std::vector<std::byte>> make_nccl_unique_id();
 result<std::unique_ptr<collective>> make_nccl_collective(std::span<const std::byte> unique_id, int size,
                                                          int rank, int device, void* cuda_stream);
 
+/// The communicators of a group whose ranks are threads of this process: rank r on `devices[r]`,
+/// enqueuing on `streams[r]`. ncclCommInitRank blocks until every rank joined, so the ranks
+/// initialise in parallel threads here.
+result<std::vector<std::unique_ptr<collective>>> make_nccl_group(const std::vector<int>& devices,
+                                                                 const std::vector<void*>& streams);
+
 }  // namespace conveyor::transport

@@ -40,6 +40,9 @@ struct cluster_options {
   /// GPUs the stages use, round-robin: stage k gets device_ids[k % size] as its only visible GPU
   /// (CUDA_VISIBLE_DEVICES). Empty = 0, 1, 2, ...
   std::vector<int> device_ids;
+  /// Tensor-parallel ranks per stage: threads of the stage's worker process, joined by NCCL (GPUs)
+  /// or the CPU collective. A CUDA stage k sees GPUs device_ids[k*tp .. k*tp+tp-1] (round-robin).
+  int tp = 1;
 };
 
 class cluster {

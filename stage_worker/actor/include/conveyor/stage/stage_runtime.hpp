@@ -15,6 +15,7 @@
 
 #include "conveyor/base/result.hpp"
 #include "conveyor/engine/executor.hpp"
+#include "conveyor/engine/tp_stage.hpp"
 #include "conveyor/transport/ucx_context.hpp"
 
 namespace conveyor::stage {
@@ -47,11 +48,15 @@ class stage_runtime {
   using failure_callback = std::function<void(std::uint64_t, std::string)>;
 
   /// Loads the stage's layers and opens its UCX worker. Slow (reads weights); not on an actor thread.
-  static result<std::unique_ptr<stage_runtime>> create(kernels::backend& backend, const stage_runtime_options& o);
+  /// With several backends the stage is a tensor-parallel group (rank r on rank_backends[r],
+  /// joined by the collectives `make_group` makes); only rank 0's activations travel on.
+  static result<std::unique_ptr<stage_runtime>> create(const std::vector<kernels::backend*>& rank_backends,
+                                                       const stage_runtime_options& o,
+                                                       const engine::tp_group_factory& make_group);
   ~stage_runtime();
 
   const transport::worker_address& address() const { return ucx_->address(); }
-  std::size_t weight_bytes() const { return executor_->weight_bytes(); }
+  std::size_t weight_bytes() const { return stage_->weight_bytes(); }
 
   /// Opens the channels to the neighbouring stages (either may be absent) and starts the compute
   /// thread. Blocks until both peers answered; upstream first so a chain of stages wires in order.
@@ -70,7 +75,7 @@ class stage_runtime {
   status run_step(transport::frame& in);
 
   stage_runtime_options options_;
-  std::unique_ptr<engine::stage_executor> executor_;
+  std::unique_ptr<engine::tp_stage> stage_;
   std::unique_ptr<transport::ucx_context> ucx_;
   std::unique_ptr<transport::channel> upstream_, downstream_;
   tokens_callback on_tokens_;

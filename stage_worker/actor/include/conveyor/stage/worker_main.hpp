@@ -1,6 +1,7 @@
 #pragma once
 // Entry point of a stage-worker process (`conveyor worker`): joins the coordinator, loads its
 // layers, wires to its neighbours and serves steps until told to stop or the coordinator goes away.
+#include <chrono>
 #include <cstdint>
 #include <string>
 
@@ -13,6 +14,11 @@ struct worker_options {
   int stage = 0;
   int rank = 0;
   int threads = 0;  ///< CPU threads for the matrix products
+  /// UCX network devices for tcp (ucx_config::net_devices): the interface of the address the
+  /// deployment names for this worker's host, so the worker advertises that address.
+  std::string net_devices = "all";
+  /// How long to keep trying to reach the coordinator (it may still be starting, or far away).
+  std::chrono::milliseconds join_timeout{5000};
 };
 
 /// Runs until the worker stops; returns the process exit code.

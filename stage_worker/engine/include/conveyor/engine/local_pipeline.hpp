@@ -9,6 +9,7 @@
 #include "conveyor/base/result.hpp"
 #include "conveyor/engine/executor.hpp"
 #include "conveyor/engine/kv_cache.hpp"
+#include "conveyor/engine/tp_stage.hpp"
 
 namespace conveyor::engine {
 
@@ -23,9 +24,6 @@ struct generation_result {
   std::vector<std::int32_t> tokens;
   std::string finish_reason;  ///< "length" or "stop"
 };
-
-/// Makes the collectives of one tensor-parallel group of `size` ranks (one per rank, rank order).
-using tp_group_factory = std::function<result<std::vector<std::unique_ptr<kernels::collective>>>(int size)>;
 
 class local_pipeline {
  public:
@@ -50,9 +48,9 @@ class local_pipeline {
   /// Wall time of every step of the last generate() call, in order (the first ones are prefill).
   const std::vector<double>& last_step_seconds() const { return step_seconds_; }
   kv_block_manager& blocks() { return blocks_; }
-  /// Rank 0 of every stage (with tp == 1, simply the stages).
-  std::vector<std::unique_ptr<stage_executor>>& stages() { return stages_; }
-  int tp() const { return static_cast<int>(other_ranks_.empty() ? 1 : other_ranks_[0].size() + 1); }
+  /// The stages, first to last (each a tensor-parallel group; rank0() is the stage's executor).
+  std::vector<std::unique_ptr<tp_stage>>& stages() { return stages_; }
+  int tp() const { return stages_.empty() ? 1 : stages_[0]->tp(); }
 
  private:
   local_pipeline(model_config c, const executor_options& o)
@@ -61,11 +59,7 @@ class local_pipeline {
   model_config config_;
   executor_options options_;
   kv_block_manager blocks_;
-  result<step_output> run_stage(std::size_t s, const step_plan& plan, const std::vector<float>& hidden);
-
-  std::vector<std::unique_ptr<stage_executor>> stages_;
-  std::vector<std::vector<std::unique_ptr<kernels::collective>>> groups_;      ///< per stage, per rank
-  std::vector<std::vector<std::unique_ptr<stage_executor>>> other_ranks_;    ///< per stage, ranks 1..tp-1
+  std::vector<std::unique_ptr<tp_stage>> stages_;
   std::int64_t next_seq_id_ = 1;
   std::vector<double> step_seconds_;
 };

@@ -1,0 +1,41 @@
+#pragma once
+// One pipeline stage as a tensor-parallel group inside one process: an executor per rank (each on
+// its own backend, e.g. its own GPU), joined by a collective. Every rank runs every step in its own
+// thread; the all-reduces keep their activations identical, so rank 0's output is the stage's. With
+// one rank it is simply the stage's executor. Used by local_pipeline and by the stage worker.
+#include <functional>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "conveyor/base/result.hpp"
+#include "conveyor/engine/executor.hpp"
+#include "conveyor/kernels/collective.hpp"
+
+namespace conveyor::engine {
+
+/// Makes the collectives of one tensor-parallel group of `size` ranks (one per rank, rank order).
+using tp_group_factory = std::function<result<std::vector<std::unique_ptr<kernels::collective>>>(int size)>;
+
+class tp_stage {
+ public:
+  /// rank_backends.size() ranks; `make_group` is called once when there is more than one.
+  static result<std::unique_ptr<tp_stage>> create(const std::vector<kernels::backend*>& rank_backends,
+                                                  checkpoint& ckpt, const model_config& config, stage_range range,
+                                                  const executor_options& options, const tp_group_factory& make_group);
+
+  /// Runs one step on every rank; the first rank error wins.
+  result<step_output> run(const step_plan& plan, std::span<const float> hidden);
+
+  stage_executor& rank0() { return *ranks_[0]; }
+  int tp() const { return static_cast<int>(ranks_.size()); }
+  /// Weight bytes over all ranks.
+  std::size_t weight_bytes() const;
+
+ private:
+  tp_stage() = default;
+  std::vector<std::unique_ptr<kernels::collective>> group_;  // outlives the executors that use it
+  std::vector<std::unique_ptr<stage_executor>> ranks_;
+};
+
+}  // namespace conveyor::engine

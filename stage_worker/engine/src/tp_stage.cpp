@@ -1,0 +1,51 @@
+#include "conveyor/engine/tp_stage.hpp"
+
+#include <optional>
+#include <thread>
+
+namespace conveyor::engine {
+
+result<std::unique_ptr<tp_stage>> tp_stage::create(const std::vector<kernels::backend*>& rank_backends,
+                                                   checkpoint& ckpt, const model_config& config, stage_range range,
+                                                   const executor_options& options, const tp_group_factory& make_group) {
+  const int tp = static_cast<int>(rank_backends.size());
+  if (tp < 1) return make_error(errc::invalid_argument, "a stage needs at least one backend");
+  if (tp > 1 && !make_group) return make_error(errc::invalid_argument, "tensor parallelism needs a collective factory");
+  if (auto layout = make_tp_layout(config, 0, tp); !layout) return layout.err();
+  std::unique_ptr<tp_stage> s(new tp_stage());
+  if (tp > 1) {
+    CONVEYOR_TRY_ASSIGN(group, make_group(tp));
+    s->group_ = std::move(group);
+  }
+  for (int r = 0; r < tp; ++r) {
+    CONVEYOR_TRY_ASSIGN(ex, stage_executor::create(*rank_backends[r], ckpt, config, range, options,
+                                                   tp > 1 ? s->group_[r].get() : nullptr));
+    s->ranks_.push_back(std::move(ex));
+  }
+  return s;
+}
+
+result<step_output> tp_stage::run(const step_plan& plan, std::span<const float> hidden) {
+  if (ranks_.size() == 1) return ranks_[0]->run(plan, hidden);
+  // TODO(perf): a persistent thread per rank instead of one per step.
+  std::vector<std::optional<result<step_output>>> others(ranks_.size() - 1);
+  std::vector<std::thread> threads;
+  for (std::size_t r = 1; r < ranks_.size(); ++r) {
+    threads.emplace_back([&, r] { others[r - 1].emplace(ranks_[r]->run(plan, hidden)); });
+  }
+  auto out = ranks_[0]->run(plan, hidden);
+  for (auto& t : threads) t.join();
+  if (!out) return out;
+  for (auto& o : others) {
+    if (!o->ok()) return o->err();
+  }
+  return out;
+}
+
+std::size_t tp_stage::weight_bytes() const {
+  std::size_t n = 0;
+  for (const auto& r : ranks_) n += r->weight_bytes();
+  return n;
+}
+
+}  // namespace conveyor::engine
