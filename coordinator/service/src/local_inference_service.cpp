@@ -16,9 +16,9 @@ namespace {
 class local_inference_service final : public inference_service {
  public:
   local_inference_service(std::unique_ptr<kernels::backend> backend, std::unique_ptr<engine::local_pipeline> pipe,
-                          const scheduler::scheduler_options& sopts, model_info info)
+                          const scheduler::scheduler_options& sopts, model_info info, std::int64_t step_delay_us)
       : backend_(std::move(backend)), pipe_(std::move(pipe)), scheduler_(sopts), info_(std::move(info)),
-        thread_([this] { loop(); }) {}
+        step_delay_us_(step_delay_us), thread_([this] { loop(); }) {}
 
   ~local_inference_service() override {
     {
@@ -110,6 +110,7 @@ class local_inference_service final : public inference_service {
       if (!plan) continue;
       const auto t0 = std::chrono::steady_clock::now();
       auto out = pipe_->step(*plan);
+      if (step_delay_us_ > 0) std::this_thread::sleep_for(std::chrono::microseconds(step_delay_us_));
       busy_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (out) {
         scheduler_.complete(0, out->tokens);
@@ -128,6 +129,7 @@ class local_inference_service final : public inference_service {
   model_info info_;
   std::unordered_map<std::uint64_t, std::uint64_t> ids_;  // ticket -> scheduler id, on thread_
   double busy_s_ = 0.0;
+  std::int64_t step_delay_us_ = 0;  // benchmarks: modelled device time per step
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> commands_;
@@ -162,7 +164,7 @@ result<std::unique_ptr<inference_service>> make_local_inference_service(const st
   model_info info{model_dir, config.model_type, config.vocab_size, config.num_layers, config.hidden_size,
                   o.stages, 1, 1, so.max_context};
   return std::unique_ptr<inference_service>(
-      new local_inference_service(std::move(backend), std::move(pipe), so, std::move(info)));
+      new local_inference_service(std::move(backend), std::move(pipe), so, std::move(info), o.step_delay_us));
 }
 
 }  // namespace conveyor::service

@@ -20,6 +20,9 @@ struct local_service_options {
   int max_context = 0;  ///< 0 = the model's max_position_embeddings
   int threads = 0;      ///< CPU threads for the matrix products, 0 = all
   serving_policy policy;  ///< batching mode, admission control, deadlines, prefix caching
+  /// Benchmarks only: sleep this long per step, to model a device whose step time hardly depends on
+  /// the batch (a GPU's memory-bound decode) with the CPU fixture, whose steps are compute-bound.
+  std::int64_t step_delay_us = 0;
 };
 
 result<std::unique_ptr<inference_service>> make_local_inference_service(const std::string& model_dir,
