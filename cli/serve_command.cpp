@@ -14,6 +14,7 @@
 #include "conveyor/frontend/rpc_server.hpp"
 #include "conveyor/http/http_server.hpp"
 #include "flags.hpp"
+#include "serving_options.hpp"
 
 namespace conveyor::cli {
 
@@ -61,6 +62,7 @@ result<coordinator::cluster_options> cluster_options_of(const config::deployment
   o.dtype = std::string(config::to_string(d.model.dtype));
   o.device_ids = d.placement.device_ids;
   o.tp = d.parallel.tp;
+  o.policy = serving_policy_of(d.serving);  // batching, admission control, deadlines (issue 6)
   return o;
 }
 

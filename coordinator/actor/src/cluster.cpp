@@ -71,6 +71,11 @@ class cluster_service final : public service::inference_service {
     call->stats_reply = std::move(reply);
     caf::anon_send(coordinator_, frontend_atom::value, std::move(call));
   }
+  void flush() override {
+    auto call = std::make_shared<frontend_call>();
+    call->what = frontend_call::kind::flush;
+    caf::anon_send(coordinator_, frontend_atom::value, std::move(call));
+  }
   service::model_info info() const override { return info_; }
 
  private:

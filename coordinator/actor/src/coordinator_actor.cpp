@@ -189,6 +189,10 @@ void handle_frontend(coord_actor* self, const frontend_call_ptr& call) {
     case frontend_call::kind::stats:
       call->stats_reply(stats_of(st));
       return;
+    case frontend_call::kind::flush:  // arrivals ended: static and dynamic batches start short
+      st.sched->flush();
+      pump(self);
+      return;
   }
 }
 

@@ -12,7 +12,7 @@ namespace conveyor::coordinator {
 
 /// A call from a frontend thread, carried to the actor in one message.
 struct frontend_call {
-  enum class kind { submit, cancel, health, stats } what = kind::submit;
+  enum class kind { submit, cancel, health, stats, flush } what = kind::submit;
   std::uint64_t ticket = 0;
   service::generate_request request;
   std::shared_ptr<service::token_sink> sink;

@@ -1,0 +1,33 @@
+#include "serving_options.hpp"
+
+namespace conveyor::cli {
+
+service::serving_policy serving_policy_of(const config::serving_section& s) {
+  service::serving_policy p;
+  switch (s.batching) {
+    case config::batching_mode::continuous: p.batching = service::batching_mode::continuous; break;
+    case config::batching_mode::dynamic: p.batching = service::batching_mode::dynamic; break;
+    case config::batching_mode::fixed: p.batching = service::batching_mode::fixed; break;
+  }
+  p.max_batch_delay_ms = s.max_batch_delay_ms;
+  p.job_queue_size = s.job_queue_size;
+  p.max_queued_tokens = s.max_queued_tokens;
+  p.use_job_ticket = s.use_job_ticket;
+  p.response_timeout_s = s.response_timeout_s;
+  return p;
+}
+
+service::local_service_options local_service_options_of(const config::deployment& d, int threads) {
+  service::local_service_options o;
+  o.stages = d.parallel.stages;
+  o.threads = threads;
+  o.max_seqs_per_step = d.serving.max_batch_size;
+  o.max_step_tokens = d.serving.max_batch_tokens;
+  o.kv_block_size = d.serving.kv_block_size;
+  o.kv_blocks = d.serving.kv_blocks > 0 ? d.serving.kv_blocks : 512;  // CPU: a fixed pool, as serve
+  o.max_context = d.serving.max_context;
+  o.policy = serving_policy_of(d.serving);
+  return o;
+}
+
+}  // namespace conveyor::cli
