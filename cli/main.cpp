@@ -20,6 +20,7 @@ void usage(std::FILE* out) {
       "             [--listen HOST:PORT] [--http HOST:PORT]   (configs/ holds commented examples)\n"
       "  serve-local  serve RPC from an in-process engine (no cluster): --model DIR [--listen HOST:PORT]\n"
       "             [--http HOST:PORT]   (--http: OpenAI-compatible HTTP + /metrics, coordinator/http)\n"
+      "             [--config FILE.toml]   (its [serving] batching, queue caps, job tickets, timeout)\n"
       "  worker     one stage-worker process (started by serve): --coordinator HOST:PORT --stage K\n"
       "  client     talk to a server over Cap'n Proto RPC (--connect HOST:PORT [--timeout S])\n"
       "             generate --prompt-ids 1,2,3 [--max-new-tokens N] [--temperature T] [--top-k K]\n"

@@ -6,10 +6,12 @@
 #include <pthread.h>
 
 #include "command.hpp"
+#include "conveyor/config/deployment_loader.hpp"
 #include "conveyor/frontend/rpc_server.hpp"
 #include "conveyor/http/http_server.hpp"
 #include "conveyor/service/local_inference_service.hpp"
 #include "flags.hpp"
+#include "serving_options.hpp"
 
 namespace conveyor::cli {
 
@@ -24,7 +26,7 @@ int fail(const error& e) {
 
 int serve_local_main(const args& argv) {
   auto f = flags::parse(argv, {"model", "listen", "stages", "threads", "kv-blocks", "kv-block-size", "max-seqs",
-                               "max-step-tokens", "max-context", "max-message-mb", "http"});
+                               "max-step-tokens", "max-context", "max-message-mb", "http", "config"});
   if (!f) return fail(f.err());
   auto model = f->get("model");
   if (!model) return fail(make_error(errc::invalid_argument, "--model DIR is required"));
@@ -56,6 +58,11 @@ int serve_local_main(const args& argv) {
   so.max_seqs_per_step = static_cast<int>(*max_seqs);
   so.max_step_tokens = static_cast<int>(*max_step_tokens);
   so.max_context = static_cast<int>(*max_context);
+  if (auto file = f->get("config")) {  // [serving]'s policy: batching, queue caps, job tickets, timeout
+    auto dep = config::load_deployment(*file);
+    if (!dep) return fail(dep.err());
+    so.policy = serving_policy_of(dep->serving);
+  }
   auto service = service::make_local_inference_service(*model, so);
   if (!service) return fail(service.err());
   frontend::rpc_server_options ro;
