@@ -105,6 +105,11 @@ TEST(model_config, huge_numbers_for_integer_keys_are_out_of_range) {
     EXPECT_NE(c.err().message.find("\"head_dim\""), std::string::npos) << c.err().message;
     EXPECT_NE(c.err().message.find("out of range"), std::string::npos) << c.err().message;
   }
+  auto rope = parse_model_config(
+      with(R"(,"rope_scaling":{"rope_type":"yarn","factor":4.0,"original_max_position_embeddings":1e300})"), "c");
+  ASSERT_FALSE(rope.ok());
+  EXPECT_NE(rope.err().message.find("original_max_position_embeddings\" is out of range"), std::string::npos)
+      << rope.err().message;
   auto whole = parse_model_config(with(R"(,"head_dim":32.0)"), "config.json");
   ASSERT_TRUE(whole.ok()) << whole.err().message;
   EXPECT_EQ(whole->head_dim, 32);

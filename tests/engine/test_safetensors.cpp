@@ -75,6 +75,20 @@ TEST(safetensors, huge_shape_does_not_overflow) {
   EXPECT_NE(msg.find("does not match"), std::string::npos) << msg;
 }
 
+// A zero dimension gives zero bytes whatever the others are; before this check [2^62, 2^62, 0] was
+// accepted and numel() overflowed int64 on it (fuzz/safetensors_header; fuzz/regressions/ keeps it).
+TEST(safetensors, zero_sized_shape_cannot_overflow_the_element_count) {
+  for (const char* shape : {"[4611686018427387904,4611686018427387904,0]", "[18446744073709551615,0]"}) {
+    const auto msg = open_error(make_file(
+        std::string(R"({"a":{"dtype":"F32","shape":)") + shape + R"(,"data_offsets":[0,0]}})", 0));
+    EXPECT_NE(msg.find("more than 2^63 - 1 elements"), std::string::npos) << shape << ": " << msg;
+  }
+  auto empty = safetensors_file::from_bytes(
+      make_file(R"({"a":{"dtype":"F32","shape":[0,4611686018427387904],"data_offsets":[0,0]}})", 0), "ok");
+  ASSERT_TRUE(empty.ok()) << empty.err().message;
+  EXPECT_EQ(empty->tensors()[0].numel(), 0);
+}
+
 TEST(safetensors, unknown_dtype) {
   const auto msg = open_error(make_file(R"({"a":{"dtype":"Q4_K","shape":[2],"data_offsets":[0,8]}})", 8));
   EXPECT_NE(msg.find("unknown dtype"), std::string::npos) << msg;

@@ -118,8 +118,14 @@ void read_rope(reader& r, const json& j, model_config& c) {
   rope.factor = r.get_double(*src, "factor", 1.0, where);
   rope.low_freq_factor = r.get_double(*src, "low_freq_factor", 1.0, where);
   rope.high_freq_factor = r.get_double(*src, "high_freq_factor", 4.0, where);
-  rope.original_max_position_embeddings =
-      static_cast<int>(r.get_double(*src, "original_max_position_embeddings", 0, where));
+  // Range-checked as a double first: converting one outside int's range is undefined behaviour
+  // (UBSan in fuzz/model_config; the input is kept in fuzz/regressions/).
+  const double original_max = r.get_double(*src, "original_max_position_embeddings", 0, where);
+  if (std::fabs(original_max) > (1 << 30)) {
+    r.fail("key \"" + where + "original_max_position_embeddings\" is out of range");
+  } else {
+    rope.original_max_position_embeddings = static_cast<int>(original_max);
+  }
   rope.attention_factor = r.get_double(*src, "attention_factor", 0.0, where);
   rope.beta_fast = r.get_double(*src, "beta_fast", 32.0, where);
   rope.beta_slow = r.get_double(*src, "beta_slow", 1.0, where);

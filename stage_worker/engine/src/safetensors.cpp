@@ -122,12 +122,21 @@ status safetensors_file::parse(std::size_t file_size) {
     t.type = entry->type;
     // Element count with overflow checks: a hostile shape must not wrap around to a small size.
     unsigned __int128 bytes = entry->size;
+    // numel()'s running product, left to right: a zero dimension makes the byte length match, but the
+    // dimensions before it must not overflow int64 there (found by fuzz/safetensors_header).
+    unsigned __int128 elements = 1;
+    bool too_many = false;
     for (const auto& d : *shape) {
       if (!d.is_number_unsigned()) return bad(where + "shape entries must be non-negative integers");
       const auto dim = d.get<std::uint64_t>();
       bytes *= dim;
       if (bytes > static_cast<unsigned __int128>(file_size)) {
         bytes = static_cast<unsigned __int128>(file_size) + 1;  // saturate; reported below
+      }
+      elements *= dim;
+      if (dim > INT64_MAX || elements > INT64_MAX) {
+        too_many = true;
+        elements = static_cast<unsigned __int128>(INT64_MAX) + 1;  // saturate; reported below
       }
       t.shape.push_back(static_cast<std::int64_t>(std::min<std::uint64_t>(dim, INT64_MAX)));
     }
@@ -144,6 +153,7 @@ status safetensors_file::parse(std::size_t file_size) {
     if (bytes != static_cast<unsigned __int128>(end - begin)) {
       return bad(where + "shape × dtype size does not match its " + std::to_string(end - begin) + " bytes");
     }
+    if (too_many) return bad(where + "shape has more than 2^63 - 1 elements");
     t.begin = begin;
     t.end = end;
     tensors_.push_back(std::move(t));
