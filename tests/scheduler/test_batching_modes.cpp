@@ -59,6 +59,28 @@ TEST_F(batching_test, continuous_admits_into_the_running_batch) {
   expect_goldens();
 }
 
+TEST_F(batching_test, chunked_prefill_lets_running_sequences_decode_every_step) {
+  batch_scheduler s(opts_);  // max_step_tokens = 24
+  auto decoding = add(s, 1);
+  while (decoding->tokens.size() < 2) ASSERT_TRUE(step(s, 0));
+  add(s, 3);  // 100 prompt tokens: five steps of prefill
+  for (int i = 0; i < 5; ++i) {
+    const auto before = decoding->tokens.size();
+    auto plan = s.next_step(0);
+    ASSERT_TRUE(plan.has_value());
+    ASSERT_EQ(plan->seqs.size(), 2u);
+    EXPECT_EQ(plan->seqs[0].tokens.size(), 1u) << "the decoding sequence goes first";
+    EXPECT_EQ(plan->seqs[1].tokens.size(), std::min<std::size_t>(23, 100 - 23 * i)) << "the prompt fills the rest";
+    EXPECT_EQ(plan->seqs[1].sample, i == 4) << "only the prompt's last chunk samples";
+    auto out = pipe_->step(*plan);
+    ASSERT_TRUE(out.ok());
+    s.complete(0, out->tokens);
+    EXPECT_EQ(decoding->tokens.size(), before + 1) << "a token at every step of the long prefill";
+  }
+  drain(s);
+  expect_goldens();
+}
+
 TEST_F(batching_test, dynamic_waits_for_company_then_runs_the_batch_to_the_end) {
   opts_.policy.batching = service::batching_mode::dynamic;
   batch_scheduler s(opts_);
