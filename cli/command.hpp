@@ -12,5 +12,6 @@ int client_main(const args& argv);
 int serve_local_main(const args& argv);
 int worker_main(const args& argv);
 int serve_main(const args& argv);
+int plan_main(const args& argv);
 
 }  // namespace conveyor::cli

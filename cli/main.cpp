@@ -1,4 +1,4 @@
-// conveyor: one executable, many subcommands (launch, plan and bench come with later issues).
+// conveyor: one executable, many subcommands.
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -20,7 +20,8 @@ void usage(std::FILE* out) {
       "             [--listen HOST:PORT] [--http HOST:PORT]   (configs/ holds commented examples)\n"
       "  serve-local  serve RPC from an in-process engine (no cluster): --model DIR [--listen HOST:PORT]\n"
       "             [--http HOST:PORT]   (--http: OpenAI-compatible HTTP + /metrics, coordinator/http)\n"
-      "             [--config FILE.toml]   (its [serving] batching, queue caps, job tickets, timeout)\n"
+      "  plan       dry run of a deployment: stage -> host -> GPUs -> layers and memory per GPU\n"
+      "             FILE.toml [--model DIR] [--stages K] [--tp N]   (starts nothing)\n"
       "  worker     one stage-worker process (started by serve): --coordinator HOST:PORT --stage K\n"
       "  client     talk to a server over Cap'n Proto RPC (--connect HOST:PORT [--timeout S])\n"
       "             generate --prompt-ids 1,2,3 [--max-new-tokens N] [--temperature T] [--top-k K]\n"
@@ -44,6 +45,7 @@ int main(int argc, char** argv) {
   if (cmd == "serve-local") return conveyor::cli::serve_local_main(rest);
   if (cmd == "worker") return conveyor::cli::worker_main(rest);
   if (cmd == "serve") return conveyor::cli::serve_main(rest);
+  if (cmd == "plan") return conveyor::cli::plan_main(rest);
   if (cmd == "help" || cmd == "--help" || cmd == "-h") {
     usage(stdout);
     return 0;

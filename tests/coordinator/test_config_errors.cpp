@@ -101,6 +101,12 @@ const bad_config value_errors[] = {
     {"ssh_template",
      "[launch]\nssh_command = \"ssh {host}\"\n",
      {"deploy.toml:2:15: launch.ssh_command", "must contain {command}"}},
+    {"ssh_template_placeholder",
+     "[launch]\nssh_command = \"ssh {hostname} {command}\"\n",
+     {"deploy.toml:2:15: launch.ssh_command", "has {hostname}: the placeholders are {host} (= {address}), {name} and {command}"}},
+    {"gpu_memory",
+     "[[placement.hosts]]\naddress = \"127.0.0.1\"\ngpu_memory_gib = -1\n",
+     {"deploy.toml:3:18: placement.hosts[0].gpu_memory_gib = -1: must be a number"}},
     {"section_type",
      "model = \"x\"\n",
      {"deploy.toml:1:9: model = \"x\": must be a table ([model]), not a string"}},
@@ -146,7 +152,7 @@ const bad_config unknown_keys[] = {
     {"host_table",
      "[[placement.hosts]]\naddress = \"127.0.0.1\"\ngpu = 2\n",
      {"deploy.toml:3:1: placement.hosts[0].gpu: unknown key; did you mean placement.hosts[0].gpus?",
-      "(allowed in [[placement.hosts]]: address, name, gpus)"}},
+      "(allowed in [[placement.hosts]]: address, name, gpus, gpu_memory_gib)"}},
 };
 INSTANTIATE_TEST_SUITE_P(unknown, config_error, ::testing::ValuesIn(unknown_keys),
                          [](const auto& test) { return std::string(test.param.name); });

@@ -102,11 +102,13 @@ device_ids = [2, 3, 4, 5]
 name = "a"
 address = "10.1.0.1"
 gpus = 8
+gpu_memory_gib = 80
 
 [[placement.hosts]]
 name = "b"
 address = "10.1.0.2"
 gpus = 6
+gpu_memory_gib = 141.5
 
 [transport]
 ucx_tls = "tcp,cma,posix"
@@ -141,6 +143,8 @@ max_context = 2048
 [launch]
 method = "ssh"
 ssh_command = "ssh -p 2222 {host} {command}"
+srun_command = "srun --mpi=none"
+executable = "/opt/conveyor/bin/conveyor"
 )";
 
 constexpr std::string_view exclusive_alternatives = R"(
@@ -172,6 +176,8 @@ TEST(config_keys, every_key_is_read) {
   EXPECT_EQ(d.placement.hosts[1].name, "b");
   EXPECT_EQ(d.placement.hosts[1].address, "10.1.0.2");
   EXPECT_EQ(d.placement.hosts[1].gpus, 6);
+  EXPECT_DOUBLE_EQ(d.placement.hosts[0].gpu_memory_gib, 80);
+  EXPECT_DOUBLE_EQ(d.placement.hosts[1].gpu_memory_gib, 141.5);
   EXPECT_EQ(d.transport.ucx_tls, "tcp,cma,posix");
   EXPECT_EQ(d.transport.max_frame_bytes, 1048576);
   EXPECT_EQ(d.cluster.listen, (endpoint{"10.1.0.1", 7700}));
@@ -197,6 +203,8 @@ TEST(config_keys, every_key_is_read) {
   EXPECT_EQ(d.serving.max_context, 2048);
   EXPECT_EQ(d.launch.method, launch_method::ssh);
   EXPECT_EQ(d.launch.ssh_command, "ssh -p 2222 {host} {command}");
+  EXPECT_EQ(d.launch.srun_command, "srun --mpi=none");
+  EXPECT_EQ(d.launch.executable, "/opt/conveyor/bin/conveyor");
 
   const deployment alt = parse_ok(exclusive_alternatives);
   EXPECT_EQ(alt.placement.nproc_per_node, 4);

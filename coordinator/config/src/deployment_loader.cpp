@@ -42,6 +42,13 @@ std::string check_ssh_command(std::string_view v) {
   if (v.find("{command}") == std::string_view::npos) {
     return "must contain {command} (the worker's command line), e.g. \"ssh -p 2222 {host} {command}\"";
   }
+  for (std::size_t open = v.find('{'); open != std::string_view::npos; open = v.find('{', open + 1)) {
+    const std::size_t close = v.find('}', open);
+    const std::string_view name = close == std::string_view::npos ? v.substr(open) : v.substr(open, close - open + 1);
+    if (name != "{host}" && name != "{address}" && name != "{name}" && name != "{command}") {
+      return "has " + std::string(name) + ": the placeholders are {host} (= {address}), {name} and {command}";
+    }
+  }
   return {};
 }
 
@@ -75,6 +82,7 @@ void read_host(table_reader& r, host_entry& h) {
   const bool has_address = r.read("address", h.address, check_host_string);
   if (!r.read("name", h.name) && has_address) h.name = h.address;
   r.read("gpus", h.gpus, rules::host_gpus);
+  r.read("gpu_memory_gib", h.gpu_memory_gib, rules::gpu_memory_gib);
 }
 
 void read_placement(table_reader& r, placement_section& p, parse_context& ctx) {
@@ -146,6 +154,8 @@ void read_launch(table_reader& r, launch_section& l) {
       "method", l.method,
       {{"local", launch_method::local}, {"ssh", launch_method::ssh}, {"slurm", launch_method::slurm}});
   r.read("ssh_command", l.ssh_command, check_ssh_command);
+  r.read("srun_command", l.srun_command);
+  r.read("executable", l.executable, {}, /*allow_empty=*/true);
 }
 
 template <class Section, class Read>

@@ -34,6 +34,7 @@ std::string describe(const deployment& d) {
     add(k + "name", sv(h.name));
     add(k + "address", sv(h.address));
     add(k + "gpus", h.gpus == 0 ? "0 (count at launch)" : std::to_string(h.gpus));
+    add(k + "gpu_memory_gib", h.gpu_memory_gib == 0 ? "0 (unknown)" : num(h.gpu_memory_gib));
   }
   add("placement.nproc_per_node",
       d.placement.nproc_per_node == 0 ? "(not set)" : std::to_string(d.placement.nproc_per_node));
@@ -71,6 +72,8 @@ std::string describe(const deployment& d) {
   add("serving.max_context", s.max_context == 0 ? "0 (the model's limit)" : std::to_string(s.max_context));
   add("launch.method", sv(to_string(d.launch.method)));
   add("launch.ssh_command", sv(d.launch.ssh_command));
+  add("launch.srun_command", sv(d.launch.srun_command));
+  add("launch.executable", d.launch.executable.empty() ? "(this binary)" : sv(d.launch.executable));
 
   std::string out;
   for (const auto& [key, value] : kv) {

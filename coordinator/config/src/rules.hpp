@@ -54,6 +54,7 @@ inline constexpr int_rule kv_blocks{1, 1 << 30};
 inline constexpr int_rule max_context{1, 1 << 30};
 inline constexpr real_rule seconds{0.0, true, 7 * 24 * 3600.0};
 inline constexpr real_rule fraction{0.0, true, 1.0};
+inline constexpr real_rule gpu_memory_gib{0.0, false, 1 << 20};
 }  // namespace rules
 
 }  // namespace conveyor::config::detail

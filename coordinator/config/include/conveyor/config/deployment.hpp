@@ -55,6 +55,7 @@ struct host_entry {
   std::string name = "localhost";     ///< unique label used in logs, plans and the ssh template
   std::string address = "127.0.0.1";  ///< what workers on this host bind to and advertise
   int gpus = 0;                       ///< GPUs on the host; 0 = count them at launch
+  double gpu_memory_gib = 0;          ///< memory of each of its GPUs; 0 = unknown (fit not checked)
 };
 
 /// [placement]: which GPUs of which hosts run which stage. GPUs are assigned round-robin over the
@@ -109,7 +110,11 @@ struct serving_section {
 /// [launch]: how `conveyor launch` starts processes on the hosts.
 struct launch_section {
   launch_method method = launch_method::local;
-  std::string ssh_command = "ssh {host} {command}";  ///< {host} = address, {command} = worker line
+  /// Run by /bin/sh on this machine, once per worker. {host} = the host's address, {name} = its
+  /// name, {command} = the worker's command line as one quoted word, for a shell on the far side.
+  std::string ssh_command = "ssh {host} {command}";
+  std::string srun_command = "srun";  ///< "slurm": srun and its options; one step starts every worker
+  std::string executable;  ///< the conveyor binary on the hosts; empty = the path of this one
 };
 
 /// Where a key's value came from, for messages that point at it.
