@@ -13,5 +13,6 @@ int serve_local_main(const args& argv);
 int worker_main(const args& argv);
 int serve_main(const args& argv);
 int plan_main(const args& argv);
+int launch_main(const args& argv);
 
 }  // namespace conveyor::cli

@@ -22,7 +22,11 @@ void usage(std::FILE* out) {
       "             [--http HOST:PORT]   (--http: OpenAI-compatible HTTP + /metrics, coordinator/http)\n"
       "  plan       dry run of a deployment: stage -> host -> GPUs -> layers and memory per GPU\n"
       "             FILE.toml [--model DIR] [--stages K] [--tp N]   (starts nothing)\n"
-      "  worker     one stage-worker process (started by serve): --coordinator HOST:PORT --stage K\n"
+      "  launch     start the coordinator here and every worker where FILE.toml places it (local,\n"
+      "             ssh or slurm), then serve RPC: FILE.toml [--model DIR] [--stages K] [--tp N]\n"
+      "             [--listen HOST:PORT] [--http HOST:PORT]\n"
+      "  worker     one stage-worker process (started by serve/launch): --coordinator HOST:PORT\n"
+      "             --stage K | --slurm --placement LIST   [--address A] [--token-stdin]\n"
       "  client     talk to a server over Cap'n Proto RPC (--connect HOST:PORT [--timeout S])\n"
       "             generate --prompt-ids 1,2,3 [--max-new-tokens N] [--temperature T] [--top-k K]\n"
       "               [--top-p P] [--seed S] [--stop-ids 2,3] [--ignore-eos] [--format text|json]\n"
@@ -46,6 +50,7 @@ int main(int argc, char** argv) {
   if (cmd == "worker") return conveyor::cli::worker_main(rest);
   if (cmd == "serve") return conveyor::cli::serve_main(rest);
   if (cmd == "plan") return conveyor::cli::plan_main(rest);
+  if (cmd == "launch") return conveyor::cli::launch_main(rest);
   if (cmd == "help" || cmd == "--help" || cmd == "-h") {
     usage(stdout);
     return 0;

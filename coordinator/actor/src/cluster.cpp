@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <cstdio>
 #include <future>
+#include <optional>
 #include <thread>
 
 #include "caf/io/all.hpp"
@@ -102,28 +103,40 @@ class cluster_impl final : public cluster {
       return make_error(errc::io, "cannot listen for workers on " + options_.cluster_host + ":" +
                                       std::to_string(options_.cluster_port) + ": " + sys_->render(port.error()));
     }
-    for (std::size_t k = 0; k < setup.ranges.size(); ++k) {
-      std::vector<std::string> env = {"CONVEYOR_CLUSTER_TOKEN=" + setup.options.token, "CONVEYOR_EXIT_WITH_PARENT=1"};
-      if (options_.device == "cuda") {
-        const auto& ids = options_.device_ids;
-        std::string visible;
-        for (int r = 0; r < options_.tp; ++r) {
-          const int slot = static_cast<int>(k) * options_.tp + r;
-          const int gpu = ids.empty() ? slot : ids[slot % ids.size()];
-          visible += (r ? "," : "") + std::to_string(gpu);
-        }
-        env.push_back("CUDA_VISIBLE_DEVICES=" + visible);
-      }
-      auto pid = launcher_.launch({"--coordinator", options_.cluster_host + ":" + std::to_string(*port), "--stage",
-                                   std::to_string(k), "--threads", std::to_string(options_.worker_threads)},
-                                  env);
-      if (!pid) return pid.err();
+    std::vector<worker_site> sites = options_.sites;
+    if (sites.empty()) {
+      sites = local_sites(setup.ranges.size());
+    } else if (sites.size() != setup.ranges.size()) {
+      return make_error(errc::invalid_argument, std::to_string(sites.size()) + " worker sites for " +
+                                                    std::to_string(setup.ranges.size()) + " stages");
     }
+    launch_settings ls;
+    ls.method = options_.launch;
+    ls.executable = options_.launch != launch_method::local && !options_.remote_executable.empty()
+                        ? options_.remote_executable
+                        : options_.executable;
+    ls.coordinator = options_.cluster_host + ":" + std::to_string(*port);
+    ls.ssh_template = options_.ssh_template;
+    ls.srun_command = options_.srun_command;
+    ls.threads = options_.worker_threads;
+    // A worker keeps trying to reach us for as long as we wait for it.
+    ls.join_timeout_s = static_cast<double>(options_.startup_timeout.count());
+    CONVEYOR_TRY_ASSIGN(procs, worker_processes(ls, sites, setup.options.token));
+    for (const auto& p : procs) {
+      auto pid = launcher_.launch(p);
+      if (!pid) return make_error(pid.err().code, p.label + ": " + pid.err().message);
+      progress(p.label + ": started (pid " + std::to_string(*pid) + " on this machine)");
+    }
+    sites_ = std::move(sites);
+    processes_ = std::move(procs);
     return wait_ready();
   }
 
   service::inference_service& service() override { return *service_; }
-  std::vector<int> worker_pids() const override { return {launcher_.pids().begin(), launcher_.pids().end()}; }
+  std::vector<int> worker_pids() const override {
+    const auto pids = launcher_.pids();
+    return {pids.begin(), pids.end()};
+  }
 
   void shutdown() override {
     if (down_) return;
@@ -136,33 +149,96 @@ class cluster_impl final : public cluster {
   }
 
  private:
+  /// serve: every stage on this host; a CUDA stage sees tp GPUs, round-robin over device_ids.
+  std::vector<worker_site> local_sites(std::size_t stages) const {
+    std::vector<worker_site> sites(stages);
+    for (std::size_t k = 0; k < stages; ++k) {
+      sites[k].address.clear();  // no --address: UCX may use every interface
+      if (options_.device != "cuda") continue;
+      const auto& ids = options_.device_ids;
+      for (int r = 0; r < options_.tp; ++r) {
+        const int slot = static_cast<int>(k) * options_.tp + r;
+        const int gpu = ids.empty() ? slot : ids[slot % ids.size()];
+        sites[k].visible_devices += (r ? "," : "") + std::to_string(gpu);
+      }
+    }
+    return sites;
+  }
+
+  void progress(const std::string& line) const {
+    if (options_.on_progress) options_.on_progress(line);
+  }
+
+  std::string stage_label(std::size_t k) const {
+    const auto& s = sites_[k];
+    return s.address.empty() ? "stage " + std::to_string(k)
+                             : "host " + s.host_name + " (" + s.address + ") stage " + std::to_string(k);
+  }
+
+  std::optional<service::health_report> health_now() {
+    auto p = std::make_shared<std::promise<service::health_report>>();
+    auto f = p->get_future();
+    service_->health([p](service::health_report h) { p->set_value(std::move(h)); });
+    if (f.wait_for(std::chrono::seconds(5)) != std::future_status::ready) return std::nullopt;
+    return f.get();
+  }
+
+  static std::string what_is_pending(const std::string& state, const std::string& detail) {
+    if (state == "starting") return "never joined the coordinator (unreachable, or its launch command hangs)";
+    return state + (detail.empty() ? "" : ": " + detail);
+  }
+
   status wait_ready() {
     const auto until = std::chrono::steady_clock::now() + options_.startup_timeout;
     service::health_report last;
+    std::vector<std::string> reported(sites_.size());
     while (std::chrono::steady_clock::now() < until) {
-      auto p = std::make_shared<std::promise<service::health_report>>();
-      auto f = p->get_future();
-      service_->health([p](service::health_report h) { p->set_value(std::move(h)); });
-      if (f.wait_for(std::chrono::seconds(5)) != std::future_status::ready) continue;
-      last = f.get();
-      if (last.ready) return ok_status();
+      if (options_.should_stop && options_.should_stop()) {
+        return make_error(errc::internal, "start-up interrupted: stopping every worker started so far");
+      }
+      auto h = health_now();
+      if (!h) continue;
+      last = std::move(*h);
+      if (last.ready) {
+        progress("all " + std::to_string(sites_.size()) + " stages ready");
+        return ok_status();
+      }
       for (const auto& s : last.stages) {
+        const std::string text = s.state + (s.detail.empty() ? "" : ": " + s.detail);
+        if (s.stage >= 0 && static_cast<std::size_t>(s.stage) < reported.size() && reported[s.stage] != text) {
+          reported[s.stage] = text;
+          if (s.state != "starting") progress(stage_label(s.stage) + ": " + text);
+        }
         if (s.state == "failed") {
-          return make_error(errc::internal, "stage " + std::to_string(s.stage) + " failed during start-up: " + s.detail);
+          return make_error(errc::internal, stage_label(s.stage) + " failed during start-up: " + s.detail);
+        }
+      }
+      // A process that ended while one of its stages had not joined means that stage never will.
+      if (auto ended = launcher_.poll_exit()) {
+        const auto& p = processes_[ended->index];
+        if (auto now = health_now()) last = std::move(*now);
+        for (int k : p.stages) {
+          if (static_cast<std::size_t>(k) < last.stages.size() && last.stages[k].state == "starting") {
+            return make_error(errc::internal, p.label + ": the worker's process " + ended->how +
+                                                  " before it joined the coordinator (its messages are above)");
+          }
         }
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     std::string pending;
     for (const auto& s : last.stages) {
-      if (s.state != "ready") pending += " stage " + std::to_string(s.stage) + " (" + s.state + (s.detail.empty() ? "" : ": " + s.detail) + ")";
+      if (s.state == "ready") continue;
+      pending += "\n  " + stage_label(s.stage) + ": " + what_is_pending(s.state, s.detail);
     }
-    return make_error(errc::internal, "the cluster did not come up within " +
-                                          std::to_string(options_.startup_timeout.count()) + " s; not ready:" + pending);
+    return make_error(errc::internal, "the cluster did not come up within " + std::to_string(options_.startup_timeout.count()) +
+                                          " s (serving.startup_timeout_s); not ready:" + pending);
   }
 
   cluster_options options_;
   worker_launcher launcher_;
+  std::vector<worker_site> sites_;         ///< stage order
+  std::vector<process_spec> processes_;    ///< launch order (worker_launcher's indices)
   caf::actor_system_config cfg_;
   std::unique_ptr<caf::actor_system> sys_;
   caf::actor coordinator_;

@@ -1,7 +1,9 @@
 #include "conveyor/coordinator/worker_launcher.hpp"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,6 +20,16 @@ worker_launcher::~worker_launcher() { stop_all(std::chrono::milliseconds(0)); }
 result<pid_t> worker_launcher::launch(const std::vector<std::string>& args, const std::vector<std::string>& env) {
   std::vector<std::string> full = {executable_, "worker"};
   full.insert(full.end(), args.begin(), args.end());
+  return spawn(full, env, nullptr, false);
+}
+
+result<pid_t> worker_launcher::launch(const process_spec& spec) {
+  return spawn(spec.argv, spec.env, spec.stdin_text.empty() ? nullptr : &spec.stdin_text, true);
+}
+
+result<pid_t> worker_launcher::spawn(const std::vector<std::string>& args, const std::vector<std::string>& env,
+                                     const std::string* stdin_text, bool own_group) {
+  std::vector<std::string> full = args;
   std::vector<char*> argv;
   for (auto& a : full) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -42,33 +54,115 @@ result<pid_t> worker_launcher::launch(const std::vector<std::string>& args, cons
   sigemptyset(&stops);
   sigaddset(&stops, SIGINT);
   sigaddset(&stops, SIGTERM);
+  sigaddset(&stops, SIGPIPE);
   posix_spawnattr_setsigmask(&attr, &none);
   posix_spawnattr_setsigdefault(&attr, &stops);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-  pid_t pid = 0;
-  const int rc = posix_spawn(&pid, executable_.c_str(), nullptr, &attr, argv.data(), envp.data());
+  short flags = POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF;
+  child c;
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  int theirs = -1;
+  if (stdin_text != nullptr) {
+    // A socket, not a pipe: writing to it after the child died must not raise SIGPIPE here.
+    int pair[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) {
+      posix_spawnattr_destroy(&attr);
+      posix_spawn_file_actions_destroy(&actions);
+      return make_error(errc::io, std::string("cannot make a socket for a worker's stdin: ") + std::strerror(errno));
+    }
+    c.stdin_fd = pair[0];
+    theirs = pair[1];
+    posix_spawn_file_actions_adddup2(&actions, theirs, 0);
+  }
+  if (own_group) {
+    // A process group of its own, so that stopping it reaches what it started (ssh or ip-netns-exec
+    // under /bin/sh, the tasks of an srun stand-in), and a terminal's Ctrl-C reaches only us.
+    flags |= POSIX_SPAWN_SETPGROUP;
+    posix_spawnattr_setpgroup(&attr, 0);
+    c.group = true;
+  }
+  posix_spawnattr_setflags(&attr, flags);
+  const int rc = posix_spawn(&c.pid, full[0].c_str(), &actions, &attr, argv.data(), envp.data());
   posix_spawnattr_destroy(&attr);
-  if (rc != 0) return make_error(errc::io, "cannot start " + executable_ + " worker: " + std::strerror(rc));
-  pids_.push_back(pid);
-  return pid;
+  posix_spawn_file_actions_destroy(&actions);
+  if (theirs >= 0) ::close(theirs);
+  if (rc != 0) {
+    if (c.stdin_fd >= 0) ::close(c.stdin_fd);
+    return make_error(errc::io, "cannot start " + full[0] + ": " + std::strerror(rc));
+  }
+  if (stdin_text != nullptr) {
+    const char* p = stdin_text->data();
+    std::size_t left = stdin_text->size();
+    while (left > 0) {
+      const ssize_t n = ::send(c.stdin_fd, p, left, MSG_NOSIGNAL);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;  // it died already; poll_exit reports how
+      p += n;
+      left -= static_cast<std::size_t>(n);
+    }
+  }
+  children_.push_back(c);
+  return c.pid;
+}
+
+void worker_launcher::reap(child& c, bool block) {
+  if (c.reaped) return;
+  const pid_t r = ::waitpid(c.pid, &c.status, block ? 0 : WNOHANG);
+  if (r == c.pid || (r < 0 && errno == ECHILD)) c.reaped = true;
+}
+
+std::optional<worker_launcher::exit_report> worker_launcher::poll_exit() {
+  for (std::size_t i = 0; i < children_.size(); ++i) {
+    auto& c = children_[i];
+    reap(c, false);
+    if (!c.reaped || c.reported) continue;
+    c.reported = true;
+    std::string how = WIFEXITED(c.status)     ? "exited with status " + std::to_string(WEXITSTATUS(c.status))
+                      : WIFSIGNALED(c.status) ? "was killed by signal " + std::to_string(WTERMSIG(c.status))
+                                              : "ended";
+    return exit_report{i, how};
+  }
+  return std::nullopt;
+}
+
+std::vector<pid_t> worker_launcher::pids() const {
+  std::vector<pid_t> out;
+  for (const auto& c : children_) out.push_back(c.pid);
+  return out;
 }
 
 void worker_launcher::stop_all(std::chrono::milliseconds grace) {
-  const auto until = std::chrono::steady_clock::now() + grace;
-  for (pid_t pid : pids_) {
-    int status = 0;
+  auto wait_all = [&](std::chrono::steady_clock::time_point until) {
     for (;;) {
-      const pid_t r = ::waitpid(pid, &status, WNOHANG);
-      if (r == pid || (r < 0 && errno == ECHILD)) break;
-      if (std::chrono::steady_clock::now() >= until) {
-        ::kill(pid, SIGKILL);
-        ::waitpid(pid, &status, 0);
-        break;
+      bool all = true;
+      for (auto& c : children_) {
+        reap(c, false);
+        all = all && c.reaped;
       }
+      if (all || std::chrono::steady_clock::now() >= until) return all;
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
+  };
+  const auto now = std::chrono::steady_clock::now();
+  bool done = wait_all(now + grace);
+  // Closing their stdin tells workers behind ssh that we are gone (ssh forwards the end of input).
+  for (auto& c : children_) {
+    if (c.stdin_fd >= 0) ::close(c.stdin_fd);
+    c.stdin_fd = -1;
   }
-  pids_.clear();
+  if (!done && grace.count() > 0) done = wait_all(std::chrono::steady_clock::now() + std::chrono::milliseconds(500));
+  if (!done) {
+    for (auto& c : children_) {
+      if (!c.reaped) ::kill(c.group ? -c.pid : c.pid, SIGTERM);
+    }
+    done = wait_all(std::chrono::steady_clock::now() + std::chrono::seconds(grace.count() > 0 ? 1 : 0));
+  }
+  for (auto& c : children_) {
+    if (c.reaped) continue;
+    ::kill(c.group ? -c.pid : c.pid, SIGKILL);
+    reap(c, true);
+  }
+  children_.clear();
 }
 
 }  // namespace conveyor::coordinator

@@ -4,11 +4,13 @@
 // stay inside the .cpp files; callers see an inference_service.
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "conveyor/base/result.hpp"
+#include "conveyor/coordinator/launch_spec.hpp"
 #include "conveyor/service/inference_service.hpp"
 #include "conveyor/service/serving_policy.hpp"
 
@@ -43,12 +45,27 @@ struct cluster_options {
   /// Tensor-parallel ranks per stage: threads of the stage's worker process, joined by NCCL (GPUs)
   /// or the CPU collective. A CUDA stage k sees GPUs device_ids[k*tp .. k*tp+tp-1] (round-robin).
   int tp = 1;
+  /// `conveyor launch`: where each stage's worker runs, in stage order (host, the address it binds
+  /// and advertises, its CUDA_VISIBLE_DEVICES). Empty = every stage on this host, GPUs from
+  /// device_ids as above (`conveyor serve`).
+  std::vector<worker_site> sites;
+  /// How the workers are started: directly, through ssh_template (run by /bin/sh here), or as one
+  /// srun step (see launch_spec.hpp).
+  launch_method launch = launch_method::local;
+  std::string ssh_template = "ssh {host} {command}";
+  std::string srun_command = "srun";
+  std::string remote_executable;  ///< the conveyor binary on the hosts (ssh, slurm); empty = executable
+  /// Start-up progress, one line per step of each stage ("host w1 (10.0.0.2) stage 0: loading ...").
+  std::function<void(const std::string&)> on_progress;
+  /// Polled while waiting for the workers: true aborts the start-up (a stop signal arrived).
+  std::function<bool()> should_stop;
 };
 
 class cluster {
  public:
   /// Starts the coordinator and the workers, and returns once the canary token has passed every
-  /// stage, or fails with the stage that did not come up within startup_timeout.
+  /// stage, or fails naming the host and stage that did not come up within startup_timeout (at once
+  /// when a worker's process ends before it joined).
   static result<std::unique_ptr<cluster>> start(const cluster_options& options);
   virtual ~cluster() = default;
   /// The serving interface (thread-safe; callbacks arrive on actor threads).
