@@ -3,7 +3,7 @@
 # namespaces on a bridge), workers started through the ssh command template pointed at a local
 # stand-in (fake_ssh.sh), so the launcher's real ssh path runs; activations cross hosts over UCX on
 # TCP; tokens through the RPC client equal the fixture's HF goldens; SIGTERM stops every process on
-# every host.
+# every host, and so does the launcher's death (SIGKILL).
 # usage: netns_launch_test.sh CONVEYOR FIXTURES_DIR TESTS_LAUNCH_DIR pp|pptp
 set -u
 bin=$1; fx=$2; here=$3; shape=$4
@@ -79,5 +79,21 @@ wait_exit 30
 sleep 0.5
 if [ "$(left_in 1)" = 0 ] && [ "$(left_in 2)" = 0 ]; then ok no_process_left_on_any_host; else
   bad "processes left: host 1: $(left_in 1), host 2: $(left_in 2)"; fi
+
+# A launcher that dies without stopping anything (SIGKILL): the workers stop on their own, on every
+# host (the coordinator's actor goes down, and their stdin, which ssh would forward, closes).
+if [ "$shape" = pp ]; then
+  start_launch "$tmp/deploy.toml"
+  if [ -n "$(wait_listening)" ]; then
+    kill -KILL "$launch_pid"
+    wait "$launch_pid" 2>/dev/null
+    launch_pid=
+    for _ in $(seq 1 100); do [ "$(left_in 1)" = 0 ] && [ "$(left_in 2)" = 0 ] && break; sleep 0.1; done
+    if [ "$(left_in 1)" = 0 ] && [ "$(left_in 2)" = 0 ]; then ok workers_stop_when_the_launcher_dies; else
+      bad "after SIGKILL of launch: host 1: $(left_in 1), host 2: $(left_in 2) processes left"; fi
+  else
+    bad "second launch did not come up"
+  fi
+fi
 [ $fail = 0 ] || { echo "--- launch stderr"; cat "$tmp/err"; }
 exit $fail
