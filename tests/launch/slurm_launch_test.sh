@@ -2,7 +2,8 @@
 # conveyor launch with launch.method = "slurm": one srun step (a local stand-in, fake_srun.sh, that
 # gives each task the SLURM_* variables srun would) brings up both stages, each taking its stage from
 # SLURM_PROCID; golden tokens through the RPC client; SIGTERM stops the step. Then `worker --slurm`
-# on its own: a task whose placement names another machine, and a step of the wrong size.
+# on its own: a task whose placement names another machine, and a step of the wrong size; and a
+# worker whose token came on stdin stopping when stdin closes.
 # usage: slurm_launch_test.sh CONVEYOR FIXTURES_DIR TESTS_LAUNCH_DIR
 set -u
 bin=$1; fx=$2; here=$3
@@ -61,4 +62,8 @@ out=$(SLURM_PROCID=0 SLURM_NTASKS=3 CONVEYOR_CLUSTER_TOKEN=t "$bin" worker --slu
 if [ $rc = 1 ] && grep -q "SLURM_NTASKS=3 tasks but the placement has 2 stages" <<<"$out"; then ok step_of_the_wrong_size; else bad "ntasks: rc=$rc $out"; fi
 out=$(CONVEYOR_CLUSTER_TOKEN=t "$bin" worker --slurm --placement "a@127.0.0.1" --coordinator 127.0.0.1:9 2>&1); rc=$?
 if [ $rc = 1 ] && grep -q "SLURM_PROCID is not set" <<<"$out"; then ok not_under_srun; else bad "no procid: rc=$rc $out"; fi
+# The token on stdin (the ssh path): the worker stops as soon as stdin closes, even while it is
+# still trying to reach a coordinator (nothing listens on 127.0.0.1:9).
+out=$( (echo tok; sleep 0.5) | timeout 20 "$bin" worker --token-stdin --stage 0 --coordinator 127.0.0.1:9 --join-timeout 30 2>&1); rc=$?
+if [ $rc = 3 ] && grep -q "stdin closed (the launcher went away); stopping" <<<"$out"; then ok stdin_lifeline; else bad "stdin: rc=$rc $out"; fi
 exit $fail
