@@ -12,6 +12,7 @@ int client_main(const args& argv);
 int serve_local_main(const args& argv);
 int worker_main(const args& argv);
 int serve_main(const args& argv);
+int batch_main(const args& argv);
 int plan_main(const args& argv);
 int launch_main(const args& argv);
 

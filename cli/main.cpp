@@ -20,6 +20,7 @@ void usage(std::FILE* out) {
       "             [--listen HOST:PORT] [--http HOST:PORT]   (configs/ holds commented examples)\n"
       "  serve-local  serve RPC from an in-process engine (no cluster): --model DIR [--listen HOST:PORT]\n"
       "             [--http HOST:PORT]   (--http: OpenAI-compatible HTTP + /metrics, coordinator/http)\n"
+      "             [--config FILE.toml]   (its [serving] batching, queue caps, job tickets, timeout)\n"
       "  plan       dry run of a deployment: stage -> host -> GPUs -> layers and memory per GPU\n"
       "             FILE.toml [--model DIR] [--stages K] [--tp N]   (starts nothing)\n"
       "  launch     start the coordinator here and every worker where FILE.toml places it (local,\n"
@@ -27,6 +28,10 @@ void usage(std::FILE* out) {
       "             [--listen HOST:PORT] [--http HOST:PORT]\n"
       "  worker     one stage-worker process (started by serve/launch): --coordinator HOST:PORT\n"
       "             --stage K | --slurm --placement LIST   [--address A] [--token-stdin]\n"
+      "  batch      run a JSONL file of requests offline, results in input order, resumable:\n"
+      "             --config FILE.toml --input prompts.jsonl --output results.jsonl [--model DIR]\n"
+      "             [--engine auto|local|cluster] [--threads N] [--window N] [--quiet]\n"
+      "             (exit 3: some lines failed; each has an \"error\" result line)\n"
       "  client     talk to a server over Cap'n Proto RPC (--connect HOST:PORT [--timeout S])\n"
       "             generate --prompt-ids 1,2,3 [--max-new-tokens N] [--temperature T] [--top-k K]\n"
       "               [--top-p P] [--seed S] [--stop-ids 2,3] [--ignore-eos] [--format text|json]\n"
@@ -49,6 +54,7 @@ int main(int argc, char** argv) {
   if (cmd == "serve-local") return conveyor::cli::serve_local_main(rest);
   if (cmd == "worker") return conveyor::cli::worker_main(rest);
   if (cmd == "serve") return conveyor::cli::serve_main(rest);
+  if (cmd == "batch") return conveyor::cli::batch_main(rest);
   if (cmd == "plan") return conveyor::cli::plan_main(rest);
   if (cmd == "launch") return conveyor::cli::launch_main(rest);
   if (cmd == "help" || cmd == "--help" || cmd == "-h") {
