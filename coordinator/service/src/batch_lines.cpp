@@ -123,7 +123,10 @@ parsed_line parse_line(std::string_view text, std::int64_t line_no, const tokeni
 
 std::string result_line(const nlohmann::json& id, const std::vector<std::int32_t>& tokens, const generate_summary& s,
                         const tokenizer::tokenizer* tok) {
-  json o{{"id", id}, {"tokens", tokens}};
+  // Ordered: the id first, as in the input, so a person reading the file finds it.
+  nlohmann::ordered_json o;
+  o["id"] = id;
+  o["tokens"] = tokens;
   if (tok) o["text"] = tok->decode(tokens);
   o["finish_reason"] = s.finish_reason;
   o["prompt_tokens"] = s.prompt_tokens;
@@ -134,7 +137,9 @@ std::string result_line(const nlohmann::json& id, const std::vector<std::int32_t
 }
 
 std::string error_line(const nlohmann::json& id, const error& e) {
-  json o{{"id", id}, {"error", {{"code", std::string(errc_name(e.code))}, {"message", e.message}}}};
+  nlohmann::ordered_json o;
+  o["id"] = id;
+  o["error"] = {{"code", std::string(errc_name(e.code))}, {"message", e.message}};
   return o.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
