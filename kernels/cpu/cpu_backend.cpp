@@ -118,6 +118,13 @@ class cpu_backend final : public backend {
     }
   }
 
+  // Ops run at once on the host: there is nothing to record or replay.
+  bool can_capture() const override { return false; }
+  void begin_capture() override {}
+  capture_id end_capture() override { return 0; }
+  void replay(capture_id /*id*/) override {}
+  void drop_capture(capture_id /*id*/) override {}
+
  private:
   static std::size_t round_up(std::size_t bytes) { return (bytes + 63) / 64 * 64; }
 

@@ -4,11 +4,15 @@
 // - decode_kernel + combine_kernel: flash-decoding. With one query row per sequence a block per
 //   (sequence, head) leaves the GPU idle on long contexts, so the keys are split across blocks that
 //   each write (max, sum, unnormalised output) and a second kernel merges the splits.
-// Arithmetic is float32 on CUDA cores throughout. TODO(perf): tensor-core (wgmma) tiles, K/V
-// staged once per GQA group instead of per query head, 16-byte loads.
+// - decode_gqa_kernel: flash-decoding with one block per KV head serving its whole query-head group.
+// - prefill_tc_kernel: FlashAttention-2 on tensor cores (mma.sync, bf16) for head_dim 64 and 128.
+// The plain kernels compute in float32 on CUDA cores; they serve f32 and other head sizes and groups.
+// TODO(perf): wgmma/TMA prefill tiles; one block per KV head's query group (K/V tiles shared).
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
+#include <type_traits>
 
 #include "device_types.cuh"
 #include "launch.hpp"
@@ -273,6 +277,398 @@ __global__ void __launch_bounds__(block_threads) decode_kernel(
   }
 }
 
+// q · k for the G query heads of one KV head against one key row that this lane reads alone: the
+// row is loaded once (16-byte loads) and used G times.
+template <int G>
+__device__ __forceinline__ void dot_rows(const float* q, int q_stride, const __nv_bfloat16* k, int D, float (&s)[G]) {
+#pragma unroll
+  for (int g = 0; g < G; ++g) s[g] = 0.0f;
+  if (D % 8 == 0) {
+    const uint4* k4 = reinterpret_cast<const uint4*>(k);
+    for (int c = 0; c < D / 8; ++c) {
+      const uint4 u = k4[c];
+      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+      float f[8];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 v = __bfloat1622float2(h[e]);
+        f[2 * e] = v.x;
+        f[2 * e + 1] = v.y;
+      }
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        const float* qg = q + g * q_stride + c * 8;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) s[g] += qg[e] * f[e];
+      }
+    }
+    return;
+  }
+  for (int d = 0; d < D; ++d) {
+    const float kd = __bfloat162float(k[d]);
+#pragma unroll
+    for (int g = 0; g < G; ++g) s[g] += q[g * q_stride + d] * kd;
+  }
+}
+template <int G>
+__device__ __forceinline__ void dot_rows(const float* q, int q_stride, const float* k, int D, float (&s)[G]) {
+#pragma unroll
+  for (int g = 0; g < G; ++g) s[g] = 0.0f;
+  if (D % 4 == 0) {
+    const float4* k4 = reinterpret_cast<const float4*>(k);
+    for (int c = 0; c < D / 4; ++c) {
+      const float4 f = k4[c];
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        const float* qg = q + g * q_stride + c * 4;
+        s[g] += qg[0] * f.x + qg[1] * f.y + qg[2] * f.z + qg[3] * f.w;
+      }
+    }
+    return;
+  }
+  for (int d = 0; d < D; ++d) {
+#pragma unroll
+    for (int g = 0; g < G; ++g) s[g] += q[g * q_stride + d] * k[d];
+  }
+}
+
+// Flash-decoding with grouped queries: grid (splits, kv_heads, seqs), block 128 threads. The G =
+// heads / kv_heads query heads of a KV head share every K and V row the block loads, so K/V bytes are
+// read once per KV head instead of once per query head. Same partial/combine format as decode_kernel.
+template <class T, int DC, int G>
+__global__ void __launch_bounds__(block_threads) decode_gqa_kernel(
+    const T* qkv, int heads, int kv_heads, int head_dim, float scale, int window, const std::int32_t* q_start,
+    const std::int32_t* ctx_len, const std::int32_t* block_table, int table_stride, int block_size,
+    const T* k_cache, const T* v_cache, int split_len, float* partials, T* out) {
+  constexpr int QS = 32 * DC;
+  __shared__ float q_s[G * QS];
+  __shared__ float m_s[warps][G], l_s[warps][G];
+  __shared__ float o_s[warps][G][QS];
+  const int D = head_dim;
+  const int split = blockIdx.x, splits = gridDim.x, kvh = blockIdx.y, seq = blockIdx.z;
+  const int row = q_start[seq];
+  if (q_start[seq + 1] - row != 1) return;
+  const int ctx = ctx_len[seq], pos = ctx - 1;
+  const int lo = window > 0 ? max(0, pos - window + 1) : 0;
+  const int begin = lo + split * split_len, end = min(ctx, begin + split_len);
+  const int width = (heads + 2 * kv_heads) * D;
+  const int h0 = kvh * G;
+  const std::int32_t* table = block_table + static_cast<std::size_t>(seq) * table_stride;
+  for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
+    const int g = idx / D, d = idx % D;
+    q_s[g * QS + d] = to_f32(qkv[static_cast<std::size_t>(row) * width + (h0 + g) * D + d]) * scale;
+  }
+  __syncthreads();
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float m[G], l[G], o[G][DC];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < DC; ++c) o[g][c] = 0.0f;
+  }
+  for (int k0 = begin + warp * 32; k0 < end; k0 += warps * 32) {
+    const int j = k0 + lane;
+    float s[G];
+    std::size_t at = 0;
+    if (j < end) {
+      at = cache_index(table, block_size, j, kv_heads, kvh, D);
+      dot_rows<G>(q_s, QS, k_cache + at, D, s);
+    } else {
+#pragma unroll
+      for (int g = 0; g < G; ++g) s[g] = -INFINITY;
+    }
+    float p[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const float m_new = fmaxf(m[g], warp_max(s[g]));  // finite: key k0 is always < end
+      const float alpha = exp_diff(m[g], m_new);
+      p[g] = exp_diff(s[g], m_new);
+      l[g] = l[g] * alpha + warp_sum(p[g]);
+      m[g] = m_new;
+#pragma unroll
+      for (int c = 0; c < DC; ++c) o[g][c] *= alpha;
+    }
+    // V rows 8 keys at a time: their loads are all in flight before the first is used (one key at a
+    // time exposed a memory round trip per key).
+    const int valid = min(32, end - k0);
+    for (int j0 = 0; j0 < valid; j0 += 8) {
+      float v[8][DC];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const std::size_t at_j = __shfl_sync(0xffffffffu, static_cast<unsigned long long>(at), j0 + u);
+#pragma unroll
+        for (int c = 0; c < DC; ++c) {
+          const int d = lane + 32 * c;
+          v[u][c] = (j0 + u < valid && d < D) ? to_f32(v_cache[at_j + d]) : 0.0f;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+          const float pj = __shfl_sync(0xffffffffu, p[g], j0 + u);  // 0 past `valid`: those keys are masked
+#pragma unroll
+          for (int c = 0; c < DC; ++c) o[g][c] += pj * v[u][c];
+        }
+      }
+    }
+  }
+  if (lane == 0) {
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      m_s[warp][g] = m[g];
+      l_s[warp][g] = l[g];
+    }
+  }
+#pragma unroll
+  for (int g = 0; g < G; ++g)
+#pragma unroll
+    for (int c = 0; c < DC; ++c) o_s[warp][g][lane + 32 * c] = o[g][c];
+  __syncthreads();
+
+  for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
+    const int g = idx / D, d = idx % D;
+    float m_all = -INFINITY;
+    for (int w = 0; w < warps; ++w) m_all = fmaxf(m_all, m_s[w][g]);
+    float l_all = 0.0f, acc = 0.0f;
+    for (int w = 0; w < warps; ++w) {
+      const float f = exp_diff(m_s[w][g], m_all);
+      l_all += l_s[w][g] * f;
+      acc += o_s[w][g][d] * f;
+    }
+    const int h = h0 + g;
+    if (splits > 1) {
+      float* p_out = partials + ((static_cast<std::size_t>(seq) * heads + h) * splits + split) * (D + 2);
+      if (d == 0) {
+        p_out[0] = m_all;
+        p_out[1] = l_all;
+      }
+      p_out[2 + d] = acc;
+    } else {
+      out[static_cast<std::size_t>(row) * heads * D + h * D + d] = from_f32<T>(acc / l_all);
+    }
+  }
+}
+
+// --- prefill on tensor cores (bf16, head_dim 64 or 128) ---
+__device__ __forceinline__ void mma16816(float (&d)[4], std::uint32_t a0, std::uint32_t a1, std::uint32_t a2,
+                                         std::uint32_t a3, std::uint32_t b0, std::uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ std::uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const std::uint32_t*>(&v);
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], const void* smem_row) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(smem_row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+constexpr int tc_q_tile = 64;  // query rows per block (4 warps × 16)
+constexpr int tc_key_tile = 64;
+
+// FlashAttention-2 with mma.sync m16n8k16 (bf16 in, f32 accumulate): grid (q tiles, heads, seqs),
+// block 128 threads. A warp owns 16 query rows; K and V tiles of 64 keys are staged in shared memory
+// with rows padded by 16 bytes (conflict-free fragment loads; V is read transposed by ldmatrix).
+// S = Q Kᵀ and the online softmax stay in registers; P is rounded to bf16 for P·V, as FlashAttention
+// does. Padding rows are never written.
+template <int D>
+__global__ void __launch_bounds__(block_threads, D == 64 ? 3 : 1) prefill_tc_kernel(
+    const __nv_bfloat16* qkv, int heads, int kv_heads, float scale, int window, const std::int32_t* q_start,
+    const std::int32_t* ctx_len, const std::int32_t* block_table, int table_stride, int block_size,
+    const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache, __nv_bfloat16* out) {
+  constexpr int LD = D + 8;
+  __shared__ __align__(16) __nv_bfloat16 k_s[tc_key_tile * LD];
+  __shared__ __align__(16) __nv_bfloat16 v_s[tc_key_tile * LD];
+  const int seq = blockIdx.z, h = blockIdx.y;
+  const int q0 = q_start[seq], q_len = q_start[seq + 1] - q0;
+  const int tile_row0 = (gridDim.x - 1 - blockIdx.x) * tc_q_tile;  // late (long) tiles first
+  if (tile_row0 >= q_len) return;
+  const int ctx = ctx_len[seq], first_pos = ctx - q_len;
+  const int kvh = h / (heads / kv_heads);
+  const int width = (heads + 2 * kv_heads) * D;
+  const std::int32_t* table = block_table + static_cast<std::size_t>(seq) * table_stride;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+
+  const int r_a = tile_row0 + warp * 16 + g, r_b = r_a + 8;
+  const int pos_a = r_a < q_len ? first_pos + r_a : -1;
+  const int pos_b = r_b < q_len ? first_pos + r_b : -1;
+  const int lo_a = window > 0 ? pos_a - window + 1 : 0;
+  const int lo_b = window > 0 ? pos_b - window + 1 : 0;
+
+  std::uint32_t qf[D / 16][4];
+  {
+    const __nv_bfloat16* qa = qkv + static_cast<std::size_t>(q0 + min(r_a, q_len - 1)) * width + h * D;
+    const __nv_bfloat16* qb = qkv + static_cast<std::size_t>(q0 + min(r_b, q_len - 1)) * width + h * D;
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      const int d = ks * 16 + 2 * q;
+      qf[ks][0] = *reinterpret_cast<const std::uint32_t*>(qa + d);
+      qf[ks][1] = *reinterpret_cast<const std::uint32_t*>(qb + d);
+      qf[ks][2] = *reinterpret_cast<const std::uint32_t*>(qa + d + 8);
+      qf[ks][3] = *reinterpret_cast<const std::uint32_t*>(qb + d + 8);
+    }
+  }
+  float o[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[i][e] = 0.0f;
+  float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.0f, l_b = 0.0f;
+  const float sl2 = scale * 1.4426950408889634f;  // exp(x) = exp2(x log2 e)
+
+  const int last_row = min(q_len, tile_row0 + tc_q_tile) - 1;
+  const int last_pos = first_pos + last_row;
+  const int first_key = window > 0 ? max(0, first_pos + tile_row0 - window + 1) : 0;
+  // The next K/V tile is loaded into registers while the current one is computed on, so the loads'
+  // latency overlaps the tensor-core work instead of stalling every tile.
+  constexpr int per_thread = tc_key_tile * (D / 8) / block_threads;
+  uint4 k_next[per_thread], v_next[per_thread];
+  auto load_tile = [&](int k0) {
+#pragma unroll
+    for (int i = 0; i < per_thread; ++i) {
+      const int idx = threadIdx.x + i * block_threads;
+      const int r = idx / (D / 8), c = idx % (D / 8), j = k0 + r;
+      k_next[i] = make_uint4(0, 0, 0, 0);  // zeros: 0 · V stays finite
+      v_next[i] = make_uint4(0, 0, 0, 0);
+      if (j <= last_pos) {
+        const std::size_t at = cache_index(table, block_size, j, kv_heads, kvh, D) + c * 8;
+        k_next[i] = *reinterpret_cast<const uint4*>(k_cache + at);
+        v_next[i] = *reinterpret_cast<const uint4*>(v_cache + at);
+      }
+    }
+  };
+  load_tile(first_key);
+  for (int k0 = first_key; k0 <= last_pos; k0 += tc_key_tile) {
+    __syncthreads();  // the previous tile is consumed
+#pragma unroll
+    for (int i = 0; i < per_thread; ++i) {
+      const int idx = threadIdx.x + i * block_threads;
+      const int r = idx / (D / 8), c = idx % (D / 8);
+      *reinterpret_cast<uint4*>(k_s + r * LD + c * 8) = k_next[i];
+      *reinterpret_cast<uint4*>(v_s + r * LD + c * 8) = v_next[i];
+    }
+    __syncthreads();
+    if (k0 + tc_key_tile <= last_pos) load_tile(k0 + tc_key_tile);
+
+    float s[tc_key_tile / 8][4];
+#pragma unroll
+    for (int nb = 0; nb < tc_key_tile / 8; ++nb) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nb][e] = 0.0f;
+      const __nv_bfloat16* krow = k_s + (nb * 8 + g) * LD + 2 * q;
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks) {
+        const std::uint32_t b0 = *reinterpret_cast<const std::uint32_t*>(krow + ks * 16);
+        const std::uint32_t b1 = *reinterpret_cast<const std::uint32_t*>(krow + ks * 16 + 8);
+        mma16816(s[nb], qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], b0, b1);
+      }
+    }
+    // Mask, then the online softmax of rows a (e = 0, 1) and b (e = 2, 3); a quad of lanes shares a row.
+    // Below the diagonal (most tiles) every key is visible to all 16 rows: no per-element test.
+    const int warp_first_pos = first_pos + tile_row0 + warp * 16;
+    const bool all_visible = window == 0 && tile_row0 + warp * 16 + 15 < q_len && k0 + tc_key_tile - 1 <= warp_first_pos;
+    float mx_a = -INFINITY, mx_b = -INFINITY;
+#pragma unroll
+    for (int nb = 0; nb < tc_key_tile / 8; ++nb) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const bool row_b = e >= 2;
+        if (all_visible) {
+          s[nb][e] *= sl2;
+        } else {
+          const int j = k0 + nb * 8 + 2 * q + (e & 1);
+          const int p = row_b ? pos_b : pos_a, lo = row_b ? lo_b : lo_a;
+          const bool visible = p >= 0 && j <= p && j >= lo;
+          s[nb][e] = visible ? s[nb][e] * sl2 : -INFINITY;
+        }
+        if (row_b) {
+          mx_b = fmaxf(mx_b, s[nb][e]);
+        } else {
+          mx_a = fmaxf(mx_a, s[nb][e]);
+        }
+      }
+    }
+#pragma unroll
+    for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+      mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, o2));
+      mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, o2));
+    }
+    const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
+    const float base_a = mn_a == -INFINITY ? 0.0f : mn_a, base_b = mn_b == -INFINITY ? 0.0f : mn_b;
+    const float alpha_a = exp2f(m_a - base_a), alpha_b = exp2f(m_b - base_b);
+    m_a = mn_a;
+    m_b = mn_b;
+    float sum_a = 0.0f, sum_b = 0.0f;
+#pragma unroll
+    for (int nb = 0; nb < tc_key_tile / 8; ++nb) {
+      s[nb][0] = exp2f(s[nb][0] - base_a);
+      s[nb][1] = exp2f(s[nb][1] - base_a);
+      s[nb][2] = exp2f(s[nb][2] - base_b);
+      s[nb][3] = exp2f(s[nb][3] - base_b);
+      sum_a += s[nb][0] + s[nb][1];
+      sum_b += s[nb][2] + s[nb][3];
+    }
+    l_a = l_a * alpha_a + sum_a;  // this lane's columns only; the quad is summed at the end
+    l_b = l_b * alpha_b + sum_b;
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      o[i][0] *= alpha_a;
+      o[i][1] *= alpha_a;
+      o[i][2] *= alpha_b;
+      o[i][3] *= alpha_b;
+    }
+    // O += P V: the S accumulator layout is P's A-fragment layout (two 8-key blocks per 16-key step).
+    const int mi = lane / 8;
+#pragma unroll
+    for (int kk = 0; kk < tc_key_tile / 16; ++kk) {
+      const std::uint32_t a0 = pack_bf16x2(s[2 * kk][0], s[2 * kk][1]);
+      const std::uint32_t a1 = pack_bf16x2(s[2 * kk][2], s[2 * kk][3]);
+      const std::uint32_t a2 = pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      const std::uint32_t a3 = pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      const __nv_bfloat16* vrow = v_s + (kk * 16 + (mi & 1) * 8 + lane % 8) * LD + (mi >> 1) * 8;
+#pragma unroll
+      for (int dn = 0; dn < D / 8; dn += 2) {
+        std::uint32_t b[4];
+        ldmatrix_x4_trans(b, vrow + dn * 8);
+        mma16816(o[dn], a0, a1, a2, a3, b[0], b[1]);
+        mma16816(o[dn + 1], a0, a1, a2, a3, b[2], b[3]);
+      }
+    }
+  }
+#pragma unroll
+  for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+    l_a += __shfl_xor_sync(0xffffffffu, l_a, o2);
+    l_b += __shfl_xor_sync(0xffffffffu, l_b, o2);
+  }
+  const std::size_t out_stride = static_cast<std::size_t>(heads) * D;
+  if (pos_a >= 0) {
+    const float inv = 1.0f / l_a;
+    __nv_bfloat16* dst = out + static_cast<std::size_t>(q0 + r_a) * out_stride + h * D + 2 * q;
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      *reinterpret_cast<std::uint32_t*>(dst + i * 8) = pack_bf16x2(o[i][0] * inv, o[i][1] * inv);
+    }
+  }
+  if (pos_b >= 0) {
+    const float inv = 1.0f / l_b;
+    __nv_bfloat16* dst = out + static_cast<std::size_t>(q0 + r_b) * out_stride + h * D + 2 * q;
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      *reinterpret_cast<std::uint32_t*>(dst + i * 8) = pack_bf16x2(o[i][2] * inv, o[i][3] * inv);
+    }
+  }
+}
+
 // grid (heads, seqs), block head_dim threads (≤ 256): merges a row's splits.
 template <class T>
 __global__ void combine_kernel(const std::int32_t* q_start, int heads, int head_dim, int splits,
@@ -293,10 +689,78 @@ __global__ void combine_kernel(const std::int32_t* q_start, int heads, int head_
   out[static_cast<std::size_t>(row) * heads * head_dim + h * head_dim + d] = from_f32<T>(acc / l_all);
 }
 
+template <class T, int DC, int G>
+void launch_gqa(const T* qkv, const attn_shape& sh, const attention_batch& b, const kv_layout& layout, const T* k,
+                const T* v, T* out, float* partials, std::size_t partial_floats, int num_sms, cudaStream_t s) {
+  const int D = sh.head_dim;
+  const int base_blocks = b.num_seqs * sh.num_kv_heads;
+  int splits = std::max(1, (2 * num_sms + base_blocks - 1) / base_blocks);
+  // At least 256 keys per split: a short context in one split needs no combine launch.
+  splits = std::min(splits, std::max(1, (b.max_ctx_len + 255) / 256));
+  while (splits > 1 && attention_partial_floats(b.num_seqs, sh.num_heads, D, splits) > partial_floats) --splits;
+  int split_len = (b.max_ctx_len + splits - 1) / splits;
+  split_len = (split_len + 31) / 32 * 32;
+  decode_gqa_kernel<T, DC, G><<<dim3(splits, sh.num_kv_heads, b.num_seqs), block_threads, 0, s>>>(
+      qkv, sh.num_heads, sh.num_kv_heads, D, sh.scale, sh.sliding_window, b.q_start, b.ctx_len, b.block_table,
+      b.max_blocks_per_seq, layout.block_size, k, v, split_len, partials, out);
+  CONVEYOR_CUDA_LAUNCHED("attention decode gqa");
+  if (splits > 1) {
+    combine_kernel<T><<<dim3(sh.num_heads, b.num_seqs), D, 0, s>>>(b.q_start, sh.num_heads, D, splits, partials, out);
+    CONVEYOR_CUDA_LAUNCHED("attention combine");
+  }
+}
+
+// Grouped decode where the group's accumulators stay few (G × DC ≤ 16 per lane).
+template <class T, int DC>
+bool try_gqa(const T* qkv, const attn_shape& sh, const attention_batch& b, const kv_layout& layout, const T* k,
+             const T* v, T* out, float* partials, std::size_t partial_floats, int num_sms, cudaStream_t s) {
+  if (sh.num_kv_heads <= 0 || sh.num_heads % sh.num_kv_heads != 0) return false;
+  const int group = sh.num_heads / sh.num_kv_heads;
+  if (group == 2) {
+    launch_gqa<T, DC, 2>(qkv, sh, b, layout, k, v, out, partials, partial_floats, num_sms, s);
+    return true;
+  }
+  if constexpr (DC <= 4) {
+    if (group == 4) {
+      launch_gqa<T, DC, 4>(qkv, sh, b, layout, k, v, out, partials, partial_floats, num_sms, s);
+      return true;
+    }
+  }
+  if constexpr (DC <= 2) {
+    if (group == 8) {
+      launch_gqa<T, DC, 8>(qkv, sh, b, layout, k, v, out, partials, partial_floats, num_sms, s);
+      return true;
+    }
+  }
+  return false;
+}
+
 template <class T, int DC>
 void run(const T* qkv, const attn_shape& sh, const attention_batch& b, const kv_layout& layout, const T* k,
-         const T* v, T* out, float* partials, std::size_t partial_floats, int num_sms, cudaStream_t s) {
+         const T* v, T* out, float* partials, std::size_t partial_floats, int num_sms, const attention_tuning& tune,
+         cudaStream_t s) {
   const int D = sh.head_dim;
+  if (b.max_q_len == 1 && tune.gqa_decode &&
+      try_gqa<T, DC>(qkv, sh, b, layout, k, v, out, partials, partial_floats, num_sms, s)) {
+    return;
+  }
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    if (b.max_q_len > 1 && tune.tc_prefill && sh.num_kv_heads > 0 && sh.num_heads % sh.num_kv_heads == 0 &&
+        (D == 64 || D == 128)) {
+      const dim3 grid((b.max_q_len + tc_q_tile - 1) / tc_q_tile, sh.num_heads, b.num_seqs);
+      if (D == 64) {
+        prefill_tc_kernel<64><<<grid, block_threads, 0, s>>>(qkv, sh.num_heads, sh.num_kv_heads, sh.scale,
+                                                             sh.sliding_window, b.q_start, b.ctx_len, b.block_table,
+                                                             b.max_blocks_per_seq, layout.block_size, k, v, out);
+      } else {
+        prefill_tc_kernel<128><<<grid, block_threads, 0, s>>>(qkv, sh.num_heads, sh.num_kv_heads, sh.scale,
+                                                              sh.sliding_window, b.q_start, b.ctx_len, b.block_table,
+                                                              b.max_blocks_per_seq, layout.block_size, k, v, out);
+      }
+      CONVEYOR_CUDA_LAUNCHED("attention prefill tc");
+      return;
+    }
+  }
   if (b.max_q_len == 1) {
     // Enough blocks to fill the GPU twice, at least 128 keys per split, within the scratch.
     const int base_blocks = b.num_seqs * sh.num_heads;
@@ -329,11 +793,11 @@ void run(const T* qkv, const attn_shape& sh, const attention_batch& b, const kv_
 template <class T>
 void run_t(const void* qkv, const attn_shape& sh, const attention_batch& b, const kv_layout& layout,
            const void* k, const void* v, void* out, float* partials, std::size_t partial_floats, int num_sms,
-           cudaStream_t s) {
+           const attention_tuning& tune, cudaStream_t s) {
   auto go = [&](auto dc) {
     run<T, decltype(dc)::value>(static_cast<const T*>(qkv), sh, b, layout, static_cast<const T*>(k),
                                 static_cast<const T*>(v), static_cast<T*>(out), partials, partial_floats, num_sms,
-                                s);
+                                tune, s);
   };
   const int D = sh.head_dim;
   if (D <= 32) go(std::integral_constant<int, 1>{});
@@ -351,15 +815,17 @@ std::size_t attention_partial_floats(int num_seqs, int num_heads, int head_dim, 
 
 void launch_attention(dtype t, const void* qkv, const attn_shape& shape, const attention_batch& batch,
                       const kv_layout& layout, const void* k_cache, const void* v_cache, void* out,
-                      float* partials, std::size_t partial_floats, int num_sms, cudaStream_t s) {
+                      float* partials, std::size_t partial_floats, int num_sms, const attention_tuning& tune,
+                      cudaStream_t s) {
   if (batch.num_seqs <= 0 || batch.max_q_len <= 0) return;
   if (shape.head_dim > 256 || shape.head_dim <= 0) {
     fail_cuda("attention", "head_dim above 256 is not implemented", __FILE__, __LINE__);
   }
   if (t == dtype::bf16) {
-    run_t<__nv_bfloat16>(qkv, shape, batch, layout, k_cache, v_cache, out, partials, partial_floats, num_sms, s);
+    run_t<__nv_bfloat16>(qkv, shape, batch, layout, k_cache, v_cache, out, partials, partial_floats, num_sms, tune,
+                         s);
   } else {
-    run_t<float>(qkv, shape, batch, layout, k_cache, v_cache, out, partials, partial_floats, num_sms, s);
+    run_t<float>(qkv, shape, batch, layout, k_cache, v_cache, out, partials, partial_floats, num_sms, tune, s);
   }
 }
 

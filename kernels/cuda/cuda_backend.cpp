@@ -1,12 +1,21 @@
 // The CUDA backend: one device, one stream, one cuBLAS handle. Kernels live in the .cu files
-// (launch.hpp); this file is plain host C++ (memory, copies, cuBLAS calls, dispatch).
+// (launch.hpp); this file is plain host C++ (memory, copies, cuBLAS calls, dispatch, CUDA graphs).
+//
+// Fusion across calls (options.fuse, bf16): a rope (and, with the small-batch GEMV, an rmsnorm or
+// silu_mul) is held back until the next call. If that call consumes its output (kv_write, or a small
+// linear), the two run as one kernel; any other call first runs the held op on its own. So the
+// engine keeps issuing plain ops (with everything on, a decode layer is 6 launches instead of 11).
+// Held ops wait only for the next backend call, and the outputs they leave in memory are those of
+// the op-by-op path.
 #include "conveyor/kernels/cuda_backend.hpp"
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
+#include <unordered_map>
 #include <vector>
 
 #include "check.hpp"
@@ -50,6 +59,12 @@ class cuda_backend final : public backend {
   ~cuda_backend() override {
     cudaSetDevice(device_);
     if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    for (auto& [id, exec] : graph_execs_) cudaGraphExecDestroy(exec);
+    for (auto& slot : staging_) {
+      if (slot.host != nullptr) cudaFreeHost(slot.host);
+      if (slot.done != nullptr) cudaEventDestroy(slot.done);
+    }
+    if (counter_ != nullptr) cudaFree(counter_);
     if (cublas_ != nullptr) cublasDestroy(cublas_);
     for (void* p : {cublas_ws_, static_cast<void*>(partials_), static_cast<void*>(params_dev_),
                     static_cast<void*>(tokens_dev_)}) {
@@ -75,25 +90,42 @@ class cuda_backend final : public backend {
   }
   void release(void* ptr) override {
     if (ptr == nullptr) return;
+    flush();  // a held op may use this memory
     set_device();
     CONVEYOR_CUDA_CHECK(cudaFree(ptr));
   }
-  // Copies from pageable host memory, then waits: the caller may reuse its buffer at once.
+  // Small copies (a step's plan, activations) go through a pinned staging buffer and return without
+  // waiting for the GPU; large ones (weights) are copied from pageable memory and waited for. Either
+  // way the caller may reuse its buffer at once.
   void upload(void* dst, const void* src, std::size_t bytes) override {
+    flush();
     set_device();
+    if (capturing_) fail_cuda("upload", "called while capturing", __FILE__, __LINE__);
+    if (bytes <= staging_bytes) {
+      staging_slot& slot = staging_[next_staging_];
+      next_staging_ = (next_staging_ + 1) % staging_.size();
+      CONVEYOR_CUDA_CHECK(cudaEventSynchronize(slot.done));  // the slot's last copy has been read
+      std::memcpy(slot.host, src, bytes);
+      CONVEYOR_CUDA_CHECK(cudaMemcpyAsync(dst, slot.host, bytes, cudaMemcpyHostToDevice, stream_));
+      CONVEYOR_CUDA_CHECK(cudaEventRecord(slot.done, stream_));
+      return;
+    }
     CONVEYOR_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
     CONVEYOR_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
   void download(void* dst, const void* src, std::size_t bytes) override {
+    flush();
     set_device();
     CONVEYOR_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
     CONVEYOR_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
   void fill_bytes(void* dst, std::uint8_t value, std::size_t bytes) override {
+    flush();
     set_device();
     CONVEYOR_CUDA_CHECK(cudaMemsetAsync(dst, value, bytes, stream_));
   }
   void synchronize() override {
+    flush();
     set_device();
     CONVEYOR_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
@@ -140,27 +172,46 @@ class cuda_backend final : public backend {
 
   // --- ops ---
   void embedding(const std::int32_t* ids, int n, const weight& table, void* out) override {
+    flush();
     set_device();
     launch_embedding(t_, ids, n, table.data, static_cast<int>(table.cols), out, stream_);
   }
   void rmsnorm(const void* x, int n, int width, const weight& w, float eps, void* out) override {
+    flush();
     set_device();
+    if (can_hold_for_gemv() && x != out) {
+      held_ = held_op{held_kind::norm, const_cast<void*>(x), nullptr, static_cast<const float*>(w.data), eps, out, n,
+                      width};
+      return;
+    }
     launch_rmsnorm(t_, nullptr, x, n, width, static_cast<const float*>(w.data), eps, out, stream_);
   }
   void add_rmsnorm(void* residual, const void* x, int n, int width, const weight& w, float eps,
                    void* out) override {
+    flush();
     set_device();
+    if (can_hold_for_gemv() && out != residual && out != x) {
+      held_ = held_op{held_kind::norm, residual, x, static_cast<const float*>(w.data), eps, out, n, width};
+      return;
+    }
     launch_rmsnorm(t_, residual, x, n, width, static_cast<const float*>(w.data), eps, out, stream_);
   }
   void add(void* acc, const void* x, std::size_t count) override {
+    flush();
     set_device();
     launch_add(t_, acc, x, count, stream_);
   }
   // Row-major out[n, rows] = x[n, cols] · Wᵀ is, in cuBLAS's column-major terms,
   // out(rows × n) = op_T(W: cols × rows) · x(cols × n).
   void linear(const void* x, int n, const weight& w, const weight& bias, void* out) override {
-    if (n <= 0) return;
+    if (n <= 0) return flush();
     set_device();
+    if (small_gemm_ && t_ == dtype::bf16 && w.type == dtype::bf16 &&
+        gemv_supported(n, static_cast<int>(w.rows), static_cast<int>(w.cols)) && aligned(x) && aligned(w.data) &&
+        aligned(out)) {
+      return small_linear(x, n, w, bias, out);
+    }
+    flush();
     const float one = 1.0f, zero = 0.0f;
     const int rows = static_cast<int>(w.rows), cols = static_cast<int>(w.cols);
     CONVEYOR_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, w.data,
@@ -171,29 +222,51 @@ class cuda_backend final : public backend {
   }
   void rope(void* qkv, int n, const attn_shape& shape, const std::int32_t* positions, const float* inv_freq,
             float attention_scaling) override {
+    flush();
     set_device();
+    if (can_hold()) {
+      held_ = held_op{held_kind::rope, qkv, nullptr, nullptr, 0.0f, nullptr, n, 0, shape, positions, inv_freq,
+                      attention_scaling};
+      return;
+    }
     launch_rope(t_, qkv, n, shape, positions, inv_freq, attention_scaling, stream_);
   }
   void kv_write(const void* qkv, int n, const attn_shape& shape, const std::int32_t* slots,
                 const kv_layout& /*layout*/, void* k_cache, void* v_cache) override {
     set_device();
+    if (held_.kind == held_kind::rope && held_.a == qkv && held_.n == n && held_.shape.num_heads == shape.num_heads &&
+        held_.shape.num_kv_heads == shape.num_kv_heads && held_.shape.head_dim == shape.head_dim) {
+      const held_op h = held_;
+      held_.kind = held_kind::none;
+      launch_rope_kv(t_, h.a, n, h.shape, h.positions, h.inv_freq, h.scaling, slots, k_cache, v_cache, stream_);
+      return;
+    }
+    flush();
     launch_kv_write(t_, qkv, n, shape, slots, k_cache, v_cache, stream_);
   }
   void attention(const void* qkv, const attn_shape& shape, const attention_batch& batch, const kv_layout& layout,
                  const void* k_cache, const void* v_cache, void* out) override {
+    flush();
     set_device();
     launch_attention(t_, qkv, shape, batch, layout, k_cache, v_cache, out, partials_, partial_floats_, num_sms_,
-                     stream_);
+                     tune_, stream_);
   }
   void silu_mul(const void* gate_up, int n, int ffn, void* out) override {
+    flush();
     set_device();
+    if (can_hold_for_gemv() && out != gate_up) {
+      held_ = held_op{held_kind::silu, const_cast<void*>(gate_up), nullptr, nullptr, 0.0f, out, n, ffn};
+      return;
+    }
     launch_silu_mul(t_, gate_up, n, ffn, out, stream_);
   }
   void gather_rows(const void* x, const std::int32_t* rows, int n, int width, void* out) override {
+    flush();
     set_device();
     launch_gather_rows(t_, x, rows, n, width, out, stream_);
   }
   void sample(const void* logits, int n, int vocab, const sample_params* params, std::int32_t* tokens) override {
+    flush();
     if (n <= 0) return;
     set_device();
     ensure_sample_workspace(vocab);
@@ -219,9 +292,134 @@ class cuda_backend final : public backend {
     }
   }
 
+  // --- capture: CUDA graphs of the stream's work between begin and end ---
+  bool can_capture() const override { return graphs_; }
+  void begin_capture() override {
+    flush();
+    set_device();
+    // Relaxed: a capture must not fail on calls that touch no stream (cuBLAS' queries, attributes).
+    CONVEYOR_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
+    capturing_ = true;
+  }
+  capture_id end_capture() override {
+    flush();
+    set_device();
+    capturing_ = false;
+    cudaGraph_t graph = nullptr;
+    if (cudaStreamEndCapture(stream_, &graph) != cudaSuccess || graph == nullptr) {
+      cudaGetLastError();
+      return 0;
+    }
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    const capture_id id = next_capture_id_++;
+    graph_execs_.emplace(id, exec);
+    return id;
+  }
+  void replay(capture_id id) override {
+    flush();
+    set_device();
+    const auto it = graph_execs_.find(id);
+    if (it == graph_execs_.end()) fail_cuda("replay", "unknown capture id", __FILE__, __LINE__);
+    CONVEYOR_CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
+  }
+  void drop_capture(capture_id id) override {
+    flush();
+    set_device();
+    const auto it = graph_execs_.find(id);
+    if (it == graph_execs_.end()) return;
+    CONVEYOR_CUDA_CHECK(cudaGraphExecDestroy(it->second));  // an in-flight replay finishes first
+    graph_execs_.erase(it);
+  }
+
  private:
+  enum class held_kind { none, norm, silu, rope };
+  /// An op held back for fusion with the next call. norm: out = rmsnorm(a (+= b when b is set)) * w;
+  /// silu: out = silu_mul(a) with width = ffn; rope: rope of the qkv rows at a.
+  struct held_op {
+    held_kind kind = held_kind::none;
+    void* a = nullptr;
+    const void* b = nullptr;
+    const float* w = nullptr;
+    float eps = 0.0f;
+    void* out = nullptr;
+    int n = 0;
+    int width = 0;
+    attn_shape shape{};
+    const std::int32_t* positions = nullptr;
+    const float* inv_freq = nullptr;
+    float scaling = 1.0f;
+  };
+
+  /// rope waits for kv_write; rmsnorm and silu_mul wait for a small linear only where one takes them.
+  bool can_hold() const { return fuse_ && t_ == dtype::bf16; }
+  bool can_hold_for_gemv() const { return can_hold() && small_gemm_; }
+  static bool aligned(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+
+  /// Runs the held op on its own.
+  void flush() {
+    if (held_.kind == held_kind::none) return;
+    const held_op h = held_;
+    held_.kind = held_kind::none;
+    set_device();
+    switch (h.kind) {
+      case held_kind::norm:
+        if (h.b != nullptr) {
+          launch_rmsnorm(t_, h.a, h.b, h.n, h.width, h.w, h.eps, h.out, stream_);
+        } else {
+          launch_rmsnorm(t_, nullptr, h.a, h.n, h.width, h.w, h.eps, h.out, stream_);
+        }
+        break;
+      case held_kind::silu: launch_silu_mul(t_, h.a, h.n, h.width, h.out, stream_); break;
+      case held_kind::rope: launch_rope(t_, h.a, h.n, h.shape, h.positions, h.inv_freq, h.scaling, stream_); break;
+      case held_kind::none: break;
+    }
+  }
+
+  /// bf16 linear with n ≤ 16 on the GEMV kernel, taking over a held norm or silu_mul that produces x.
+  void small_linear(const void* x, int n, const weight& w, const weight& bias, void* out) {
+    gemv_args a;
+    a.w = static_cast<const __nv_bfloat16*>(w.data);
+    a.bias = bias.empty() ? nullptr : static_cast<const float*>(bias.data);
+    a.rows = static_cast<int>(w.rows);
+    a.cols = static_cast<int>(w.cols);
+    a.n = n;
+    a.out = static_cast<__nv_bfloat16*>(out);
+    gemv_prologue pro = gemv_prologue::none;
+    const held_op& h = held_;
+    const bool consumes = h.out == x && h.n == n && h.width == a.cols && out != h.a && out != h.b;
+    if (h.kind == held_kind::norm && consumes && fuse_norm_ && gemv_single_wave(a.rows, num_sms_) &&
+        gemv_norm_smem_bytes(n, a.cols) <= gemv_max_norm_smem && aligned(h.a) && aligned(h.b) && aligned(h.w)) {
+      pro = gemv_prologue::norm;
+      a.residual = static_cast<__nv_bfloat16*>(h.a);
+      a.delta = static_cast<const __nv_bfloat16*>(h.b);
+      a.norm_w = h.w;
+      a.eps = h.eps;
+      a.x_out = static_cast<__nv_bfloat16*>(h.out);
+      a.counter = counter_;
+      held_.kind = held_kind::none;
+    } else if (h.kind == held_kind::silu && consumes && aligned(h.a)) {
+      pro = gemv_prologue::silu;
+      a.x = static_cast<const __nv_bfloat16*>(h.a);
+      a.x_out = static_cast<__nv_bfloat16*>(h.out);
+      held_.kind = held_kind::none;
+    } else {
+      flush();
+      a.x = static_cast<const __nv_bfloat16*>(x);
+    }
+    launch_gemv(a, pro, pdl_, num_sms_, stream_);
+  }
+
   explicit cuda_backend(const cuda_backend_options& o)
-      : device_(o.device), t_(o.compute_dtype), rows_per_pass_(o.sample_rows_per_pass) {
+      : device_(o.device), t_(o.compute_dtype), rows_per_pass_(o.sample_rows_per_pass), graphs_(o.graphs),
+        small_gemm_(o.small_gemm), fuse_(o.fuse), fuse_norm_(o.fuse_norm), pdl_(o.pdl) {
+    tune_.gqa_decode = o.gqa_decode;
+    tune_.tc_prefill = o.tc_prefill;
     caps_.name = "cuda";
     caps_.host_memory = false;
     caps_.act_dtype = caps_.weight_dtype = caps_.kv_dtype = o.compute_dtype;
@@ -256,6 +454,17 @@ class cuda_backend final : public backend {
       return make_error(errc::out_of_memory, "CUDA backend: no device memory for its workspace");
     }
     CONVEYOR_CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_ws_, cublas_ws_bytes));
+    counter_ = static_cast<unsigned*>(alloc(256));
+    if (counter_ == nullptr) return make_error(errc::out_of_memory, "CUDA backend: no device memory for its workspace");
+    CONVEYOR_CUDA_CHECK(cudaMemset(counter_, 0, 256));
+    gemv_init();
+    for (auto& slot : staging_) {
+      if (cudaMallocHost(&slot.host, staging_bytes) != cudaSuccess ||
+          cudaEventCreateWithFlags(&slot.done, cudaEventDisableTiming) != cudaSuccess) {
+        cudaGetLastError();
+        return make_error(errc::out_of_memory, "CUDA backend: no pinned host memory for upload staging");
+      }
+    }
     if (cudaMallocHost(reinterpret_cast<void**>(&params_host_), rows_per_pass_ * sizeof(device_sample_params)) !=
             cudaSuccess ||
         cudaMallocHost(reinterpret_cast<void**>(&tokens_host_), rows_per_pass_ * sizeof(std::int32_t)) !=
@@ -301,10 +510,25 @@ class cuda_backend final : public backend {
     if (u16_buf_.capacity() > (1u << 24)) std::vector<std::uint16_t>().swap(u16_buf_);
   }
 
+  struct staging_slot {
+    void* host = nullptr;
+    cudaEvent_t done = nullptr;
+  };
+  static constexpr std::size_t staging_bytes = 4u << 20;
+
   backend_caps caps_;
   int device_;
   dtype t_;
   int rows_per_pass_;
+  bool graphs_, small_gemm_, fuse_, fuse_norm_, pdl_;
+  attention_tuning tune_;
+  held_op held_;
+  bool capturing_ = false;
+  unsigned* counter_ = nullptr;
+  std::array<staging_slot, 2> staging_{};
+  std::size_t next_staging_ = 0;
+  capture_id next_capture_id_ = 1;
+  std::unordered_map<capture_id, cudaGraphExec_t> graph_execs_;
   int num_sms_ = 0;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;

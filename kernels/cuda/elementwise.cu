@@ -1,7 +1,10 @@
 // Memory-bound kernels of the CUDA backend: embedding, RMSNorm (+ fused residual add), add, bias,
-// RoPE, KV-cache writes, SwiGLU, row gather and dtype conversion. Each one has a CPU twin in
+// RoPE (+ fused KV-cache write), KV-cache writes, SwiGLU, row gather and dtype conversion; bf16 rows
+// whose width allows it take 16-byte versions. Each one has a CPU twin in
 // kernels/cpu and a parity test in tests/kernels/test_cuda_ops.cpp.
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "device_types.cuh"
 #include "launch.hpp"
@@ -85,27 +88,56 @@ __global__ void add_bias_kernel(T* out, const float* bias, int width) {
   }
 }
 
-// One thread per (token, frequency); it rotates that pair in every q and k head, so each angle's
-// sine and cosine are computed once. Angle rounded to float32 as torch does; cos/sin in double and
-// rounded, as the CPU twin.
-template <class T>
-__global__ void rope_kernel(T* qkv, int n, int heads, int head_dim, int width, const std::int32_t* positions,
-                            const float* inv_freq, float scaling) {
+// One thread per (token, group of 8 heads, frequency): rotates the pair (i, i + half) of each q or k
+// head in its group with one sine and cosine (one per head cost prefill a double-precision sincos per
+// element). With KV it also stores the k and v heads into their cache slots (rope and kv_write in one
+// pass). Angle rounded to float32 as torch does; cos/sin in double and rounded, as the CPU twin.
+constexpr int rope_group = 8;
+template <class T, bool KV>
+__global__ void rope_kv_kernel(T* qkv, int n, int heads, int kv_heads, int head_dim, const std::int32_t* positions,
+                               const float* inv_freq, float scaling, const std::int32_t* slots, T* k_cache,
+                               T* v_cache) {
   const int half = head_dim / 2;
-  const int idx = blockIdx.x * blockDim.x + threadIdx.x;
-  if (idx >= n * half) return;
-  const int t = idx / half, i = idx % half;
-  const float angle = static_cast<float>(positions[t]) * inv_freq[i];
-  double s, c;
-  sincos(static_cast<double>(angle), &s, &c);
-  const float cos_v = static_cast<float>(c) * scaling;
-  const float sin_v = static_cast<float>(s) * scaling;
+  const int roped = heads + kv_heads;
+  const int all = KV ? roped + kv_heads : roped;
+  const int groups = (all + rope_group - 1) / rope_group;
+  const int per_token = groups * half;
+  const std::size_t idx = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  if (idx >= static_cast<std::size_t>(n) * per_token) return;
+  const int t = static_cast<int>(idx / per_token);
+  const int rem = static_cast<int>(idx % per_token);
+  const int h0 = (rem / half) * rope_group, i = rem % half;
+  const int width = (heads + 2 * kv_heads) * head_dim;
   T* row = qkv + static_cast<std::size_t>(t) * width;
-  for (int h = 0; h < heads; ++h) {
+  float cos_v = 0.0f, sin_v = 0.0f;
+  if (h0 < roped) {
+    const float angle = static_cast<float>(positions[t]) * inv_freq[i];
+    double sn, cs;
+    sincos(static_cast<double>(angle), &sn, &cs);
+    cos_v = static_cast<float>(cs) * scaling;
+    sin_v = static_cast<float>(sn) * scaling;
+  }
+  const std::size_t slot = KV ? static_cast<std::size_t>(slots[t]) : 0;
+#pragma unroll
+  for (int u = 0; u < rope_group; ++u) {
+    const int h = h0 + u;
+    if (h >= all) break;
     T* x = row + static_cast<std::size_t>(h) * head_dim;
-    const float a = to_f32(x[i]), b = to_f32(x[i + half]);
-    x[i] = from_f32<T>(a * cos_v - b * sin_v);
-    x[i + half] = from_f32<T>(b * cos_v + a * sin_v);
+    T a = x[i], b = x[i + half];
+    if (h < roped) {
+      const float xa = to_f32(a), xb = to_f32(b);
+      a = from_f32<T>(xa * cos_v - xb * sin_v);
+      b = from_f32<T>(xb * cos_v + xa * sin_v);
+      x[i] = a;
+      x[i + half] = b;
+    }
+    if (KV && h >= heads) {
+      const bool is_k = h < roped;
+      const int kvh = is_k ? h - heads : h - roped;
+      T* dst = (is_k ? k_cache : v_cache) + (slot * kv_heads + kvh) * head_dim;
+      dst[i] = a;
+      dst[i + half] = b;
+    }
   }
 }
 
@@ -138,6 +170,95 @@ __global__ void from_f32_kernel(const float* src, std::size_t count, T* dst) {
     dst[i] = from_f32<T>(src[i]);
   }
 }
+
+// --- 16-byte (8 × bf16) versions of the memory-bound kernels, used where widths allow ---
+using bf16 = __nv_bfloat16;
+__device__ __forceinline__ float lo_f(std::uint32_t u) { return __uint_as_float(u << 16); }
+__device__ __forceinline__ float hi_f(std::uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
+__device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const std::uint32_t*>(&v);
+}
+
+// One block per row, each thread up to 4 chunks of 8 held in registers between the two passes.
+constexpr int norm_chunks_per_thread = 4;
+__global__ void rmsnorm_bf16x8_kernel(bf16* residual, const bf16* x, int width, const float* w, float eps,
+                                      bf16* out) {
+  __shared__ double partial[32];
+  const std::size_t base = static_cast<std::size_t>(blockIdx.x) * width;
+  const int chunks = width / 8;
+  uint4 v[norm_chunks_per_thread];
+  double ss = 0.0;
+#pragma unroll
+  for (int j = 0; j < norm_chunks_per_thread; ++j) {
+    const int c = threadIdx.x + j * blockDim.x;
+    if (c >= chunks) break;
+    v[j] = reinterpret_cast<const uint4*>(x + base)[c];
+    std::uint32_t* p = reinterpret_cast<std::uint32_t*>(&v[j]);
+    if (residual != nullptr) {
+      const uint4 r = reinterpret_cast<const uint4*>(residual + base)[c];
+      const std::uint32_t* rp = reinterpret_cast<const std::uint32_t*>(&r);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) p[e] = pack2(lo_f(rp[e]) + lo_f(p[e]), hi_f(rp[e]) + hi_f(p[e]));
+      reinterpret_cast<uint4*>(residual + base)[c] = v[j];
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const double a = lo_f(p[e]), b = hi_f(p[e]);
+      ss += a * a + b * b;
+    }
+  }
+  ss = block_sum(ss, partial);
+  const float inv = 1.0f / sqrtf(static_cast<float>(ss / width) + eps);
+#pragma unroll
+  for (int j = 0; j < norm_chunks_per_thread; ++j) {
+    const int c = threadIdx.x + j * blockDim.x;
+    if (c >= chunks) break;
+    const float4 w0 = reinterpret_cast<const float4*>(w)[2 * c], w1 = reinterpret_cast<const float4*>(w)[2 * c + 1];
+    const float wv[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+    std::uint32_t* p = reinterpret_cast<std::uint32_t*>(&v[j]);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) p[e] = pack2(wv[2 * e] * (lo_f(p[e]) * inv), wv[2 * e + 1] * (hi_f(p[e]) * inv));
+    reinterpret_cast<uint4*>(out + base)[c] = v[j];
+  }
+}
+
+__global__ void silu_mul_bf16x8_kernel(const bf16* gate_up, int n, int ffn, bf16* out) {
+  const int per_row = ffn / 8;
+  const std::size_t total = static_cast<std::size_t>(n) * per_row;
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    const std::size_t row = i / per_row, c = i % per_row;
+    const bf16* g = gate_up + row * 2 * ffn;
+    const uint4 gv = reinterpret_cast<const uint4*>(g)[c];
+    const uint4 uv = reinterpret_cast<const uint4*>(g + ffn)[c];
+    const std::uint32_t* gp = reinterpret_cast<const std::uint32_t*>(&gv);
+    const std::uint32_t* up = reinterpret_cast<const std::uint32_t*>(&uv);
+    uint4 r;
+    std::uint32_t* rp = reinterpret_cast<std::uint32_t*>(&r);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float g0 = lo_f(gp[e]), g1 = hi_f(gp[e]);
+      rp[e] = pack2(g0 / (1.0f + expf(-g0)) * lo_f(up[e]), g1 / (1.0f + expf(-g1)) * hi_f(up[e]));
+    }
+    reinterpret_cast<uint4*>(out + row * ffn)[c] = r;
+  }
+}
+
+__global__ void add_bf16x8_kernel(bf16* acc, const bf16* x, std::size_t chunks) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < chunks;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    uint4 a = reinterpret_cast<const uint4*>(acc)[i];
+    const uint4 b = reinterpret_cast<const uint4*>(x)[i];
+    std::uint32_t* ap = reinterpret_cast<std::uint32_t*>(&a);
+    const std::uint32_t* bp = reinterpret_cast<const std::uint32_t*>(&b);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) ap[e] = pack2(lo_f(ap[e]) + lo_f(bp[e]), hi_f(ap[e]) + hi_f(bp[e]));
+    reinterpret_cast<uint4*>(acc)[i] = a;
+  }
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
 // Grid for row kernels: y = rows (≤ 65535 per launch, so callers loop), x covers the width.
 dim3 row_grid(int rows, int width) {
@@ -175,6 +296,17 @@ void launch_gather_rows(dtype t, const void* x, const std::int32_t* rows, int n,
 void launch_rmsnorm(dtype t, void* residual, const void* x, int n, int width, const float* w, float eps,
                     void* out, cudaStream_t s) {
   if (n <= 0) return;
+  const int chunks = width / 8;
+  if (t == dtype::bf16 && width % 8 == 0 && chunks <= 1024 * norm_chunks_per_thread && aligned16(x) &&
+      aligned16(out) && aligned16(w) && (residual == nullptr || aligned16(residual))) {
+    const int per_thread = (chunks + 1023) / 1024;
+    const int per_block = (chunks + per_thread - 1) / per_thread;
+    const unsigned tpb = static_cast<unsigned>(std::max(32, (per_block + 31) / 32 * 32));
+    rmsnorm_bf16x8_kernel<<<n, tpb, 0, s>>>(static_cast<bf16*>(residual), static_cast<const bf16*>(x), width, w, eps,
+                                            static_cast<bf16*>(out));
+    CONVEYOR_CUDA_LAUNCHED("rmsnorm bf16x8");
+    return;
+  }
   const unsigned tpb = width >= 1024 ? 512 : 128;
   CONVEYOR_DISPATCH_T(t, {
     rmsnorm_kernel<T><<<n, tpb, 0, s>>>(static_cast<T*>(residual), static_cast<const T*>(x), width, w, eps,
@@ -185,6 +317,12 @@ void launch_rmsnorm(dtype t, void* residual, const void* x, int n, int width, co
 
 void launch_add(dtype t, void* acc, const void* x, std::size_t count, cudaStream_t s) {
   if (count == 0) return;
+  if (t == dtype::bf16 && count % 8 == 0 && aligned16(acc) && aligned16(x)) {
+    add_bf16x8_kernel<<<flat_blocks(count / 8), threads, 0, s>>>(static_cast<bf16*>(acc), static_cast<const bf16*>(x),
+                                                                 count / 8);
+    CONVEYOR_CUDA_LAUNCHED("add bf16x8");
+    return;
+  }
   CONVEYOR_DISPATCH_T(t, {
     add_kernel<T><<<flat_blocks(count), threads, 0, s>>>(static_cast<T*>(acc), static_cast<const T*>(x), count);
     CONVEYOR_CUDA_LAUNCHED("add");
@@ -205,13 +343,27 @@ void launch_add_bias(dtype t, void* out, const float* bias, int n, int width, cu
 void launch_rope(dtype t, void* qkv, int n, const attn_shape& shape, const std::int32_t* positions,
                  const float* inv_freq, float attention_scaling, cudaStream_t s) {
   if (n <= 0) return;
-  const int width = (shape.num_heads + 2 * shape.num_kv_heads) * shape.head_dim;
-  const std::size_t work = static_cast<std::size_t>(n) * (shape.head_dim / 2);
+  const int groups = (shape.num_heads + shape.num_kv_heads + rope_group - 1) / rope_group;
+  const std::size_t work = static_cast<std::size_t>(n) * groups * (shape.head_dim / 2);
   CONVEYOR_DISPATCH_T(t, {
-    rope_kernel<T><<<blocks_for(work, threads), threads, 0, s>>>(
-        static_cast<T*>(qkv), n, shape.num_heads + shape.num_kv_heads, shape.head_dim, width, positions, inv_freq,
-        attention_scaling);
+    rope_kv_kernel<T, false><<<blocks_for(work, threads), threads, 0, s>>>(
+        static_cast<T*>(qkv), n, shape.num_heads, shape.num_kv_heads, shape.head_dim, positions, inv_freq,
+        attention_scaling, nullptr, nullptr, nullptr);
     CONVEYOR_CUDA_LAUNCHED("rope");
+  });
+}
+
+void launch_rope_kv(dtype t, void* qkv, int n, const attn_shape& shape, const std::int32_t* positions,
+                    const float* inv_freq, float attention_scaling, const std::int32_t* slots, void* k_cache,
+                    void* v_cache, cudaStream_t s) {
+  if (n <= 0) return;
+  const int groups = (shape.num_heads + 2 * shape.num_kv_heads + rope_group - 1) / rope_group;
+  const std::size_t work = static_cast<std::size_t>(n) * groups * (shape.head_dim / 2);
+  CONVEYOR_DISPATCH_T(t, {
+    rope_kv_kernel<T, true><<<blocks_for(work, threads), threads, 0, s>>>(
+        static_cast<T*>(qkv), n, shape.num_heads, shape.num_kv_heads, shape.head_dim, positions, inv_freq,
+        attention_scaling, slots, static_cast<T*>(k_cache), static_cast<T*>(v_cache));
+    CONVEYOR_CUDA_LAUNCHED("rope_kv");
   });
 }
 
@@ -232,6 +384,14 @@ void launch_kv_write(dtype t, const void* qkv, int n, const attn_shape& shape, c
 }
 
 void launch_silu_mul(dtype t, const void* gate_up, int n, int ffn, void* out, cudaStream_t s) {
+  if (n <= 0) return;
+  if (t == dtype::bf16 && ffn % 8 == 0 && aligned16(gate_up) && aligned16(out)) {
+    const std::size_t chunks = static_cast<std::size_t>(n) * (ffn / 8);
+    silu_mul_bf16x8_kernel<<<flat_blocks(chunks), threads, 0, s>>>(static_cast<const bf16*>(gate_up), n, ffn,
+                                                                   static_cast<bf16*>(out));
+    CONVEYOR_CUDA_LAUNCHED("silu_mul bf16x8");
+    return;
+  }
   CONVEYOR_DISPATCH_T(t, {
     for (int r0 = 0; r0 < n; r0 += max_grid_y) {
       const int rows = std::min(max_grid_y, n - r0);

@@ -2,6 +2,7 @@
 // Launchers of the CUDA kernels, callable from host C++ (the backend is compiled by the host
 // compiler; only the .cu files go through nvcc). `t` is the element type of activations, weights
 // and the KV cache (f32 or bf16); vectors (norm weights, biases, inv_freq) are always float32.
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -22,19 +23,64 @@ void launch_rope(dtype t, void* qkv, int n, const attn_shape& shape, const std::
                  const float* inv_freq, float attention_scaling, cudaStream_t s);
 void launch_kv_write(dtype t, const void* qkv, int n, const attn_shape& shape, const std::int32_t* slots,
                      void* k_cache, void* v_cache, cudaStream_t s);
+/// rope, then kv_write, in one pass (the two ops the executor issues back to back).
+void launch_rope_kv(dtype t, void* qkv, int n, const attn_shape& shape, const std::int32_t* positions,
+                    const float* inv_freq, float attention_scaling, const std::int32_t* slots, void* k_cache,
+                    void* v_cache, cudaStream_t s);
 void launch_silu_mul(dtype t, const void* gate_up, int n, int ffn, void* out, cudaStream_t s);
 void launch_gather_rows(dtype t, const void* x, const std::int32_t* rows, int n, int width, void* out,
                         cudaStream_t s);
 /// Converts `count` floats on the device to `t` (upload staging).
 void launch_from_f32(dtype t, const float* src, std::size_t count, void* dst, cudaStream_t s);
 
+// --- gemv.cu ---
+/// What the small-batch linear reads x from (see gemv.cu).
+enum class gemv_prologue {
+  none = 0,  ///< x [n, cols] as given
+  norm = 1,  ///< x = rmsnorm(residual (+= delta when delta is set)) * norm_w; x_out gets x
+  silu = 2,  ///< x = silu(gate) * up from x = gate_up [n, 2 * cols]; x_out gets x
+};
+/// out[n, rows] = x[n, cols] · wᵀ (+ bias), bf16, n ≤ 16. Pointers 16-byte aligned.
+struct gemv_args {
+  const __nv_bfloat16* w = nullptr;
+  const float* bias = nullptr;
+  int rows = 0, cols = 0, n = 0;
+  const __nv_bfloat16* x = nullptr;
+  __nv_bfloat16* residual = nullptr;     ///< norm prologue
+  const __nv_bfloat16* delta = nullptr;  ///< norm prologue with the residual add
+  const float* norm_w = nullptr;
+  float eps = 0.0f;
+  __nv_bfloat16* x_out = nullptr;
+  unsigned* counter = nullptr;  ///< zeroed device word: arrivals of the norm prologue with delta
+  __nv_bfloat16* out = nullptr;
+  int stage_x = 0;  ///< set by launch_gemv: x fits in shared memory and is staged there first
+};
+/// Shapes launch_gemv takes (the caller also checks dtype and alignment).
+bool gemv_supported(int n, int rows, int cols);
+/// Dynamic shared memory of the norm prologue (x staged as [n][cols + 8] bf16).
+std::size_t gemv_norm_smem_bytes(int n, int cols);
+constexpr std::size_t gemv_max_norm_smem = 160 * 1024;
+/// Raises the kernels' shared-memory limit on the current device (once, before the first launch).
+void gemv_init();
+/// True when the GEMV of `rows` outputs runs as one wave on `sms` multiprocessors. Only then is the
+/// norm prologue worth it: every block repeats it, and each further wave waits for it again.
+bool gemv_single_wave(int rows, int sms);
+/// `pdl`: launch as a programmatic dependent of the previous kernel (it prefetches weights early).
+void launch_gemv(const gemv_args& a, gemv_prologue pro, bool pdl, int sms, cudaStream_t s);
+
 // --- attention.cu ---
+/// Which attention kernels to use where they apply (off: the plain float32 kernels).
+struct attention_tuning {
+  bool gqa_decode = true;  ///< decode: one block per KV head for its whole query-head group
+  bool tc_prefill = true;  ///< prefill, bf16, head_dim 64/128: tensor cores
+};
 /// Scratch floats the decode kernel needs for `splits` partial results per (sequence, head).
 std::size_t attention_partial_floats(int num_seqs, int num_heads, int head_dim, int splits);
 /// `partials`/`partial_floats`: preallocated scratch; the launcher picks the number of splits that fits.
 void launch_attention(dtype t, const void* qkv, const attn_shape& shape, const attention_batch& batch,
                       const kv_layout& layout, const void* k_cache, const void* v_cache, void* out,
-                      float* partials, std::size_t partial_floats, int num_sms, cudaStream_t s);
+                      float* partials, std::size_t partial_floats, int num_sms, const attention_tuning& tune,
+                      cudaStream_t s);
 
 // --- sampling.cu ---
 /// Per-row sampling parameters as the device reads them; `u` is sample_uniform(seed, step),

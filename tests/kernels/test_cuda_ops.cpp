@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include "conveyor/kernels/cpu_backend.hpp"
@@ -37,6 +38,17 @@ class cuda_ops : public ::testing::TestWithParam<dtype> {
   }
   kernels::weight upload_vector(const std::vector<float>& host) {
     return b_->upload_weight(host.data(), dtype::f32, 1, static_cast<std::int64_t>(host.size()), true);
+  }
+  /// Re-creates the backend with the opt-in speed paths on (the small-batch GEMV and its fusions).
+  void use_opt_in_paths() {
+    kernels::cuda_backend_options o;
+    o.compute_dtype = t();
+    o.small_gemm = true;
+    o.fuse = true;
+    o.fuse_norm = true;
+    auto b = kernels::make_cuda_backend(o);
+    ASSERT_TRUE(b.ok()) << b.err().message;
+    b_ = std::move(b).value();
   }
 
   std::unique_ptr<kernels::backend> b_;
@@ -374,6 +386,160 @@ TEST_P(cuda_ops, sample_matches_cpu_draws) {
     std::printf("[parity] %-56s %d/%d tokens identical\n", tag("sample vocab " + std::to_string(vocab)).c_str(),
                 same, n);
   }
+}
+
+// The small-batch GEMV (bf16, n ≤ 16) across token counts, row tails, K tails and bias; f32 runs
+// the same shapes through cuBLAS.
+TEST_P(cuda_ops, small_batch_linear) {
+  use_opt_in_paths();
+  for (auto [rows, cols] : {std::pair{48, 64}, {17, 96}, {40, 40}, {3072, 2048}, {2048, 8192}}) {
+    for (int n : {1, 2, 5, 8, 9, 16}) {
+      const bool with_bias = (n + rows) % 2 == 1;
+      const std::string shape = " n" + std::to_string(n) + " " + std::to_string(rows) + "x" + std::to_string(cols) +
+                                (with_bias ? " bias" : "");
+      auto x = testing::random_values(rng_, static_cast<std::size_t>(n) * cols, t());
+      auto wh = testing::random_values(rng_, static_cast<std::size_t>(rows) * cols, t(), 0.05f);
+      kernels::weight w = upload_matrix(wh, rows, cols);
+      std::vector<float> bias_h = with_bias ? testing::random_values(rng_, rows, dtype::f32) : std::vector<float>{};
+      kernels::weight bias = with_bias ? upload_vector(bias_h) : kernels::weight{};
+      dev_acts xd(*b_, x), out(*b_, static_cast<std::size_t>(n) * rows);
+      out.poison();
+      b_->linear(xd.get_ptr(), n, w, bias, out.get_ptr());
+      std::vector<float> ref(static_cast<std::size_t>(n) * rows);
+      kernels::cpu::linear(x.data(), n, wh.data(), rows, cols, with_bias ? bias_h.data() : nullptr, ref.data());
+      EXPECT_CLOSE(out.get(), ref, t(), tag("small linear" + shape));
+      b_->release(const_cast<void*>(w.data));
+      if (with_bias) b_->release(const_cast<void*>(bias.data));
+    }
+  }
+}
+
+// The backend may fuse an op into the next one (rmsnorm or silu_mul into a small linear, rope into
+// kv_write); every buffer must end as the op-by-op CPU twin leaves it.
+TEST_P(cuda_ops, fused_op_pairs_match_op_by_op) {
+  use_opt_in_paths();
+  for (auto [n, hidden, rows] : {std::tuple{1, 2048, 3072}, {7, 96, 64}, {16, 2048, 256}, {20, 64, 48}}) {
+    const std::string shape = " n" + std::to_string(n) + " h" + std::to_string(hidden);
+    auto x = testing::random_values(rng_, static_cast<std::size_t>(n) * hidden, t(), 2.0f);
+    auto res = testing::random_values(rng_, x.size(), t());
+    std::vector<float> nw(hidden);
+    std::uniform_real_distribution<float> wd(0.5f, 1.5f);
+    for (auto& v : nw) v = wd(rng_);
+    kernels::weight nwd = upload_vector(nw);
+    auto wh = testing::random_values(rng_, static_cast<std::size_t>(rows) * hidden, t(), 0.05f);
+    kernels::weight w = upload_matrix(wh, rows, hidden);
+    const float eps = 1e-5f;
+    std::vector<float> ref_n(x.size()), ref_out(static_cast<std::size_t>(n) * rows);
+
+    // add_rmsnorm -> linear
+    dev_acts xd(*b_, x), rd(*b_, res), nd(*b_, x.size()), out(*b_, ref_out.size());
+    nd.poison();
+    out.poison();
+    b_->add_rmsnorm(rd.get_ptr(), xd.get_ptr(), n, hidden, nwd, eps, nd.get_ptr());
+    b_->linear(nd.get_ptr(), n, w, {}, out.get_ptr());
+    std::vector<float> res_ref = res;
+    kernels::cpu::add_rmsnorm(res_ref.data(), x.data(), n, hidden, nw.data(), eps, ref_n.data());
+    kernels::cpu::linear(ref_n.data(), n, wh.data(), rows, hidden, nullptr, ref_out.data());
+    EXPECT_CLOSE(out.get(), ref_out, t(), tag("add_rmsnorm+linear out" + shape));
+    EXPECT_CLOSE(rd.get(), res_ref, t(), tag("add_rmsnorm+linear residual" + shape));
+    EXPECT_CLOSE(nd.get(), ref_n, t(), tag("add_rmsnorm+linear normed" + shape));
+
+    // rmsnorm -> linear
+    nd.poison();
+    out.poison();
+    b_->rmsnorm(xd.get_ptr(), n, hidden, nwd, eps, nd.get_ptr());
+    b_->linear(nd.get_ptr(), n, w, {}, out.get_ptr());
+    kernels::cpu::rmsnorm(x.data(), n, hidden, nw.data(), eps, ref_n.data());
+    kernels::cpu::linear(ref_n.data(), n, wh.data(), rows, hidden, nullptr, ref_out.data());
+    EXPECT_CLOSE(out.get(), ref_out, t(), tag("rmsnorm+linear out" + shape));
+    EXPECT_CLOSE(nd.get(), ref_n, t(), tag("rmsnorm+linear normed" + shape));
+
+    // silu_mul -> linear (ffn = hidden here)
+    auto gu = testing::random_values(rng_, static_cast<std::size_t>(n) * 2 * hidden, t(), 2.0f);
+    dev_acts gud(*b_, gu), act(*b_, x.size());
+    act.poison();
+    out.poison();
+    b_->silu_mul(gud.get_ptr(), n, hidden, act.get_ptr());
+    b_->linear(act.get_ptr(), n, w, {}, out.get_ptr());
+    std::vector<float> ref_act(x.size());
+    kernels::cpu::silu_mul(gu.data(), n, hidden, ref_act.data());
+    kernels::cpu::linear(ref_act.data(), n, wh.data(), rows, hidden, nullptr, ref_out.data());
+    EXPECT_CLOSE(out.get(), ref_out, t(), tag("silu_mul+linear out" + shape));
+    EXPECT_CLOSE(act.get(), ref_act, t(), tag("silu_mul+linear act" + shape));
+    b_->release(const_cast<void*>(w.data));
+    b_->release(const_cast<void*>(nwd.data));
+  }
+  // rope -> kv_write
+  for (auto [heads, kv_heads, head_dim, n] : {std::tuple{32, 8, 64, 1}, {8, 2, 16, 37}, {12, 2, 128, 5}}) {
+    kernels::attn_shape sh{heads, kv_heads, head_dim, 1.0f, 0};
+    const int width = (heads + 2 * kv_heads) * head_dim;
+    const int block_size = 16, num_blocks = (n + 15) / 16 + 3;
+    const std::size_t cache = static_cast<std::size_t>(num_blocks) * block_size * kv_heads * head_dim;
+    auto qkv = testing::random_values(rng_, static_cast<std::size_t>(n) * width, t());
+    auto k = testing::random_values(rng_, cache, t()), v = testing::random_values(rng_, cache, t());
+    std::vector<std::int32_t> pos(n), slots(num_blocks * block_size);
+    std::uniform_int_distribution<int> pd(0, 5000);
+    for (auto& p : pos) p = pd(rng_);
+    std::iota(slots.begin(), slots.end(), 0);
+    std::shuffle(slots.begin(), slots.end(), rng_);
+    slots.resize(n);
+    std::vector<float> inv_freq(head_dim / 2);
+    for (int i = 0; i < head_dim / 2; ++i) inv_freq[i] = std::pow(5e5f, -2.0f * i / head_dim);
+    dev_acts qd(*b_, qkv), kd(*b_, k), vd(*b_, v);
+    dev_bytes pos_d(*b_, pos), slot_d(*b_, slots), freq_d(*b_, inv_freq);
+    b_->rope(qd.get_ptr(), n, sh, pos_d.as<std::int32_t>(), freq_d.as<float>(), 1.0f);
+    b_->kv_write(qd.get_ptr(), n, sh, slot_d.as<std::int32_t>(), {num_blocks, block_size}, kd.get_ptr(), vd.get_ptr());
+    kernels::cpu::rope(qkv.data(), n, sh, pos.data(), inv_freq.data(), 1.0f);
+    kernels::cpu::kv_write(qkv.data(), n, sh, slots.data(), k.data(), v.data());
+    const std::string shape = " h" + std::to_string(heads) + "/" + std::to_string(kv_heads) + " d" +
+                              std::to_string(head_dim) + " n" + std::to_string(n);
+    EXPECT_CLOSE(qd.get(), qkv, t(), tag("rope+kv_write qkv" + shape));
+    EXPECT_CLOSE(kd.get(), k, t(), tag("rope+kv_write k" + shape));
+    EXPECT_EQ(vd.get(), v) << "rope+kv_write v" << shape;
+  }
+}
+
+// Grouped decode and tensor-core prefill at the shapes they take (Llama-3.2-1B: 32/8 heads, d64).
+TEST_P(cuda_ops, attention_fast_paths_match_cpu) {
+  std::uniform_int_distribution<int> len(100, 300);
+  attn_case dec{"decode 64 seqs h32/8 d64", 32, 8, 64, {}};
+  for (int i = 0; i < 64; ++i) dec.seqs.push_back({1, len(rng_)});
+  run_attention_case(*b_, rng_, dec);
+  run_attention_case(*b_, rng_, {"decode group 8 h16/2 d64", 16, 2, 64, {{1, 700}, {1, 5}, {1, 129}}});
+  run_attention_case(*b_, rng_, {"decode window 100 h8/2 d64", 8, 2, 64, {{1, 700}, {1, 50}}, 100});
+  run_attention_case(*b_, rng_, {"prefill h32/8 d64 T300", 32, 8, 64, {{300, 300}}});
+  run_attention_case(*b_, rng_, {"prefill window 70 h8/2 d64", 8, 2, 64, {{200, 260}}, 70});
+  run_attention_case(*b_, rng_, {"prefill h4/4 d128 chunked", 4, 4, 128, {{65, 130}, {3, 3}}});
+}
+
+// A recorded op sequence replays with the inputs present at replay time.
+TEST_P(cuda_ops, capture_and_replay) {
+  use_opt_in_paths();  // the GEMV launch (programmatic dependent launch) inside a recording
+  if (!b_->can_capture()) GTEST_SKIP() << "backend records nothing";
+  const int n = 3, rows = 64, cols = 96;
+  auto wh = testing::random_values(rng_, static_cast<std::size_t>(rows) * cols, t(), 0.05f);
+  kernels::weight w = upload_matrix(wh, rows, cols);
+  dev_acts xd(*b_, static_cast<std::size_t>(n) * cols), out(*b_, static_cast<std::size_t>(n) * rows),
+      acc(*b_, static_cast<std::size_t>(n) * rows);
+  b_->begin_capture();
+  b_->linear(xd.get_ptr(), n, w, {}, out.get_ptr());
+  b_->add(acc.get_ptr(), out.get_ptr(), static_cast<std::size_t>(n) * rows);
+  const kernels::capture_id id = b_->end_capture();
+  ASSERT_NE(id, 0u);
+  for (int round = 0; round < 2; ++round) {
+    auto x = testing::random_values(rng_, static_cast<std::size_t>(n) * cols, t());
+    auto a = testing::random_values(rng_, static_cast<std::size_t>(n) * rows, t());
+    xd.set(x);
+    acc.set(a);
+    b_->replay(id);
+    std::vector<float> ref(static_cast<std::size_t>(n) * rows);
+    kernels::cpu::linear(x.data(), n, wh.data(), rows, cols, nullptr, ref.data());
+    EXPECT_CLOSE(out.get(), ref, t(), tag("replayed linear"));
+    for (std::size_t i = 0; i < ref.size(); ++i) a[i] += testing::representable(t(), ref[i]);
+    EXPECT_CLOSE(acc.get(), a, t(), tag("replayed add"));
+  }
+  b_->drop_capture(id);
+  b_->release(const_cast<void*>(w.data));
 }
 
 INSTANTIATE_TEST_SUITE_P(dtypes, cuda_ops, ::testing::Values(dtype::f32, dtype::bf16),

@@ -124,7 +124,7 @@ status stage_executor::validate(const step_plan& plan, std::span<const float> hi
   return ok_status();
 }
 
-void stage_executor::upload_plan(const step_plan& plan) {
+void stage_executor::upload_plan(const step_plan& plan, bool fixed_shape) {
   const int bs = options_.kv_block_size;
   const int num_seqs = static_cast<int>(plan.seqs.size());
   const int total = plan.num_tokens();
@@ -134,6 +134,12 @@ void stage_executor::upload_plan(const step_plan& plan) {
     max_blocks = std::max(max_blocks, (end + bs - 1) / bs);
     max_ctx = std::max(max_ctx, end);
     max_q = std::max(max_q, static_cast<int>(s.tokens.size()));
+  }
+  if (fixed_shape) {  // contexts up to a power of two (at least 256) share one recording
+    int bucket = 256;
+    while (bucket < max_ctx) bucket *= 2;
+    max_blocks = std::min((bucket + bs - 1) / bs, max_blocks_per_seq_);
+    max_ctx = max_blocks * bs;
   }
   auto& v = host_ints_;
   v.clear();
@@ -227,31 +233,73 @@ status stage_executor::run_layer(int li, int n, bool first) {
   return reduce(delta_.get(), n);
 }
 
-result<step_output> stage_executor::run(const step_plan& plan, std::span<const float> hidden_in) {
-  CONVEYOR_TRY(validate(plan, hidden_in));
-  upload_plan(plan);
+stage_executor::~stage_executor() {
+  for (const auto& [shape, id] : captures_) backend_.drop_capture(id);
+}
+
+status stage_executor::run_ops(int n) {
   kernels::backend& b = backend_;
-  const int n = pv_.num_tokens;
   const int h = config_.hidden_size;
-  if (range_.has_embedding) {
-    b.embedding(pv_.ids, n, weights_->embedding, residual_.get());
-  } else {
-    b.write_f32(residual_.get(), hidden_in.data(), hidden_in.size());
-  }
+  if (range_.has_embedding) b.embedding(pv_.ids, n, weights_->embedding, residual_.get());
   for (int li = 0; li < range_.num_layers(); ++li) CONVEYOR_TRY(run_layer(li, n, li == 0));
   const bool ran_layers = range_.num_layers() > 0;
-
-  step_output out;
   if (!range_.has_head) {
     if (ran_layers) b.add(residual_.get(), delta_.get(), static_cast<std::size_t>(n) * h);
-    out.hidden.resize(static_cast<std::size_t>(n) * h);
-    b.read_f32(residual_.get(), out.hidden.size(), out.hidden.data());
-    return out;
+    return ok_status();
   }
   if (ran_layers) {
     b.add_rmsnorm(residual_.get(), delta_.get(), n, h, weights_->final_norm, config_.rms_norm_eps, normed_.get());
   } else {
     b.rmsnorm(residual_.get(), n, h, weights_->final_norm, config_.rms_norm_eps, normed_.get());
+  }
+  if (pv_.num_logit_rows == 0) return ok_status();
+  b.gather_rows(normed_.get(), pv_.logit_rows, pv_.num_logit_rows, h, head_in_.get());
+  b.linear(head_in_.get(), pv_.num_logit_rows, weights_->lm_head, kernels::weight{}, logits_.get());
+  return ok_status();
+}
+
+bool stage_executor::capturable(const step_plan& plan) const {
+  if (!backend_.can_capture() || observer_ || collective_ != nullptr) return false;
+  return std::all_of(plan.seqs.begin(), plan.seqs.end(), [](const sequence_step& s) { return s.tokens.size() == 1; });
+}
+
+// A decode step of one shape issues the same ops on the same buffers every time: record them once
+// and replay, one launch instead of ~100 (the host no longer paces a small-batch step).
+status stage_executor::run_captured(int n) {
+  const std::array<int, 4> shape{n, pv_.num_seqs, pv_.num_logit_rows, table_stride_};
+  auto it = captures_.find(shape);
+  if (it == captures_.end()) {
+    constexpr std::size_t max_captures = 64;
+    if (captures_.size() >= max_captures) {
+      for (const auto& [s, id] : captures_) backend_.drop_capture(id);
+      captures_.clear();
+    }
+    backend_.begin_capture();
+    const status st = run_ops(n);
+    const kernels::capture_id id = backend_.end_capture();
+    CONVEYOR_TRY(st);
+    if (id == 0) return run_ops(n);  // could not be recorded: nothing ran, run it eagerly
+    it = captures_.emplace(shape, id).first;
+  }
+  backend_.replay(it->second);
+  return ok_status();
+}
+
+result<step_output> stage_executor::run(const step_plan& plan, std::span<const float> hidden_in) {
+  CONVEYOR_TRY(validate(plan, hidden_in));
+  const bool record = capturable(plan);
+  upload_plan(plan, record);
+  kernels::backend& b = backend_;
+  const int n = pv_.num_tokens;
+  const int h = config_.hidden_size;
+  if (!range_.has_embedding) b.write_f32(residual_.get(), hidden_in.data(), hidden_in.size());
+  CONVEYOR_TRY(record ? run_captured(n) : run_ops(n));
+
+  step_output out;
+  if (!range_.has_head) {
+    out.hidden.resize(static_cast<std::size_t>(n) * h);
+    b.read_f32(residual_.get(), out.hidden.size(), out.hidden.data());
+    return out;
   }
   if (observer_) observe(config_.num_layers, normed_.get(), n);
   const int rows = pv_.num_logit_rows;
@@ -259,8 +307,6 @@ result<step_output> stage_executor::run(const step_plan& plan, std::span<const f
   out.tokens.assign(plan.seqs.size(), -1);
   out.logits_offset.assign(plan.seqs.size(), -1);
   if (rows == 0) return out;
-  b.gather_rows(normed_.get(), pv_.logit_rows, rows, h, head_in_.get());
-  b.linear(head_in_.get(), rows, weights_->lm_head, kernels::weight{}, logits_.get());
 
   // Rows [0, last_rows) are each sampled sequence's last position, in plan order.
   std::vector<kernels::sample_params> params;

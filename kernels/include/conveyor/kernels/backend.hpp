@@ -74,6 +74,9 @@ struct sample_params {
   std::uint64_t step = 0;  ///< position of the token drawn; with seed it fixes the random number
 };
 
+/// Handle of a recorded op sequence (a CUDA graph); 0 is no recording.
+using capture_id = std::uint64_t;
+
 /// Interface of a compute backend. One instance owns one device stream; calls are ordered.
 class backend {
  public:
@@ -131,6 +134,21 @@ class backend {
   /// Draws one token per row of logits[n, vocab]. params and tokens are host arrays.
   virtual void sample(const void* logits, int n, int vocab, const sample_params* params,
                       std::int32_t* tokens) = 0;
+
+  // --- capture: record a fixed op sequence once, replay it per step (decode steps) ---
+  /// True when begin_capture/end_capture/replay work; otherwise the caller runs its ops eagerly and
+  /// never calls them.
+  virtual bool can_capture() const = 0;
+  /// Ops issued from here to end_capture are recorded, not run. Only ops on backend memory may be
+  /// issued in between (no upload, download, read_f32, write_f32, sample or synchronize).
+  virtual void begin_capture() = 0;
+  /// Ends the recording; returns its handle, or 0 when it could not be recorded (then nothing ran:
+  /// issue the ops again eagerly).
+  virtual capture_id end_capture() = 0;
+  /// Runs a recording with the pointers and sizes it was recorded with; the memory it reads holds
+  /// this step's inputs (uploaded before the call).
+  virtual void replay(capture_id id) = 0;
+  virtual void drop_capture(capture_id id) = 0;
 };
 
 }  // namespace conveyor::kernels

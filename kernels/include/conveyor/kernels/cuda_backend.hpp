@@ -16,6 +16,18 @@ struct cuda_backend_options {
   std::size_t attention_workspace_bytes = 64ull << 20;
   /// Rows of logits sampled per pass; the sort workspace is sized for this many rows of the vocab.
   int sample_rows_per_pass = 64;
+
+  // Speed paths; each can be switched to measure it (bench/conveyor_bench) or to rule it out. The
+  // defaults are what measured fastest on the H200 (bench/NOTES.md).
+  bool graphs = true;       ///< can_capture(): the executor records decode steps as CUDA graphs
+  /// bf16 linear with n ≤ 16 on the tensor-core GEMV instead of cuBLAS. Off: in a graph it measured
+  /// no faster than cuBLAS at batch 1 and slower at batch 8 (bench/NOTES.md says what to fix first).
+  bool small_gemm = false;
+  bool fuse = true;         ///< bf16: rope into kv_write; with small_gemm also rmsnorm / silu_mul into the GEMV
+  bool fuse_norm = true;    ///< with small_gemm and fuse: rmsnorm into a GEMV that runs as one wave
+  bool pdl = true;         ///< the GEMV starts as a programmatic dependent (prefetches weights early)
+  bool gqa_decode = true;  ///< decode attention: one block per KV head serves its query-head group
+  bool tc_prefill = true;  ///< bf16 prefill attention on tensor cores (head_dim 64 or 128)
 };
 
 /// Creates a backend on `options.device`: one stream, one cuBLAS handle, workspace allocated here.

@@ -1,7 +1,9 @@
 #pragma once
 // Runs a stage's layer range on a batch of sequences: plan on the host (validate, build index
 // arrays), then run the backend's ops over preallocated workspace, never allocating per step.
+#include <array>
 #include <functional>
+#include <map>
 #include <memory>
 #include <span>
 
@@ -37,6 +39,7 @@ class stage_executor {
                                                         const model_config& config, stage_range range,
                                                         const executor_options& options,
                                                         kernels::collective* collective = nullptr);
+  ~stage_executor();
 
   /// Runs one step. `hidden_in` is [num_tokens, hidden] float32 for a stage without the embedding
   /// and empty for the first stage. Bad plans (ids out of range, short block tables, too many
@@ -56,7 +59,15 @@ class stage_executor {
   stage_executor(kernels::backend& b, const model_config& c, stage_range r, const executor_options& o)
       : backend_(b), config_(c), range_(r), options_(o) {}
   status validate(const step_plan& plan, std::span<const float> hidden_in) const;
-  void upload_plan(const step_plan& plan);
+  /// `fixed_shape`: pad the block tables to the context's bucket, so a recorded step fits every
+  /// step of that bucket.
+  void upload_plan(const step_plan& plan, bool fixed_shape);
+  /// The step's device ops, from the embedding to the LM head (no host transfers).
+  status run_ops(int n);
+  /// Decode steps (one token per sequence) on a backend that can record them: replays a CUDA graph
+  /// per shape, recording it the first time.
+  bool capturable(const step_plan& plan) const;
+  status run_captured(int n);
   status run_layer(int layer_index, int n, bool first);
   status reduce(void* data, int rows);
   void observe(int index, const void* data, int rows);
@@ -85,6 +96,8 @@ class stage_executor {
   } pv_{};
   hidden_observer observer_;
   std::vector<float> observe_buf_;
+  /// Recorded decode steps by (tokens, sequences, logit rows, block-table stride).
+  std::map<std::array<int, 4>, kernels::capture_id> captures_;
 };
 
 }  // namespace conveyor::engine

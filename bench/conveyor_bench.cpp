@@ -1,0 +1,539 @@
+// conveyor_bench: the engine on one GPU against its two ceilings, measured in the same run.
+//   - copy bandwidth (device-to-device cudaMemcpy, bytes read + written) -> decode steps/s ceiling
+//   - bf16 GEMM rate (cuBLAS, large square, random data) -> prefill ceiling
+//   - decode throughput at several batch sizes (prompt P, N new tokens, greedy), time to first
+//     token, prefill throughput, device memory used
+// for one or more backend variants (each speed path on or off), as JSON lines that
+// bench/report.py joins with the HF peers' numbers (bench/hf_peer_bench.py) into one table.
+//
+//   conveyor_bench --model DIR [--batches 1,8,64,256] [--prompt 128] [--new 128]
+//                  [--prefill 512,2048] [--variants all,base,...] [--ablate 1,8] [--ceilings 0|1]
+//                  [--json FILE] [--profile decode1|decode64|prefill2048]
+// --profile runs one step of that kind inside cudaProfilerStart/Stop (for ncu --profile-from-start off).
+// Variants "all" (every speed path, the default) and "base" (none) get the whole sweep; the
+// ablations (one path off or on) only the --ablate batch sizes.
+#include <cublas_v2.h>
+#include <cuda_profiler_api.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "conveyor/engine/local_pipeline.hpp"
+#include "conveyor/kernels/cuda_backend.hpp"
+
+namespace {
+
+using namespace conveyor;
+using clock_type = std::chrono::steady_clock;
+
+[[noreturn]] void die(const std::string& why) {
+  std::fprintf(stderr, "conveyor_bench: %s\n", why.c_str());
+  std::exit(1);
+}
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) die(std::string(what) + ": " + cudaGetErrorString(e));
+}
+void check(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS) die(std::string(what) + ": " + cublasGetStatusString(s));
+}
+double seconds_since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+std::vector<int> parse_ints(const std::string& s) {
+  std::vector<int> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');) {
+    if (!item.empty()) out.push_back(std::stoi(item));
+  }
+  return out;
+}
+std::vector<std::string> parse_words(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+struct json_line {
+  std::ostringstream s;
+  bool first = true;
+  json_line() { s << "{"; }
+  template <class T>
+  json_line& add(const std::string& k, const T& v) {
+    s << (first ? "" : ", ") << "\"" << k << "\": " << v;
+    first = false;
+    return *this;
+  }
+  json_line& str(const std::string& k, const std::string& v) {
+    s << (first ? "" : ", ") << "\"" << k << "\": \"" << v << "\"";
+    first = false;
+    return *this;
+  }
+  std::string done() { return s.str() + "}"; }
+};
+
+std::ofstream json_out;
+void emit(const std::string& line) {
+  std::printf("[bench] %s\n", line.c_str());
+  std::fflush(stdout);
+  if (json_out.is_open()) {
+    json_out << line << "\n";
+    json_out.flush();
+  }
+}
+
+// --- ceilings ---
+
+/// Device-to-device copy of a 2 GiB buffer: bytes read + written per second (median of 10).
+double copy_bandwidth() {
+  const std::size_t bytes = 2ull << 30;
+  void *a = nullptr, *b = nullptr;
+  check(cudaMalloc(&a, bytes), "cudaMalloc");
+  check(cudaMalloc(&b, bytes), "cudaMalloc");
+  check(cudaMemset(a, 1, bytes), "cudaMemset");
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  std::vector<double> t;
+  for (int i = 0; i < 13; ++i) {
+    cudaEventRecord(e0);
+    check(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice), "cudaMemcpyAsync");
+    cudaEventRecord(e1);
+    check(cudaEventSynchronize(e1), "sync");
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e0, e1);
+    if (i >= 3) t.push_back(ms * 1e-3);
+  }
+  cudaFree(a);
+  cudaFree(b);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return 2.0 * static_cast<double>(bytes) / median(t);
+}
+
+/// cuBLAS bf16 GEMM (f32 accumulate) at m = n = k = `size` on random data: FLOP/s (median of 10).
+double gemm_rate(int size) {
+  const std::size_t count = static_cast<std::size_t>(size) * size;
+  std::vector<std::uint16_t> host(count);
+  std::mt19937_64 rng(7);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<std::uint16_t> block(1 << 20);
+  for (auto& x : block) x = kernels::f32_to_bf16(d(rng));
+  void *a = nullptr, *b = nullptr, *c = nullptr;
+  check(cudaMalloc(&a, count * 2), "cudaMalloc");
+  check(cudaMalloc(&b, count * 2), "cudaMalloc");
+  check(cudaMalloc(&c, count * 2), "cudaMalloc");
+  for (std::size_t i = 0; i < count; ++i) host[i] = block[(i * 2654435761u) % block.size()];
+  check(cudaMemcpy(a, host.data(), count * 2, cudaMemcpyHostToDevice), "upload");
+  for (std::size_t i = 0; i < count; ++i) host[i] = block[(i * 40503u + 17) % block.size()];
+  check(cudaMemcpy(b, host.data(), count * 2, cudaMemcpyHostToDevice), "upload");
+  cublasHandle_t h;
+  check(cublasCreate(&h), "cublasCreate");
+  const float one = 1.0f, zero = 0.0f;
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  std::vector<double> t;
+  for (int i = 0; i < 13; ++i) {
+    cudaEventRecord(e0);
+    check(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, size, size, size, &one, a, CUDA_R_16BF, size, b, CUDA_R_16BF, size,
+                       &zero, c, CUDA_R_16BF, size, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+          "cublasGemmEx");
+    cudaEventRecord(e1);
+    check(cudaEventSynchronize(e1), "sync");
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e0, e1);
+    if (i >= 3) t.push_back(ms * 1e-3);
+  }
+  cublasDestroy(h);
+  cudaFree(a);
+  cudaFree(b);
+  cudaFree(c);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return 2.0 * size * static_cast<double>(size) * size / median(t);
+}
+
+// --- the engine ---
+
+struct variant {
+  std::string name;
+  kernels::cuda_backend_options options;
+};
+
+std::vector<variant> all_variants() {
+  std::vector<variant> v;
+  kernels::cuda_backend_options o;  // the defaults
+  v.push_back({"all", o});
+  kernels::cuda_backend_options base = o;
+  base.graphs = base.small_gemm = base.fuse = base.pdl = base.gqa_decode = base.tc_prefill = false;
+  v.push_back({"base", base});
+  kernels::cuda_backend_options graphs = base;
+  graphs.graphs = true;
+  v.push_back({"graphs", graphs});
+  kernels::cuda_backend_options g2 = graphs;
+  g2.small_gemm = true;
+  g2.gqa_decode = true;
+  v.push_back({"graphs+gemv", g2});
+  kernels::cuda_backend_options gemv = o;  // the small-batch GEMV with its norm / silu fusions
+  gemv.small_gemm = true;
+  v.push_back({"gemv", gemv});
+  kernels::cuda_backend_options gemv_nofuse = gemv;
+  gemv_nofuse.fuse = false;
+  v.push_back({"gemv-nofuse", gemv_nofuse});
+  kernels::cuda_backend_options nofusenorm = gemv;
+  nofusenorm.fuse_norm = false;
+  v.push_back({"gemv-nofusenorm", nofusenorm});
+  kernels::cuda_backend_options nopdl = gemv;
+  nopdl.pdl = false;
+  v.push_back({"gemv-nopdl", nopdl});
+  return v;
+}
+
+struct bench_config {
+  std::string model;
+  std::vector<int> batches{1, 8, 64, 256};
+  int prompt = 128;
+  int new_tokens = 128;
+  std::vector<int> prefill{512, 2048};
+};
+
+class engine_bench {
+ public:
+  engine_bench(const bench_config& c, const variant& v) : c_(c), v_(v) {}
+
+  /// One step of `what` inside cudaProfilerStart/Stop, after warm-up steps of the same shape.
+  void profile(const std::string& what) {
+    load_pipeline();
+    if (what == "decode1" || what == "decode64") {
+      c_.new_tokens = 8;
+      profile_step_ = 4;
+      generate_once(what == "decode1" ? 1 : 64, 1);
+    } else if (what == "prefill2048") {
+      prefill_once(2048);
+      prefill_once(2048);
+      cudaProfilerStart();
+      prefill_once(2048);
+      cudaProfilerStop();
+    } else {
+      die("unknown --profile " + what);
+    }
+  }
+
+  void run(bool full, const std::vector<int>& ablate_batches, double bw, double gemm,
+           std::map<std::string, std::vector<std::int32_t>>& first_tokens) {
+    const std::size_t free0 = load_pipeline();
+    std::size_t free1 = 0, total = 0;
+    check(cudaMemGetInfo(&free1, &total), "cudaMemGetInfo");
+    emit(json_line()
+             .str("kind", "load")
+             .str("variant", v_.name)
+             .add("load_s", load_s_)
+             .add("weight_bytes", weight_bytes_)
+             .add("step_weight_bytes", step_weight_bytes_)
+             .add("device_bytes_used", static_cast<double>(free0 - free1))
+             .add("kv_bytes", kv_pool_bytes_)
+             .done());
+
+    const std::vector<int> batches = full ? c_.batches : ablate_batches;
+    for (int batch : batches) decode(batch, bw, first_tokens);
+    if (full) {
+      ttft();
+      for (int t : c_.prefill) prefill(t, gemm);
+    }
+    std::size_t free2 = 0;
+    check(cudaMemGetInfo(&free2, &total), "cudaMemGetInfo");
+    emit(json_line()
+             .str("kind", "memory")
+             .str("variant", v_.name)
+             .add("device_bytes_used_after_runs", static_cast<double>(free0 - free2))
+             .done());
+    pipe_.reset();
+    backend_.reset();
+  }
+
+ private:
+  /// Creates the backend and the pipeline; returns the free device memory before.
+  std::size_t load_pipeline() {
+    std::size_t free0 = 0, total = 0;
+    check(cudaMemGetInfo(&free0, &total), "cudaMemGetInfo");
+    auto b = kernels::make_cuda_backend(v_.options);
+    if (!b) die("backend: " + b.err().message);
+    backend_ = std::move(b).value();
+    engine::executor_options o;
+    o.kv_block_size = 16;
+    int max_batch = 1;
+    for (int x : c_.batches) max_batch = std::max(max_batch, x);
+    o.max_seqs = std::max(max_batch, 1);
+    const int per_seq = c_.prompt + c_.new_tokens;
+    o.kv_blocks = max_batch * ((per_seq + 15) / 16) + 8;
+    int max_prefill = 0;
+    for (int x : c_.prefill) max_prefill = std::max(max_prefill, x);
+    o.kv_blocks = std::max(o.kv_blocks, (max_prefill + 15) / 16 + 8);
+    o.max_step_tokens = std::max(2048, max_prefill);
+    const auto t_load = clock_type::now();
+    auto p = engine::local_pipeline::create(*backend_, c_.model, 1, o);
+    if (!p) die("pipeline: " + p.err().message);
+    pipe_ = std::move(p).value();
+    load_s_ = seconds_since(t_load);
+    const auto& cfg = pipe_->config();
+    vocab_ = cfg.vocab_size;
+    weight_bytes_ = pipe_->stages()[0]->weight_bytes();
+    kv_bytes_per_token_ = 2.0 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2.0;  // bf16 K and V
+    kv_pool_bytes_ = kv_bytes_per_token_ * o.kv_blocks * o.kv_block_size;
+    // Bytes a decode step must read: every weight once, except the tied embedding (read as the LM
+    // head; the embedding lookup reads one row per token).
+    const double embed = static_cast<double>(cfg.vocab_size) * cfg.hidden_size * 2.0;
+    step_weight_bytes_ = static_cast<double>(weight_bytes_) - (cfg.tie_word_embeddings ? 0.0 : embed);
+    linear_params_ = 0.0;
+    {
+      const double h = cfg.hidden_size, f = cfg.intermediate_size, d = cfg.head_dim;
+      const double qkv = (cfg.num_heads + 2.0 * cfg.num_kv_heads) * d * h, o_p = cfg.num_heads * d * h;
+      linear_params_ = cfg.num_layers * (qkv + o_p + 3.0 * f * h);
+    }
+    return free0;
+  }
+
+  std::vector<std::int32_t> random_prompt(std::mt19937_64& rng, int len) const {
+    std::uniform_int_distribution<int> d(0, vocab_ - 1);
+    std::vector<std::int32_t> v(len);
+    for (auto& x : v) x = d(rng);
+    return v;
+  }
+
+  engine::sequence_step seq_step(std::int64_t id, std::vector<std::int32_t> tokens, int start, bool sample) {
+    engine::sequence_step s;
+    s.seq_id = id;
+    s.tokens = std::move(tokens);
+    s.start_pos = start;
+    s.block_table = pipe_->blocks().table(id);
+    s.sample = sample;
+    return s;
+  }
+
+  struct decode_result {
+    double prefill_s = 0, decode_s = 0;
+    std::vector<std::int32_t> seq0_tokens;
+  };
+
+  /// Prefills `batch` prompts (chunks of whole prompts up to the step budget), then decodes
+  /// new_tokens - 1 steps; times both phases.
+  decode_result generate_once(int batch, std::uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::vector<std::vector<std::int32_t>> prompts;
+    std::vector<std::int64_t> ids;
+    for (int i = 0; i < batch; ++i) {
+      prompts.push_back(random_prompt(rng, c_.prompt));
+      ids.push_back(next_id_++);
+      if (auto st = pipe_->blocks().reserve(ids.back(), c_.prompt + c_.new_tokens); !st) die(st.err().message);
+    }
+    std::vector<std::int32_t> last(batch);
+    decode_result r;
+    const int per_step = std::max(1, std::min(batch, 2048 / c_.prompt));
+    const auto t0 = clock_type::now();
+    for (int i0 = 0; i0 < batch; i0 += per_step) {
+      engine::step_plan plan;
+      for (int i = i0; i < std::min(batch, i0 + per_step); ++i) plan.seqs.push_back(seq_step(ids[i], prompts[i], 0, true));
+      auto out = pipe_->step(plan);
+      if (!out) die("prefill step: " + out.err().message);
+      for (std::size_t k = 0; k < plan.seqs.size(); ++k) last[i0 + k] = out->tokens[k];
+    }
+    r.prefill_s = seconds_since(t0);
+    r.seq0_tokens.push_back(last[0]);
+    const auto t1 = clock_type::now();
+    for (int step = 1; step < c_.new_tokens; ++step) {
+      if (step == profile_step_) cudaProfilerStart();
+      engine::step_plan plan;
+      for (int i = 0; i < batch; ++i) plan.seqs.push_back(seq_step(ids[i], {last[i]}, c_.prompt + step - 1, true));
+      auto out = pipe_->step(plan);
+      if (!out) die("decode step: " + out.err().message);
+      for (int i = 0; i < batch; ++i) {
+        last[i] = out->tokens[i];
+        if (last[i] < 0 || last[i] >= vocab_) die("decode step drew token " + std::to_string(last[i]));
+      }
+      r.seq0_tokens.push_back(last[0]);
+      if (step == profile_step_) cudaProfilerStop();
+    }
+    r.decode_s = seconds_since(t1);
+    for (auto id : ids) pipe_->blocks().release(id);
+    return r;
+  }
+
+  void decode(int batch, double bw, std::map<std::string, std::vector<std::int32_t>>& first_tokens) {
+    generate_once(batch, 1000 + batch);  // warm-up: records the step graphs, loads kernels
+    const decode_result r = generate_once(batch, 1000 + batch);
+    const int steps = c_.new_tokens - 1;
+    const double step_s = r.decode_s / steps;
+    const double avg_ctx = c_.prompt + c_.new_tokens / 2.0;
+    const double kv_bytes = batch * avg_ctx * kv_bytes_per_token_;
+    const double ceiling_steps = bw / step_weight_bytes_;
+    emit(json_line()
+             .str("kind", "decode")
+             .str("variant", v_.name)
+             .add("batch", batch)
+             .add("step_ms", step_s * 1e3)
+             .add("steps_per_s", 1.0 / step_s)
+             .add("decode_tok_s", batch / step_s)
+             .add("e2e_tok_s", batch * c_.new_tokens / (r.prefill_s + r.decode_s))
+             .add("ttft_batch_ms", r.prefill_s * 1e3)
+             .add("weight_roofline_frac", (1.0 / step_s) / ceiling_steps)
+             .add("mbu", (step_weight_bytes_ + kv_bytes) / step_s / bw)
+             .done());
+    if (batch == 1) {
+      first_tokens[v_.name] = r.seq0_tokens;
+      std::string list = "[";
+      for (std::size_t i = 0; i < r.seq0_tokens.size(); ++i) list += (i ? "," : "") + std::to_string(r.seq0_tokens[i]);
+      emit(json_line().str("kind", "tokens").str("variant", v_.name).add("batch1_greedy", list + "]").done());
+    }
+  }
+
+  void ttft() {
+    std::mt19937_64 rng(5);
+    std::vector<double> t;
+    for (int i = 0; i < 11; ++i) {
+      const std::int64_t id = next_id_++;
+      if (auto st = pipe_->blocks().reserve(id, c_.prompt); !st) die(st.err().message);
+      engine::step_plan plan;
+      plan.seqs.push_back(seq_step(id, random_prompt(rng, c_.prompt), 0, true));
+      const auto t0 = clock_type::now();
+      auto out = pipe_->step(plan);
+      if (!out) die("ttft step: " + out.err().message);
+      if (i > 0) t.push_back(seconds_since(t0));
+      pipe_->blocks().release(id);
+    }
+    emit(json_line().str("kind", "ttft").str("variant", v_.name).add("prompt", c_.prompt).add("ttft_ms", median(t) * 1e3).done());
+  }
+
+  /// One prefill step of `tokens` random tokens; its wall time.
+  double prefill_once(int tokens) {
+    const std::int64_t id = next_id_++;
+    if (auto st = pipe_->blocks().reserve(id, tokens); !st) die(st.err().message);
+    engine::step_plan plan;
+    plan.seqs.push_back(seq_step(id, random_prompt(prefill_rng_, tokens), 0, true));
+    const auto t0 = clock_type::now();
+    auto out = pipe_->step(plan);
+    if (!out) die("prefill step: " + out.err().message);
+    const double s = seconds_since(t0);
+    pipe_->blocks().release(id);
+    return s;
+  }
+
+  void prefill(int tokens, double gemm) {
+    const auto& cfg = pipe_->config();
+    std::vector<double> t;
+    for (int i = 0; i < 6; ++i) {
+      const double s = prefill_once(tokens);
+      if (i > 0) t.push_back(s);
+    }
+    const double s = median(t);
+    // Useful FLOPs: every linear layer on every token, causal attention (QKᵀ and PV over the visible
+    // half), the LM head on the one sampled row.
+    const double attn = 2.0 * cfg.num_layers * static_cast<double>(tokens) * tokens * cfg.num_heads * cfg.head_dim;
+    const double flops = 2.0 * tokens * linear_params_ + attn + 2.0 * cfg.vocab_size * cfg.hidden_size;
+    emit(json_line()
+             .str("kind", "prefill")
+             .str("variant", v_.name)
+             .add("tokens", tokens)
+             .add("ms", s * 1e3)
+             .add("tok_s", tokens / s)
+             .add("tflops", flops / s * 1e-12)
+             .add("mfu", flops / s / gemm)
+             .done());
+  }
+
+  bench_config c_;
+  variant v_;
+  std::unique_ptr<kernels::backend> backend_;
+  std::unique_ptr<engine::local_pipeline> pipe_;
+  int vocab_ = 0;
+  std::size_t weight_bytes_ = 0;
+  double step_weight_bytes_ = 0, kv_bytes_per_token_ = 0, kv_pool_bytes_ = 0, linear_params_ = 0;
+  std::int64_t next_id_ = 1;
+  int profile_step_ = -1;
+  double load_s_ = 0;
+  std::mt19937_64 prefill_rng_{9};
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bench_config c;
+  std::vector<std::string> variants{"all", "base"};
+  std::vector<int> ablate{1, 8};
+  std::string json_path;
+  bool ceilings = true;
+  std::string profile;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) die("missing value after " + a);
+      return argv[++i];
+    };
+    if (a == "--model") c.model = next();
+    else if (a == "--batches") c.batches = parse_ints(next());
+    else if (a == "--prompt") c.prompt = std::stoi(next());
+    else if (a == "--new") c.new_tokens = std::stoi(next());
+    else if (a == "--prefill") c.prefill = parse_ints(next());
+    else if (a == "--variants") variants = parse_words(next());
+    else if (a == "--ablate") ablate = parse_ints(next());
+    else if (a == "--json") json_path = next();
+    else if (a == "--ceilings") ceilings = next() != "0";
+    else if (a == "--profile") profile = next();
+    else die("unknown flag " + a + " (see the comment at the top of bench/conveyor_bench.cpp)");
+  }
+  if (c.model.empty()) die("--model DIR is required");
+  if (!json_path.empty()) json_out.open(json_path, std::ios::app);
+
+  if (!profile.empty()) {
+    engine_bench(c, all_variants()[0]).profile(profile);
+    return 0;
+  }
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  // Without --ceilings the shares use the H200's figures from DESIGN.md (a later run measures).
+  const double bw = ceilings ? copy_bandwidth() : 4.23e12;
+  const double gemm = ceilings ? gemm_rate(8192) : 790e12;
+  if (ceilings) {
+    emit(json_line()
+             .str("kind", "ceilings")
+             .str("device", prop.name)
+             .add("sms", prop.multiProcessorCount)
+             .add("copy_bytes_per_s", bw)
+             .add("gemm_flops", gemm)
+             .done());
+  }
+
+  std::map<std::string, std::vector<std::int32_t>> first_tokens;
+  const auto known = all_variants();
+  for (std::size_t vi = 0; vi < variants.size(); ++vi) {
+    const auto it = std::find_if(known.begin(), known.end(), [&](const variant& v) { return v.name == variants[vi]; });
+    if (it == known.end()) die("unknown variant " + variants[vi]);
+    engine_bench(c, *it).run(it->name == "all" || it->name == "base", ablate, bw, gemm, first_tokens);
+  }
+  // Greedy tokens of the batch-1 run per variant: the speed paths should not change them much.
+  if (first_tokens.count("all") && first_tokens.count("base")) {
+    const auto& a = first_tokens["all"];
+    const auto& b = first_tokens["base"];
+    std::size_t same = 0;
+    while (same < a.size() && same < b.size() && a[same] == b[same]) ++same;
+    emit(json_line().str("kind", "agreement").add("same_prefix", same).add("tokens", a.size()).done());
+  }
+  return 0;
+}

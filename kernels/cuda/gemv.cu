@@ -1,0 +1,353 @@
+// Small-batch linear (bf16, n ≤ 16 tokens) on tensor cores, with the op before it folded into its
+// load. Decode at small batch is all skinny GEMMs: cuBLAS runs them well under the copy bandwidth and
+// each op costs a launch. Here a block owns 16 output rows and all of K; its warps split K into
+// 32-wide chunks, stream their rows with 16-byte loads and feed mma.sync m16n8k16 (W as A, up to 8
+// tokens as B's columns per n-tile), and the block sums the warps' partial tiles in shared memory.
+//
+// The k order inside each mma is permuted: lane q's 8 contiguous k (one 16-byte load) go to logical k
+// 2q, 2q+1, 2q+8, 2q+9 of two mmas. A and B use the same permutation, so every dot product is the same
+// sum; this keeps both operands as plain coalesced 16-byte loads.
+//
+// In a grid of one wave x is staged in shared memory by all threads at once (loading it chunk by chunk
+// inside the weight loop exposed one L2 round trip per chunk: o_proj and down_proj ran at 1.3-1.5
+// TB/s).
+//
+// Prologues (the op the engine issued before this linear, done here instead of in its own launch):
+// - norm: x = rmsnorm(residual [+ delta]) * w. Every block normalises the n rows into shared memory.
+//   With delta, residual += delta must happen once: the last block to finish reading writes it back
+//   (an arrival counter), and writes the normalised rows too, so memory ends as the op-by-op path
+//   leaves it.
+// - silu: x = silu(gate) * up from gate_up rows, computed as the chunks are loaded; block 0 writes x.
+// Rounding matches the op-by-op path (each intermediate rounded to bf16 where that path stores it).
+//
+// Programmatic dependent launch: a block loads its first weights before griddepcontrol.wait, so
+// the weight stream starts while the previous kernel drains.
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "device_types.cuh"
+#include "launch.hpp"
+
+namespace conveyor::kernels::cuda {
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+__device__ __forceinline__ void mma_bf16(float (&d)[4], std::uint32_t a0, std::uint32_t a1, std::uint32_t a2,
+                                         std::uint32_t a3, std::uint32_t b0, std::uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Weights are read once per step: stream them past L1 (which keeps x).
+__device__ __forceinline__ uint4 load_stream(const uint4* p) { return __ldcs(p); }
+
+__device__ __forceinline__ float bf_lo(std::uint32_t u) { return __uint_as_float(u << 16); }
+__device__ __forceinline__ float bf_hi(std::uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
+__device__ __forceinline__ std::uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const std::uint32_t*>(&v);
+}
+__device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+
+// silu(g) * u for two packed pairs, as silu_mul_kernel computes it.
+__device__ __forceinline__ std::uint32_t silu_pair(std::uint32_t g, std::uint32_t u) {
+  const float g0 = bf_lo(g), g1 = bf_hi(g);
+  return pack_bf16(g0 / (1.0f + expf(-g0)) * bf_lo(u), g1 / (1.0f + expf(-g1)) * bf_hi(u));
+}
+
+constexpr int max_tokens = 16;
+
+template <int NT, int WARPS, int PRO>
+__global__ void __launch_bounds__(WARPS * 32) gemv_kernel(gemv_args a) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __shared__ float red[WARPS][NT][4][32];
+  __shared__ double ss_part[WARPS][NT * 8];
+  __shared__ float inv_s[NT * 8];
+  __shared__ int last_s;
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, q = lane % 4;
+  const int cols = a.cols, n = a.n;
+  const int row0 = blockIdx.x * 16;
+  const int ra = min(row0 + g, a.rows - 1), rb = min(row0 + g + 8, a.rows - 1);
+  const uint4* wa = reinterpret_cast<const uint4*>(a.w + static_cast<std::size_t>(ra) * cols);
+  const uint4* wb = reinterpret_cast<const uint4*>(a.w + static_cast<std::size_t>(rb) * cols);
+  const int chunks = (cols + 31) / 32;
+  constexpr int U = NT == 1 ? 8 : 4;
+
+  // First group of weights before waiting on the previous kernel: weights never depend on it.
+  uint4 w_a[U], w_b[U];
+  auto load_w = [&](int base) {
+#pragma unroll
+    for (int j = 0; j < U; ++j) {
+      const int c = base + j * WARPS;
+      if (c < chunks && c * 32 + q * 8 < cols) {
+        w_a[j] = load_stream(wa + c * 4 + q);
+        w_b[j] = load_stream(wb + c * 4 + q);
+      } else {
+        w_a[j] = make_uint4(0, 0, 0, 0);
+        w_b[j] = make_uint4(0, 0, 0, 0);
+      }
+    }
+  };
+  load_w(warp);
+  pdl_wait();
+  pdl_launch_dependents();
+
+  const int stride = cols + 8;  // padded rows of x in shared memory: conflict-free 16-byte reads
+  bf16* xs = reinterpret_cast<bf16*>(smem_raw);
+  const bool staged = PRO == static_cast<int>(gemv_prologue::norm) || a.stage_x;
+  if (PRO != static_cast<int>(gemv_prologue::norm) && staged) {
+    const int vchunks = cols / 8;
+    for (int idx = threadIdx.x; idx < n * vchunks; idx += blockDim.x) {
+      const int t = idx / vchunks, i = idx % vchunks;
+      uint4 v;
+      if constexpr (PRO == static_cast<int>(gemv_prologue::silu)) {
+        const bf16* gu = a.x + static_cast<std::size_t>(t) * 2 * cols;
+        const uint4 gv = __ldg(reinterpret_cast<const uint4*>(gu) + i);
+        const uint4 uv = __ldg(reinterpret_cast<const uint4*>(gu + cols) + i);
+        v = make_uint4(silu_pair(gv.x, uv.x), silu_pair(gv.y, uv.y), silu_pair(gv.z, uv.z), silu_pair(gv.w, uv.w));
+        if (blockIdx.x == 0) reinterpret_cast<uint4*>(a.x_out + static_cast<std::size_t>(t) * cols)[i] = v;
+      } else {
+        v = __ldg(reinterpret_cast<const uint4*>(a.x + static_cast<std::size_t>(t) * cols) + i);
+      }
+      *reinterpret_cast<uint4*>(xs + static_cast<std::size_t>(t) * stride + i * 8) = v;
+    }
+    __syncthreads();
+  }
+  if constexpr (PRO == static_cast<int>(gemv_prologue::norm)) {
+    const int vchunks = cols / 8;
+    double ss[NT * 8];
+#pragma unroll
+    for (int t = 0; t < NT * 8; ++t) ss[t] = 0.0;
+    // Pass 1: x = residual (+ delta, rounded as the residual stream is), sum of squares per token.
+#pragma unroll
+    for (int t = 0; t < NT * 8; ++t) {
+      if (t >= n) break;
+      const uint4* r4 = reinterpret_cast<const uint4*>(a.residual + static_cast<std::size_t>(t) * cols);
+      const uint4* d4 = reinterpret_cast<const uint4*>(a.delta + static_cast<std::size_t>(t) * cols);
+      for (int i = threadIdx.x; i < vchunks; i += blockDim.x) {
+        uint4 v = r4[i];
+        if (a.delta != nullptr) {
+          const uint4 d = d4[i];
+          std::uint32_t* vp = reinterpret_cast<std::uint32_t*>(&v);
+          const std::uint32_t* dp = reinterpret_cast<const std::uint32_t*>(&d);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) vp[e] = pack_bf16(bf_lo(vp[e]) + bf_lo(dp[e]), bf_hi(vp[e]) + bf_hi(dp[e]));
+        }
+        const std::uint32_t* vp = reinterpret_cast<const std::uint32_t*>(&v);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const double lo = bf_lo(vp[e]), hi = bf_hi(vp[e]);
+          ss[t] += lo * lo + hi * hi;
+        }
+        *reinterpret_cast<uint4*>(xs + static_cast<std::size_t>(t) * stride + i * 8) = v;
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < NT * 8; ++t) {
+      double v = ss[t];
+      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+      if (lane == 0) ss_part[warp][t] = v;
+    }
+    __syncthreads();
+    if (threadIdx.x < NT * 8) {
+      double total = 0.0;
+      for (int w = 0; w < WARPS; ++w) total += ss_part[w][threadIdx.x];
+      inv_s[threadIdx.x] = 1.0f / sqrtf(static_cast<float>(total / cols) + a.eps);
+    }
+    __syncthreads();
+    // Pass 2 (same chunks as pass 1, so no barrier between): x = w * (x * inv), rounded.
+    const float4* nw = reinterpret_cast<const float4*>(a.norm_w);
+    for (int t = 0; t < n; ++t) {
+      const float inv = inv_s[t];
+      for (int i = threadIdx.x; i < vchunks; i += blockDim.x) {
+        uint4* p = reinterpret_cast<uint4*>(xs + static_cast<std::size_t>(t) * stride + i * 8);
+        uint4 v = *p;
+        const float4 w0 = nw[i * 2], w1 = nw[i * 2 + 1];
+        const float wv[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+        std::uint32_t* vp = reinterpret_cast<std::uint32_t*>(&v);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          vp[e] = pack_bf16(wv[2 * e] * (bf_lo(vp[e]) * inv), wv[2 * e + 1] * (bf_hi(vp[e]) * inv));
+        }
+        *p = v;
+      }
+    }
+    __syncthreads();
+    // Materialise what the op-by-op path leaves in memory: the normalised rows, and with delta the
+    // updated residual, written by the last block to arrive (every other block has read it by then).
+    bool writer = blockIdx.x == 0;
+    if (a.delta != nullptr) {
+      if (threadIdx.x == 0) last_s = atomicAdd(a.counter, 1u) == gridDim.x - 1;
+      __syncthreads();
+      writer = last_s != 0;
+    }
+    if (writer) {
+      for (int t = 0; t < n; ++t) {
+        uint4* r4 = reinterpret_cast<uint4*>(a.residual + static_cast<std::size_t>(t) * cols);
+        const uint4* d4 = reinterpret_cast<const uint4*>(a.delta + static_cast<std::size_t>(t) * cols);
+        uint4* o4 = reinterpret_cast<uint4*>(a.x_out + static_cast<std::size_t>(t) * cols);
+        for (int i = threadIdx.x; i < vchunks; i += blockDim.x) {
+          if (a.delta != nullptr) {
+            uint4 v = r4[i];
+            const uint4 d = d4[i];
+            std::uint32_t* vp = reinterpret_cast<std::uint32_t*>(&v);
+            const std::uint32_t* dp = reinterpret_cast<const std::uint32_t*>(&d);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) vp[e] = pack_bf16(bf_lo(vp[e]) + bf_lo(dp[e]), bf_hi(vp[e]) + bf_hi(dp[e]));
+            r4[i] = v;
+          }
+          o4[i] = *reinterpret_cast<const uint4*>(xs + static_cast<std::size_t>(t) * stride + i * 8);
+        }
+      }
+      if (a.delta != nullptr && threadIdx.x == 0) *a.counter = 0u;  // ready for the next launch
+    }
+  }
+
+  float acc[NT][2][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[nt][h][e] = 0.0f;
+
+  for (int base = warp; base < chunks; base += WARPS * U) {
+    if (base != warp) load_w(base);
+#pragma unroll
+    for (int j = 0; j < U; ++j) {
+      const int c = base + j * WARPS;
+      const bool valid = c < chunks && c * 32 + q * 8 < cols;
+      const int k0 = c * 32 + q * 8;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const int t = nt * 8 + g;
+        uint4 xv = make_uint4(0, 0, 0, 0);
+        if (valid && t < n) {
+          if (staged) {
+            xv = *reinterpret_cast<const uint4*>(xs + static_cast<std::size_t>(t) * stride + k0);
+          } else if constexpr (PRO == static_cast<int>(gemv_prologue::silu)) {
+            const bf16* gu = a.x + static_cast<std::size_t>(t) * 2 * cols;
+            const uint4 gv = __ldg(reinterpret_cast<const uint4*>(gu + k0));
+            const uint4 uv = __ldg(reinterpret_cast<const uint4*>(gu + cols + k0));
+            xv = make_uint4(silu_pair(gv.x, uv.x), silu_pair(gv.y, uv.y), silu_pair(gv.z, uv.z), silu_pair(gv.w, uv.w));
+            if (blockIdx.x == 0) *reinterpret_cast<uint4*>(a.x_out + static_cast<std::size_t>(t) * cols + k0) = xv;
+          } else {
+            xv = __ldg(reinterpret_cast<const uint4*>(a.x + static_cast<std::size_t>(t) * cols + k0));
+          }
+        }
+        mma_bf16(acc[nt][0], w_a[j].x, w_b[j].x, w_a[j].y, w_b[j].y, xv.x, xv.y);
+        mma_bf16(acc[nt][1], w_a[j].z, w_b[j].z, w_a[j].w, w_b[j].w, xv.z, xv.w);
+      }
+    }
+  }
+
+  // Sum the warps' K slices: lane l holds (row g, tokens 2q, 2q+1) in e = 0, 1 and row g + 8 in 2, 3.
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) red[warp][nt][e][lane] = acc[nt][0][e] + acc[nt][1][e];
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < NT * 4 * 32; idx += blockDim.x) {
+    const int nt = idx / 128, e = (idx / 32) % 4, l = idx % 32;
+    float s = 0.0f;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) s += red[w][nt][e][l];
+    const int row = row0 + l / 4 + (e >= 2 ? 8 : 0);
+    const int tok = nt * 8 + 2 * (l % 4) + (e & 1);
+    if (row < a.rows && tok < n) {
+      float y = round_bf16(s);
+      if (a.bias != nullptr) y += a.bias[row];  // the op-by-op path adds the bias to the rounded product
+      a.out[static_cast<std::size_t>(tok) * a.rows + row] = __float2bfloat16_rn(y);
+    }
+  }
+}
+
+template <int NT, int WARPS, int PRO>
+void launch_one(const gemv_args& a, std::size_t smem, bool pdl, cudaStream_t s) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>((a.rows + 15) / 16));
+  cfg.blockDim = dim3(WARPS * 32);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  CONVEYOR_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_kernel<NT, WARPS, PRO>, a));
+}
+
+template <int NT, int WARPS>
+void launch_nt(const gemv_args& a, gemv_prologue pro, bool pdl, cudaStream_t s) {
+  switch (pro) {
+    case gemv_prologue::none: return launch_one<NT, WARPS, 0>(a, a.stage_x ? gemv_norm_smem_bytes(a.n, a.cols) : 0, pdl, s);
+    case gemv_prologue::norm: return launch_one<NT, WARPS, 1>(a, gemv_norm_smem_bytes(a.n, a.cols), pdl, s);
+    case gemv_prologue::silu: return launch_one<NT, WARPS, 2>(a, a.stage_x ? gemv_norm_smem_bytes(a.n, a.cols) : 0, pdl, s);
+  }
+}
+
+template <int NT, int WARPS>
+void allow_smem() {
+  for (auto* k : {gemv_kernel<NT, WARPS, 0>, gemv_kernel<NT, WARPS, 1>, gemv_kernel<NT, WARPS, 2>}) {
+    CONVEYOR_CUDA_CHECK(
+        cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(gemv_max_norm_smem)));
+  }
+}
+
+}  // namespace
+
+bool gemv_supported(int n, int rows, int cols) { return n >= 1 && n <= max_tokens && rows >= 1 && cols >= 8 && cols % 8 == 0; }
+
+std::size_t gemv_norm_smem_bytes(int n, int cols) {
+  return static_cast<std::size_t>(n) * (static_cast<std::size_t>(cols) + 8) * sizeof(bf16);
+}
+
+void gemv_init() {
+  allow_smem<1, 8>();
+  allow_smem<1, 16>();
+  allow_smem<2, 8>();
+  allow_smem<2, 16>();
+}
+
+bool gemv_single_wave(int rows, int sms) {
+  const int tiles = (rows + 15) / 16;
+  return tiles <= 2 * sms;  // 16 warps: one block per SM; 8 warps: two
+}
+
+void launch_gemv(const gemv_args& args, gemv_prologue pro, bool pdl, int sms, cudaStream_t s) {
+  gemv_args a = args;
+  // Staging is a serial step at the start of every block: it pays in a grid of one wave (o_proj,
+  // down_proj) and costs a round trip per wave in a larger one (gate_up, the LM head: batch 8 lost
+  // 0.46 ms a step when every grid staged).
+  a.stage_x = gemv_single_wave(a.rows, sms) && gemv_norm_smem_bytes(a.n, a.cols) <= gemv_max_norm_smem ? 1 : 0;
+  // A grid that fits on the SMs at once (o_proj, down_proj) gets 16 warps per block, for more loads
+  // in flight; a larger one 8, so two blocks share an SM and a second wave comes later or never
+  // (qkv_proj's 192 tiles ran as two waves of 16-warp blocks).
+  const bool wide = (a.rows + 15) / 16 <= sms;
+  if (a.n <= 8) {
+    wide ? launch_nt<1, 16>(a, pro, pdl, s) : launch_nt<1, 8>(a, pro, pdl, s);
+  } else {
+    wide ? launch_nt<2, 16>(a, pro, pdl, s) : launch_nt<2, 8>(a, pro, pdl, s);
+  }
+}
+
+}  // namespace conveyor::kernels::cuda
