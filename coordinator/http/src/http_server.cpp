@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 
 #include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <future>
 #include <thread>
@@ -97,6 +98,12 @@ class gateway final : public http_server {
     }
     port_ = port;
     thread_ = std::thread([this] { svr_.listen_after_bind(); });
+    // cpp-httplib's stop() does nothing until the listen loop has marked itself running, so a
+    // stop() that comes earlier would leave the thread listening forever: wait for it here.
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!svr_.is_running() && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
     return ok_status();
   }
 
