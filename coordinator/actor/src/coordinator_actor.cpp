@@ -196,6 +196,18 @@ void handle_frontend(coord_actor* self, const frontend_call_ptr& call) {
   }
 }
 
+/// The slot of `stage` if the message may speak for it: the stage exists, has joined, and (for
+/// messages its worker actor sends itself) comes from that worker. Anything else is a stranger on
+/// the cluster port or a bug, and is dropped instead of trusted (the token guards only join).
+worker_slot* slot_for(coord_actor* self, std::int32_t stage, bool check_sender) {
+  auto& workers = self->state.workers;
+  if (stage < 0 || stage >= static_cast<int>(workers.size()) || !workers[stage].handle) return nullptr;
+  if (check_sender && self->current_sender() != caf::actor_cast<caf::strong_actor_ptr>(workers[stage].handle)) {
+    return nullptr;
+  }
+  return &workers[stage];
+}
+
 void heartbeat(coord_actor* self) {
   auto& st = self->state;
   const auto now = std::chrono::steady_clock::now();
@@ -284,11 +296,13 @@ caf::behavior coordinator_impl(coord_actor* self, coordinator_setup setup) {
         return {assign_atom::value, a};
       },
       [=](progress_atom, std::int32_t stage, std::int32_t, const std::string& text) {
-        if (stage >= 0 && stage < static_cast<int>(self->state.workers.size())) self->state.workers[stage].detail = text;
+        if (auto* w = slot_for(self, stage, true)) w->detail = text;
       },
       [=](loaded_atom, std::int32_t stage, std::int32_t, bytes_msg address, std::int64_t weight_bytes) {
         auto& s = self->state;
-        auto& w = s.workers.at(stage);
+        auto* slot = slot_for(self, stage, true);
+        if (slot == nullptr) return;
+        auto& w = *slot;
         w.state = "loaded";
         w.address = std::move(address);
         w.detail = std::to_string(weight_bytes) + " weight bytes";
@@ -297,14 +311,18 @@ caf::behavior coordinator_impl(coord_actor* self, coordinator_setup setup) {
         }
       },
       [=](failed_atom, std::int32_t stage, std::int32_t, const std::string& why) {
-        auto& w = self->state.workers.at(stage);
+        auto* slot = slot_for(self, stage, true);
+        if (slot == nullptr) return;
+        auto& w = *slot;
         w.state = "failed";
         w.detail = why;
         fail_cluster(self, "stage " + std::to_string(stage) + " failed to load: " + why);
       },
       [=](wired_atom, std::int32_t stage, std::int32_t, const std::string& error) {
         auto& s = self->state;
-        auto& w = s.workers.at(stage);
+        auto* slot = slot_for(self, stage, false);  // sent from the worker's wiring thread (anonymous)
+        if (slot == nullptr) return;
+        auto& w = *slot;
         if (!error.empty()) {
           w.state = "failed";
           w.detail = error;
