@@ -141,10 +141,7 @@ int generate_main(const args& argv) {
     extra_ranks.push_back(std::move(b).value());
   }
   engine::tp_group_factory make_group = [](int size) -> result<std::vector<std::unique_ptr<kernels::collective>>> {
-    transport::cpu_group group(size);
-    std::vector<std::unique_ptr<kernels::collective>> ranks;
-    for (int r = 0; r < size; ++r) ranks.push_back(group.rank(r));
-    return ranks;
+    return transport::cpu_group(size).all_ranks();
   };
 #ifdef CONVEYOR_HAVE_CUDA
   if (cuda) {

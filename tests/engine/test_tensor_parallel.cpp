@@ -55,10 +55,7 @@ TEST_P(tensor_parallel, logits_and_greedy_tokens_match_goldens) {
   o.max_step_tokens = 512;
   o.max_seqs = 8;
   auto make_group = [](int size) -> result<std::vector<std::unique_ptr<kernels::collective>>> {
-    transport::cpu_group group(size, std::chrono::seconds(30));
-    std::vector<std::unique_ptr<kernels::collective>> ranks;
-    for (int r = 0; r < size; ++r) ranks.push_back(group.rank(r));
-    return ranks;
+    return transport::cpu_group(size, std::chrono::seconds(30)).all_ranks();
   };
   auto pipe = local_pipeline::create(backends, golden.dir, c.stages, o, make_group);
   ASSERT_TRUE(pipe.ok()) << pipe.err().message;

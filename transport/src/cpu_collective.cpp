@@ -153,6 +153,12 @@ cpu_group::cpu_group(int size, std::chrono::milliseconds timeout)
 cpu_group::~cpu_group() = default;
 int cpu_group::size() const { return state_->size(); }
 
+std::vector<std::unique_ptr<collective>> cpu_group::all_ranks() {
+  std::vector<std::unique_ptr<collective>> out;
+  for (int r = 0; r < size(); ++r) out.push_back(rank(r));
+  return out;
+}
+
 std::unique_ptr<collective> cpu_group::rank(int rank) {
   assert(rank >= 0 && rank < state_->size());
   return std::make_unique<cpu_collective>(state_, rank);

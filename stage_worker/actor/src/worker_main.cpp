@@ -78,10 +78,7 @@ engine::tp_group_factory group_factory(const std::string& device, std::vector<ke
     };
   }
   return [](int size) -> result<std::vector<std::unique_ptr<kernels::collective>>> {
-    transport::cpu_group group(size);
-    std::vector<std::unique_ptr<kernels::collective>> ranks;
-    for (int r = 0; r < size; ++r) ranks.push_back(group.rank(r));
-    return ranks;
+    return transport::cpu_group(size).all_ranks();
   };
 }
 

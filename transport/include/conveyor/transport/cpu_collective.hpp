@@ -3,6 +3,7 @@
 // `conveyor generate --tp N` and CI use. Each op costs three barriers and a memory pass.
 #include <chrono>
 #include <memory>
+#include <vector>
 
 #include "conveyor/transport/collective.hpp"
 
@@ -19,6 +20,8 @@ class cpu_group {
   int size() const;
   /// The collective for `rank` (0 <= rank < size); use it from one thread only.
   std::unique_ptr<collective> rank(int rank);
+  /// The collectives of every rank, in rank order (for a group whose ranks are threads here).
+  std::vector<std::unique_ptr<collective>> all_ranks();
 
  private:
   std::shared_ptr<cpu_group_state> state_;
