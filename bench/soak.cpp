@@ -301,6 +301,10 @@ int main(int argc, char** argv) {
     const bool flat = s.back() > 0 && std::abs(growth) <= o.rss_tolerance;
     std::printf("rss pid %d: %ld KiB after warm-up, %.0f KiB at the end (%+.1f%%), peak %ld KiB: %s\n", pid,
                 baseline[pid], mean, growth * 100, peak, flat ? "flat" : "NOT FLAT");
+    // The trend, in eighths of the measured window: a leak climbs steadily, allocator growth levels off.
+    std::printf("  trend KiB:");
+    for (int k = 1; k <= 8; ++k) std::printf(" %ld", s[(s.size() * k) / 8 - (k == 8 ? 1 : 0)]);
+    std::printf("\n");
     if (!flat) ok = false;
   }
   if (tree.empty()) {
