@@ -1,9 +1,6 @@
 // conveyor batch: an offline JSONL file of requests through the in-process service or a cluster, as
 // the deployment says, at full throughput; results in input order, resumable (see
 // coordinator/service/include/conveyor/service/batch_runner.hpp for both formats).
-#include <unistd.h>
-
-#include <chrono>
 #include <cstdio>
 #include <optional>
 
@@ -15,6 +12,7 @@
 #include "conveyor/service/batch_runner.hpp"
 #include "conveyor/tokenizer/tokenizer.hpp"
 #include "flags.hpp"
+#include "progress_bar.hpp"
 #include "serving_options.hpp"
 
 namespace conveyor::cli {
@@ -26,33 +24,20 @@ int fail(const std::string& message) {
   return 1;
 }
 
-/// A bar on a terminal (redrawn at most 10 times a second), else a line every 10 seconds.
+/// A bar on a terminal, else a line every 10 seconds (progress_bar).
 class progress_printer {
  public:
-  explicit progress_printer(bool quiet) : quiet_(quiet), tty_(isatty(STDERR_FILENO) != 0) {}
+  explicit progress_printer(bool quiet) : bar_("conveyor batch", quiet) {}
 
   void operator()(const service::batch_progress& p) {
-    if (quiet_) return;
-    const auto now = std::chrono::steady_clock::now();
-    const bool last = p.done + p.skipped == p.total;
-    if (!last && now - shown_ < (tty_ ? std::chrono::milliseconds(100) : std::chrono::milliseconds(10000))) return;
-    shown_ = now;
-    const auto todo = p.total - p.skipped;
-    const int width = 30;
-    const int filled = todo > 0 ? static_cast<int>(width * p.done / todo) : width;
-    std::string bar(filled, '#');
-    bar.append(width - filled, '-');
-    const double rate = p.elapsed_s > 0 ? p.tokens / p.elapsed_s : 0.0;
-    std::fprintf(stderr, "%sconveyor batch: [%s] %lld/%lld  %lld errors  %lld retries  %.0f tok/s%s", tty_ ? "\r" : "",
-                 bar.c_str(), static_cast<long long>(p.done), static_cast<long long>(todo),
-                 static_cast<long long>(p.errors), static_cast<long long>(p.retries), rate, tty_ ? "" : "\n");
-    if (tty_ && last) std::fputc('\n', stderr);
-    std::fflush(stderr);
+    char note[128];
+    std::snprintf(note, sizeof note, "%lld errors  %lld retries  %.0f tok/s", static_cast<long long>(p.errors),
+                  static_cast<long long>(p.retries), p.elapsed_s > 0 ? p.tokens / p.elapsed_s : 0.0);
+    bar_.update(p.done, p.total - p.skipped, note);
   }
 
  private:
-  bool quiet_, tty_;
-  std::chrono::steady_clock::time_point shown_{};
+  progress_bar bar_;
 };
 
 }  // namespace
@@ -126,6 +111,7 @@ int batch_main(const args& argv) {
     options->worker_threads = static_cast<int>(*threads);
     std::fprintf(stderr, "conveyor batch: starting %d stage workers for %s\n", options->stages,
                  options->model_dir.c_str());
+    options->on_progress = startup_progress_printer("conveyor batch", options->stages);
     auto started = coordinator::cluster::start(*options);
     if (!started) return fail(started.err().message);
     cluster = std::move(*started);

@@ -1,10 +1,14 @@
 // conveyor client: talk to a running server over Cap'n Proto RPC (generate, health, stats, info).
 #include <cstdio>
+#include <optional>
+
 #include <nlohmann/json.hpp>
 
 #include "command.hpp"
 #include "conveyor/client/client.hpp"
+#include "conveyor/tokenizer/stream_decoder.hpp"
 #include "flags.hpp"
+#include "text_prompt.hpp"
 
 namespace conveyor::cli {
 
@@ -29,9 +33,27 @@ result<std::unique_ptr<client::connection>> connect_from(const flags& f) {
   return client::connect(*address, o);
 }
 
-result<client::generate_request> request_from(const flags& f) {
-  if (!f.has("prompt-ids")) return make_error(errc::invalid_argument, "--prompt-ids 1,2,3 is required");
-  CONVEYOR_TRY_ASSIGN(ids, f.get_int_list("prompt-ids"));
+/// `text`: set when the prompt is --prompt TEXT (encoded here with --tokenizer DIR, since the RPC
+/// protocol carries ids).
+result<client::generate_request> request_from(const flags& f, std::optional<text_prompt>& text) {
+  if (f.has("prompt-ids") == f.has("prompt")) {
+    return make_error(errc::invalid_argument, "give the prompt as --prompt-ids 1,2,3 or as --prompt TEXT (one of them)");
+  }
+  std::vector<int> ids;
+  if (auto t = f.get("prompt")) {
+    auto dir = f.get("tokenizer");
+    if (!dir) {
+      return make_error(errc::invalid_argument,
+                        "--prompt TEXT needs --tokenizer DIR: a directory with the served model's tokenizer (the "
+                        "model directory itself will do)");
+    }
+    CONVEYOR_TRY_ASSIGN(encoded, encode_text_prompt(*dir, "--tokenizer", *t));
+    ids.assign(encoded.ids.begin(), encoded.ids.end());
+    text = std::move(encoded);
+  } else {
+    CONVEYOR_TRY_ASSIGN(parsed, f.get_int_list("prompt-ids"));
+    ids = std::move(parsed);
+  }
   CONVEYOR_TRY_ASSIGN(stops, f.get_int_list("stop-ids"));
   // Ranges that need the model (vocabulary, context) are the server's to check; these are not.
   CONVEYOR_TRY_ASSIGN(max_new, f.get_int("max-new-tokens", 16, 1, INT32_MAX));
@@ -54,22 +76,31 @@ result<client::generate_request> request_from(const flags& f) {
 }
 
 int generate(const args& argv) {
-  auto f = flags::parse(argv, {"connect", "timeout", "prompt-ids", "max-new-tokens", "temperature", "top-k", "top-p",
-                               "seed", "stop-ids", "ignore-eos", "deadline", "format"},
+  auto f = flags::parse(argv, {"connect", "timeout", "prompt-ids", "prompt", "tokenizer", "max-new-tokens", "temperature",
+                               "top-k", "top-p", "seed", "stop-ids", "ignore-eos", "deadline", "format"},
                         {"ignore-eos"});
   if (!f) return fail(f.err());
   const std::string format = f->get("format").value_or("text");
   if (format != "json" && format != "text") {
     return fail(make_error(errc::invalid_argument, "--format must be json or text, got \"" + format + "\""));
   }
-  auto request = request_from(*f);
+  std::optional<text_prompt> text;
+  auto request = request_from(*f, text);
   if (!request) return fail(request.err());
   auto conn = connect_from(*f);
   if (!conn) return fail(conn.err());
   std::vector<std::int32_t> tokens;
   bool printed = false;
+  // With --prompt TEXT, text out too: pieces as their tokens arrive (never half a UTF-8 character).
+  std::optional<tokenizer::stream_decoder> decoder;
+  if (text) decoder.emplace(*text->tok);
   auto summary = (*conn)->generate(*request, [&](std::span<const std::int32_t> ids) {
-    if (format == "text") {
+    if (format == "text" && decoder) {
+      const std::string piece = decoder->push(ids);
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      std::fflush(stdout);
+      printed = true;
+    } else if (format == "text") {
       for (auto id : ids) {
         std::printf(printed ? " %d" : "%d", id);
         printed = true;
@@ -80,16 +111,19 @@ int generate(const args& argv) {
     }
     return true;
   });
+  if (format == "text" && decoder) std::printf("%s", decoder->finish().c_str());
   if (format == "text" && printed) std::printf("\n");
   if (!summary) return fail(summary.err());
   if (format == "json") {
-    print_json({{"tokens", tokens},
-                {"finish_reason", summary->finish_reason},
-                {"prompt_tokens", summary->prompt_tokens},
-                {"completion_tokens", summary->completion_tokens},
-                {"queue_s", summary->queue_s},
-                {"first_token_s", summary->first_token_s},
-                {"total_s", summary->total_s}});
+    nlohmann::ordered_json j{{"tokens", tokens},
+                             {"finish_reason", summary->finish_reason},
+                             {"prompt_tokens", summary->prompt_tokens},
+                             {"completion_tokens", summary->completion_tokens},
+                             {"queue_s", summary->queue_s},
+                             {"first_token_s", summary->first_token_s},
+                             {"total_s", summary->total_s}};
+    if (text) j["text"] = text->tok->decode(tokens);
+    print_json(j);
   }
   return 0;
 }

@@ -10,6 +10,7 @@
 
 #include "conveyor/frontend/rpc_server.hpp"
 #include "conveyor/http/http_server.hpp"
+#include "progress_bar.hpp"
 #include "serving_options.hpp"
 
 namespace conveyor::cli {
@@ -119,6 +120,9 @@ int serve_cluster(const std::string& command, const config::deployment& d, const
   stop_signal stop;
   coordinator::cluster_options options = o;
   options.should_stop = [&stop] { return stop.stopped(); };
+  // Start-up (workers loading their layers, wiring, the canary): a bar on a terminal, else a line
+  // per step of each stage.
+  if (!options.on_progress) options.on_progress = startup_progress_printer(command, options.stages);
   std::fprintf(stderr, "%s: starting %d stage workers for %s\n", command.c_str(), options.stages,
                options.model_dir.c_str());
   auto cluster = coordinator::cluster::start(options);

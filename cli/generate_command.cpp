@@ -1,6 +1,9 @@
 // conveyor generate: the engine alone, in one process, on the CPU or the CUDA backend.
 #include <algorithm>
 #include <cstdio>
+#include <optional>
+
+#include <nlohmann/json.hpp>
 
 #include "command.hpp"
 #include "conveyor/engine/local_pipeline.hpp"
@@ -12,6 +15,7 @@
 #include "conveyor/kernels/cuda_backend.hpp"
 #endif
 #include "flags.hpp"
+#include "text_prompt.hpp"
 
 namespace conveyor::cli {
 
@@ -75,14 +79,24 @@ status write_prompt_logits(engine::local_pipeline& pipe, const std::vector<int>&
 }  // namespace
 
 int generate_main(const args& argv) {
-  auto f = flags::parse(argv, {"model", "prompt-ids", "max-new-tokens", "temperature", "top-k", "top-p", "seed",
+  auto f = flags::parse(argv, {"model", "prompt-ids", "prompt", "max-new-tokens", "temperature", "top-k", "top-p", "seed",
                                "stages", "format", "ignore-eos", "threads", "device", "dtype", "logits-out", "tp", "batch", "timing"},
                         {"ignore-eos", "timing"});
   if (!f) return fail(f.err());
   auto model = f->get("model");
   if (!model) return fail(make_error(errc::invalid_argument, "--model DIR is required"));
-  if (!f->has("prompt-ids")) return fail(make_error(errc::invalid_argument, "--prompt-ids 1,2,3 is required"));
-  auto ids = f->get_int_list("prompt-ids");
+  if (f->has("prompt-ids") == f->has("prompt")) {
+    return fail(make_error(errc::invalid_argument, "give the prompt as --prompt-ids 1,2,3 or as --prompt TEXT (one of them)"));
+  }
+  // --prompt TEXT: the model directory's tokenizer makes the ids, and decodes the output for --format.
+  std::optional<text_prompt> text;
+  if (auto t = f->get("prompt")) {
+    auto encoded = encode_text_prompt(*model, "--model", *t);
+    if (!encoded) return fail(encoded.err());
+    text = std::move(encoded).value();
+  }
+  auto ids = text ? result<std::vector<int>>(std::vector<int>(text->ids.begin(), text->ids.end()))
+                  : f->get_int_list("prompt-ids");
   if (!ids) return fail(ids.err());
   if (ids->empty()) return fail(make_error(errc::invalid_argument, "--prompt-ids is empty"));
   auto max_new = f->get_int("max-new-tokens", 16, 0, 1 << 20);
@@ -201,7 +215,11 @@ int generate_main(const args& argv) {
   if (format == "json") {
     std::printf("{\"tokens\":[");
     for (std::size_t i = 0; i < toks.size(); ++i) std::printf("%s%d", i ? "," : "", toks[i]);
-    std::printf("],\"finish_reason\":\"%s\"}\n", (*res)[0].finish_reason.c_str());
+    std::printf("],\"finish_reason\":\"%s\"", (*res)[0].finish_reason.c_str());
+    if (text) std::printf(",\"text\":%s", nlohmann::json(text->tok->decode(toks)).dump().c_str());
+    std::printf("}\n");
+  } else if (text) {
+    std::printf("%s\n", text->tok->decode(toks).c_str());  // the completion, without the prompt
   } else {
     for (std::size_t i = 0; i < toks.size(); ++i) std::printf("%s%d", i ? " " : "", toks[i]);
     std::printf("\n");

@@ -69,9 +69,6 @@ int launch_main(const args& argv) {
   options->ssh_template = d.launch.ssh_command;
   options->srun_command = d.launch.srun_command;
   options->remote_executable = d.launch.executable;
-  options->on_progress = [](const std::string& line) {
-    std::fprintf(stderr, "conveyor launch: %s\n", line.c_str());
-  };
   return serve_cluster("conveyor launch", d, *options, parsed->second.get("http"));
 }
 
