@@ -25,8 +25,12 @@ struct cuda_backend_options {
   bool small_gemm = false;
   bool fuse = true;         ///< bf16: rope into kv_write; with small_gemm also rmsnorm / silu_mul into the GEMV
   bool fuse_norm = true;    ///< with small_gemm and fuse: rmsnorm into a GEMV that runs as one wave
-  bool pdl = true;         ///< the GEMV starts as a programmatic dependent (prefetches weights early)
+  /// Decode-step kernels (GEMV, rmsnorm, rope_kv, silu_mul, decode attention) start as programmatic
+  /// dependents: each launches while the one before drains (the GEMV prefetches its weights then).
+  bool pdl = true;
   bool gqa_decode = true;  ///< decode attention: one block per KV head serves its query-head group
+  /// with gqa_decode, bf16, head_dim 64/128: a warp loads its 32 keys' K and V rows at once (16-byte loads)
+  bool vec_decode = true;
   bool tc_prefill = true;  ///< bf16 prefill attention on tensor cores (head_dim 64 or 128)
 };
 
