@@ -462,8 +462,10 @@ __global__ void __launch_bounds__(block_threads) decode_gqa_kernel(
 // key's K row and its share of the 32 V rows (16-byte loads, D / 8 lanes per V row) at once, so a
 // warp waits for memory once per 32 keys; lane l then accumulates 8 output dimensions for the keys
 // it loaded, and the lanes holding the same dimensions are summed at the end.
+// Registers capped for the 1B shape (D 64, G 4): uncapped it took 145, three blocks an SM, and the
+// 512 blocks of batch 64 ran as two waves.
 template <int D, int G>
-__global__ void __launch_bounds__(block_threads) decode_gqa_vec_kernel(
+__global__ void __launch_bounds__(block_threads, (D == 64 && G == 4) ? 4 : 1) decode_gqa_vec_kernel(
     const __nv_bfloat16* qkv, int heads, int kv_heads, float scale, int window, const std::int32_t* q_start,
     const std::int32_t* ctx_len, const std::int32_t* block_table, int table_stride, int block_size,
     const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache, int split_len, float* partials,

@@ -20,8 +20,8 @@ struct cuda_backend_options {
   // Speed paths; each can be switched to measure it (bench/conveyor_bench) or to rule it out. The
   // defaults are what measured fastest on the H200 (bench/NOTES.md).
   bool graphs = true;       ///< can_capture(): the executor records decode steps as CUDA graphs
-  /// bf16 linear with n ≤ 16 on the tensor-core GEMV instead of cuBLAS. Off: in a graph it measured
-  /// no faster than cuBLAS at batch 1 and slower at batch 8 (bench/NOTES.md says what to fix first).
+  /// bf16 linear with n ≤ 16 on the tensor-core GEMV instead of cuBLAS. Off until batch 8 is measured
+  /// with it: at batch 1 it is 7% faster than cuBLAS now, at batch 8 it was slower (bench/NOTES.md).
   bool small_gemm = false;
   bool fuse = true;         ///< bf16: rope into kv_write; with small_gemm also rmsnorm / silu_mul into the GEMV
   bool fuse_norm = true;    ///< with small_gemm and fuse: rmsnorm into a GEMV that runs as one wave
