@@ -201,6 +201,9 @@ std::vector<variant> all_variants() {
   kernels::cuda_backend_options nofusenorm = gemv;
   nofusenorm.fuse_norm = false;
   v.push_back({"gemv-nofusenorm", nofusenorm});
+  kernels::cuda_backend_options nocap = gemv;
+  nocap.gemv_cap_grid = false;
+  v.push_back({"gemv-nocap", nocap});
   kernels::cuda_backend_options nopdl = gemv;
   nopdl.pdl = false;
   v.push_back({"gemv-nopdl", nopdl});

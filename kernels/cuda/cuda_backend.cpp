@@ -412,12 +412,14 @@ class cuda_backend final : public backend {
       flush();
       a.x = static_cast<const __nv_bfloat16*>(x);
     }
+    a.cap_grid = gemv_cap_grid_ ? 1 : 0;
     launch_gemv(a, pro, pdl_, num_sms_, stream_);
   }
 
   explicit cuda_backend(const cuda_backend_options& o)
       : device_(o.device), t_(o.compute_dtype), rows_per_pass_(o.sample_rows_per_pass), graphs_(o.graphs),
-        small_gemm_(o.small_gemm), fuse_(o.fuse), fuse_norm_(o.fuse_norm), pdl_(o.pdl) {
+        small_gemm_(o.small_gemm), fuse_(o.fuse), fuse_norm_(o.fuse_norm), pdl_(o.pdl),
+        gemv_cap_grid_(o.gemv_cap_grid) {
     tune_.gqa_decode = o.gqa_decode;
     tune_.tc_prefill = o.tc_prefill;
     tune_.vec_decode = o.vec_decode;
@@ -522,7 +524,7 @@ class cuda_backend final : public backend {
   int device_;
   dtype t_;
   int rows_per_pass_;
-  bool graphs_, small_gemm_, fuse_, fuse_norm_, pdl_;
+  bool graphs_, small_gemm_, fuse_, fuse_norm_, pdl_, gemv_cap_grid_;
   attention_tuning tune_;
   held_op held_;
   bool capturing_ = false;

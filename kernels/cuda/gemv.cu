@@ -299,8 +299,7 @@ __global__ void __launch_bounds__(WARPS * 32) gemv_kernel(gemv_args a) {
 }
 
 template <int NT, int WARPS, int PRO>
-void launch_one(const gemv_args& args, std::size_t smem, bool pdl, cudaStream_t s) {
-  gemv_args a = args;
+void launch_one(const gemv_args& a, std::size_t smem, bool pdl, cudaStream_t s) {
   // A grid of more tiles than fit at once is capped at the blocks that do (each then serves several
   // tiles and prefetches the next one's weights): one wave that streams instead of waves that each
   // start with a memory round trip.
@@ -312,9 +311,9 @@ void launch_one(const gemv_args& args, std::size_t smem, bool pdl, cudaStream_t 
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, gemv_kernel<NT, WARPS, PRO>, WARPS * 32, 0));
     return std::max(1, blocks) * sms;
   }();
-  if (smem == 0) a.max_blocks = std::min(a.max_blocks, resident);
+  const int tiles = (a.rows + 15) / 16;
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(std::min((a.rows + 15) / 16, a.max_blocks)));
+  cfg.gridDim = dim3(static_cast<unsigned>(smem == 0 && a.cap_grid != 0 ? std::min(tiles, resident) : tiles));
   cfg.blockDim = dim3(WARPS * 32);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = s;

@@ -55,7 +55,9 @@ struct gemv_args {
   unsigned* counter = nullptr;  ///< zeroed device word: arrivals of the norm prologue with delta
   __nv_bfloat16* out = nullptr;
   int stage_x = 0;  ///< set by launch_gemv: x fits in shared memory and is staged there first
-  int max_blocks = 1 << 30;  ///< set by the launcher: at most this many blocks (each then loops over tiles)
+  /// A grid of more tiles than fit at once is capped at the resident blocks, which loop over tiles
+  /// (0: one block per tile, as before; kept to measure the cap against).
+  int cap_grid = 1;
 };
 /// Shapes launch_gemv takes (the caller also checks dtype and alignment).
 bool gemv_supported(int n, int rows, int cols);

@@ -25,6 +25,9 @@ struct cuda_backend_options {
   bool small_gemm = false;
   bool fuse = true;         ///< bf16: rope into kv_write; with small_gemm also rmsnorm / silu_mul into the GEMV
   bool fuse_norm = true;    ///< with small_gemm and fuse: rmsnorm into a GEMV that runs as one wave
+  /// with small_gemm: a GEMV of more tiles than fit at once runs on the resident blocks, each looping
+  /// over tiles (off: one block per tile). Not yet ablated in wall time (bench/NOTES.md, session 2).
+  bool gemv_cap_grid = true;
   /// Decode-step kernels (GEMV, rmsnorm, rope_kv, silu_mul, decode attention) start as programmatic
   /// dependents: each launches while the one before drains (the GEMV prefetches its weights then).
   bool pdl = true;
