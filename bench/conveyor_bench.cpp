@@ -8,7 +8,7 @@
 //
 //   conveyor_bench --model DIR [--batches 1,8,64,256] [--prompt 128] [--new 128]
 //                  [--prefill 512,2048] [--variants all,base,...] [--ablate 1,8] [--ceilings 0|1]
-//                  [--json FILE] [--profile decode1|decode64|prefill2048]
+//                  [--json FILE] [--profile decode1|decode64|prefill2048] [--profile-variant NAME]
 // --profile runs one step of that kind inside cudaProfilerStart/Stop (for ncu --profile-from-start off).
 // Variants "all" (every speed path, the default) and "base" (none) get the whole sweep; the
 // ablations (one path off or on) only the --ablate batch sizes.
@@ -201,9 +201,23 @@ std::vector<variant> all_variants() {
   kernels::cuda_backend_options nofusenorm = gemv;
   nofusenorm.fuse_norm = false;
   v.push_back({"gemv-nofusenorm", nofusenorm});
+  kernels::cuda_backend_options nocap = gemv;
+  nocap.gemv_cap_grid = false;
+  v.push_back({"gemv-nocap", nocap});
   kernels::cuda_backend_options nopdl = gemv;
   nopdl.pdl = false;
   v.push_back({"gemv-nopdl", nopdl});
+  // The defaults of the previous session: no programmatic launches outside the (opt-in) GEMV, the
+  // scalar-V grouped decode kernel.
+  kernels::cuda_backend_options prev = o;
+  prev.pdl = prev.vec_decode = false;
+  v.push_back({"prev", prev});
+  kernels::cuda_backend_options all_nopdl = o;
+  all_nopdl.pdl = false;
+  v.push_back({"nopdl", all_nopdl});
+  kernels::cuda_backend_options novec = o;
+  novec.vec_decode = false;
+  v.push_back({"novec", novec});
   return v;
 }
 
@@ -479,7 +493,7 @@ int main(int argc, char** argv) {
   std::vector<int> ablate{1, 8};
   std::string json_path;
   bool ceilings = true;
-  std::string profile;
+  std::string profile, profile_variant = "all";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -496,13 +510,18 @@ int main(int argc, char** argv) {
     else if (a == "--json") json_path = next();
     else if (a == "--ceilings") ceilings = next() != "0";
     else if (a == "--profile") profile = next();
+    else if (a == "--profile-variant") profile_variant = next();
     else die("unknown flag " + a + " (see the comment at the top of bench/conveyor_bench.cpp)");
   }
   if (c.model.empty()) die("--model DIR is required");
   if (!json_path.empty()) json_out.open(json_path, std::ios::app);
 
   if (!profile.empty()) {
-    engine_bench(c, all_variants()[0]).profile(profile);
+    const auto known = all_variants();
+    const auto it =
+        std::find_if(known.begin(), known.end(), [&](const variant& v) { return v.name == profile_variant; });
+    if (it == known.end()) die("unknown variant " + profile_variant);
+    engine_bench(c, *it).profile(profile);
     return 0;
   }
   cudaDeviceProp prop{};

@@ -110,6 +110,15 @@ def main():
     if len(variants) > 2:  # ablations: one speed path on or off
         out("ablation (decode tok/s): " + "; ".join(
             f"{v}: " + ", ".join(f"b={r['batch']} {r['decode_tok_s']:.0f}" for r in pick(abl, variant=v)) for v in variants))
+        # Every variant against the same run's peer and ceiling (the goals are read off "all").
+        out("")
+        out("| variant | batch | tok/s | step ms | roofline | x HF compile |")
+        out("|---|---|---|---|---|---|")
+        for v in variants:
+            for r in pick(abl, variant=v):
+                hc = one(hf, peer="hf_compile", kind="decode", batch=r["batch"])
+                out(f"| {v} | {r['batch']} | {r['decode_tok_s']:.0f} | {r['step_ms']:.3f} | "
+                    f"{r['weight_roofline_frac']:.1%} | {fmt(ratio(r['decode_tok_s'], hc and hc['decode_tok_s']), '{:.2f}')} |")
     ta, tb = one(cv, kind="tokens", variant="all"), one(cv, kind="tokens", variant="base")
     if ta and tb:
         x, y = ta["batch1_greedy"], tb["batch1_greedy"]

@@ -344,6 +344,8 @@ __global__ void __launch_bounds__(block_threads) decode_gqa_kernel(
   __shared__ float q_s[G * QS];
   __shared__ float m_s[warps][G], l_s[warps][G];
   __shared__ float o_s[warps][G][QS];
+  grid_dep_wait();
+  grid_dep_trigger();
   const int D = head_dim;
   const int split = blockIdx.x, splits = gridDim.x, kvh = blockIdx.y, seq = blockIdx.z;
   const int row = q_start[seq];
@@ -449,6 +451,164 @@ __global__ void __launch_bounds__(block_threads) decode_gqa_kernel(
       p_out[2 + d] = acc;
     } else {
       out[static_cast<std::size_t>(row) * heads * D + h * D + d] = from_f32<T>(acc / l_all);
+    }
+  }
+}
+
+// Grouped flash-decoding for bf16 and head_dim 64 or 128, the kernel the decode step runs. Same grid,
+// partials and result as decode_gqa_kernel; what differs is how a warp reads its 32 keys. There, V
+// rows came as 2-byte loads, 8 keys at a time, after the scores: five dependent memory round trips
+// per 32 keys (22 µs a layer at batch 64, a quarter of the copy bandwidth). Here each lane issues its
+// key's K row and its share of the 32 V rows (16-byte loads, D / 8 lanes per V row) at once, so a
+// warp waits for memory once per 32 keys; lane l then accumulates 8 output dimensions for the keys
+// it loaded, and the lanes holding the same dimensions are summed at the end.
+// Registers capped for the 1B shape (D 64, G 4): uncapped it took 145, three blocks an SM, and the
+// 512 blocks of batch 64 ran as two waves.
+template <int D, int G>
+__global__ void __launch_bounds__(block_threads, (D == 64 && G == 4) ? 4 : 1) decode_gqa_vec_kernel(
+    const __nv_bfloat16* qkv, int heads, int kv_heads, float scale, int window, const std::int32_t* q_start,
+    const std::int32_t* ctx_len, const std::int32_t* block_table, int table_stride, int block_size,
+    const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache, int split_len, float* partials,
+    __nv_bfloat16* out) {
+  constexpr int KC = D / 8;       // 16-byte chunks of a row
+  constexpr int RPI = 32 / KC;    // V rows one warp-wide load covers (4 or 2)
+  constexpr int VL = 32 / RPI;    // V loads per lane for 32 keys
+  __shared__ __align__(16) float q_s[G][D];
+  __shared__ float m_s[warps][G], l_s[warps][G];
+  __shared__ float o_s[warps][G][D];
+  grid_dep_wait();
+  grid_dep_trigger();
+  const int split = blockIdx.x, splits = gridDim.x, kvh = blockIdx.y, seq = blockIdx.z;
+  const int row = q_start[seq];
+  if (q_start[seq + 1] - row != 1) return;
+  const int ctx = ctx_len[seq], pos = ctx - 1;
+  const int lo = window > 0 ? max(0, pos - window + 1) : 0;
+  const int begin = lo + split * split_len, end = min(ctx, begin + split_len);
+  const int width = (heads + 2 * kv_heads) * D;
+  const int h0 = kvh * G;
+  const std::int32_t* table = block_table + static_cast<std::size_t>(seq) * table_stride;
+  for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
+    const int g = idx / D, d = idx % D;
+    q_s[g][d] = to_f32(qkv[static_cast<std::size_t>(row) * width + (h0 + g) * D + d]) * scale;
+  }
+  __syncthreads();
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int vrow = lane / KC, vcol = (lane % KC) * 8;
+  float m[G], l[G], o[G][8];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) o[g][e] = 0.0f;
+  }
+  for (int k0 = begin + warp * 32; k0 < end; k0 += warps * 32) {
+    const int j = k0 + lane;
+    const bool valid = j < end;
+    const std::size_t at = valid ? cache_index(table, block_size, j, kv_heads, kvh, D) : 0;
+    uint4 kr[KC], vr[VL];
+    const uint4* k4 = reinterpret_cast<const uint4*>(k_cache + at);
+#pragma unroll
+    for (int c = 0; c < KC; ++c) kr[c] = valid ? k4[c] : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int i = 0; i < VL; ++i) {
+      const int r = i * RPI + vrow;
+      const std::size_t at_r = __shfl_sync(0xffffffffu, static_cast<unsigned long long>(at), r);
+      vr[i] = k0 + r < end ? *reinterpret_cast<const uint4*>(v_cache + at_r + vcol) : make_uint4(0, 0, 0, 0);
+    }
+    float s[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) s[g] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < KC; ++c) {
+      const std::uint32_t* kp = reinterpret_cast<const std::uint32_t*>(&kr[c]);
+      float kf[8];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        kf[2 * e] = __uint_as_float(kp[e] << 16);
+        kf[2 * e + 1] = __uint_as_float(kp[e] & 0xffff0000u);
+      }
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        const float4 qa = *reinterpret_cast<const float4*>(&q_s[g][c * 8]);
+        const float4 qb = *reinterpret_cast<const float4*>(&q_s[g][c * 8 + 4]);
+        s[g] += qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3] + qb.x * kf[4] + qb.y * kf[5] +
+                qb.z * kf[6] + qb.w * kf[7];
+      }
+    }
+    float p[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      if (!valid) s[g] = -INFINITY;
+      const float m_new = fmaxf(m[g], warp_max(s[g]));  // finite: key k0 is always < end
+      const float alpha = exp_diff(m[g], m_new);
+      p[g] = exp_diff(s[g], m_new);
+      l[g] = l[g] * alpha + warp_sum(p[g]);
+      m[g] = m_new;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) o[g][e] *= alpha;
+    }
+#pragma unroll
+    for (int i = 0; i < VL; ++i) {
+      const int r = i * RPI + vrow;
+      const std::uint32_t* vp = reinterpret_cast<const std::uint32_t*>(&vr[i]);
+      float vf[8];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        vf[2 * e] = __uint_as_float(vp[e] << 16);
+        vf[2 * e + 1] = __uint_as_float(vp[e] & 0xffff0000u);
+      }
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        const float pr = __shfl_sync(0xffffffffu, p[g], r);  // 0 for keys past `end` (their V is 0 too)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) o[g][e] += pr * vf[e];
+      }
+    }
+  }
+  // Lanes l, l + KC, l + 2 KC, ... hold the same 8 dimensions for different keys.
+#pragma unroll
+  for (int g = 0; g < G; ++g)
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+#pragma unroll
+      for (int off = KC; off < 32; off <<= 1) o[g][e] += __shfl_xor_sync(0xffffffffu, o[g][e], off);
+  if (lane < KC) {
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) o_s[warp][g][vcol + e] = o[g][e];
+  }
+  if (lane == 0) {
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      m_s[warp][g] = m[g];
+      l_s[warp][g] = l[g];
+    }
+  }
+  __syncthreads();
+
+  for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
+    const int g = idx / D, d = idx % D;
+    float m_all = -INFINITY;
+    for (int w = 0; w < warps; ++w) m_all = fmaxf(m_all, m_s[w][g]);
+    float l_all = 0.0f, acc = 0.0f;
+    for (int w = 0; w < warps; ++w) {
+      const float f = exp_diff(m_s[w][g], m_all);
+      l_all += l_s[w][g] * f;
+      acc += o_s[w][g][d] * f;
+    }
+    const int h = h0 + g;
+    if (splits > 1) {
+      float* p_out = partials + ((static_cast<std::size_t>(seq) * heads + h) * splits + split) * (D + 2);
+      if (d == 0) {
+        p_out[0] = m_all;
+        p_out[1] = l_all;
+      }
+      p_out[2 + d] = acc;
+    } else {
+      out[static_cast<std::size_t>(row) * heads * D + h * D + d] = __float2bfloat16_rn(acc / l_all);
     }
   }
 }
@@ -673,6 +833,8 @@ __global__ void __launch_bounds__(block_threads, D == 64 ? 3 : 1) prefill_tc_ker
 template <class T>
 __global__ void combine_kernel(const std::int32_t* q_start, int heads, int head_dim, int splits,
                                const float* partials, T* out) {
+  grid_dep_wait();
+  grid_dep_trigger();
   const int h = blockIdx.x, seq = blockIdx.y, d = threadIdx.x;
   const int row = q_start[seq];
   if (q_start[seq + 1] - row != 1 || d >= head_dim) return;
@@ -691,7 +853,8 @@ __global__ void combine_kernel(const std::int32_t* q_start, int heads, int head_
 
 template <class T, int DC, int G>
 void launch_gqa(const T* qkv, const attn_shape& sh, const attention_batch& b, const kv_layout& layout, const T* k,
-                const T* v, T* out, float* partials, std::size_t partial_floats, int num_sms, cudaStream_t s) {
+                const T* v, T* out, float* partials, std::size_t partial_floats, int num_sms,
+                const attention_tuning& tune, cudaStream_t s) {
   const int D = sh.head_dim;
   const int base_blocks = b.num_seqs * sh.num_kv_heads;
   int splits = std::max(1, (2 * num_sms + base_blocks - 1) / base_blocks);
@@ -700,12 +863,25 @@ void launch_gqa(const T* qkv, const attn_shape& sh, const attention_batch& b, co
   while (splits > 1 && attention_partial_floats(b.num_seqs, sh.num_heads, D, splits) > partial_floats) --splits;
   int split_len = (b.max_ctx_len + splits - 1) / splits;
   split_len = (split_len + 31) / 32 * 32;
-  decode_gqa_kernel<T, DC, G><<<dim3(splits, sh.num_kv_heads, b.num_seqs), block_threads, 0, s>>>(
-      qkv, sh.num_heads, sh.num_kv_heads, D, sh.scale, sh.sliding_window, b.q_start, b.ctx_len, b.block_table,
-      b.max_blocks_per_seq, layout.block_size, k, v, split_len, partials, out);
+  const dim3 grid(splits, sh.num_kv_heads, b.num_seqs);
+  bool launched = false;
+  if constexpr (std::is_same_v<T, __nv_bfloat16> && (DC == 2 || (DC == 4 && G <= 4))) {
+    if (tune.vec_decode && D == 32 * DC) {
+      launch_k(tune.pdl, decode_gqa_vec_kernel<32 * DC, G>, grid, dim3(block_threads), 0, s, qkv, sh.num_heads,
+               sh.num_kv_heads, sh.scale, sh.sliding_window, b.q_start, b.ctx_len, b.block_table,
+               b.max_blocks_per_seq, layout.block_size, k, v, split_len, partials, out);
+      launched = true;
+    }
+  }
+  if (!launched) {
+    launch_k(tune.pdl, decode_gqa_kernel<T, DC, G>, grid, dim3(block_threads), 0, s, qkv, sh.num_heads,
+             sh.num_kv_heads, D, sh.scale, sh.sliding_window, b.q_start, b.ctx_len, b.block_table,
+             b.max_blocks_per_seq, layout.block_size, k, v, split_len, partials, out);
+  }
   CONVEYOR_CUDA_LAUNCHED("attention decode gqa");
   if (splits > 1) {
-    combine_kernel<T><<<dim3(sh.num_heads, b.num_seqs), D, 0, s>>>(b.q_start, sh.num_heads, D, splits, partials, out);
+    launch_k(tune.pdl, combine_kernel<T>, dim3(sh.num_heads, b.num_seqs), dim3(D), 0, s, b.q_start, sh.num_heads, D,
+             splits, partials, out);
     CONVEYOR_CUDA_LAUNCHED("attention combine");
   }
 }
@@ -713,22 +889,23 @@ void launch_gqa(const T* qkv, const attn_shape& sh, const attention_batch& b, co
 // Grouped decode where the group's accumulators stay few (G × DC ≤ 16 per lane).
 template <class T, int DC>
 bool try_gqa(const T* qkv, const attn_shape& sh, const attention_batch& b, const kv_layout& layout, const T* k,
-             const T* v, T* out, float* partials, std::size_t partial_floats, int num_sms, cudaStream_t s) {
+             const T* v, T* out, float* partials, std::size_t partial_floats, int num_sms,
+             const attention_tuning& tune, cudaStream_t s) {
   if (sh.num_kv_heads <= 0 || sh.num_heads % sh.num_kv_heads != 0) return false;
   const int group = sh.num_heads / sh.num_kv_heads;
   if (group == 2) {
-    launch_gqa<T, DC, 2>(qkv, sh, b, layout, k, v, out, partials, partial_floats, num_sms, s);
+    launch_gqa<T, DC, 2>(qkv, sh, b, layout, k, v, out, partials, partial_floats, num_sms, tune, s);
     return true;
   }
   if constexpr (DC <= 4) {
     if (group == 4) {
-      launch_gqa<T, DC, 4>(qkv, sh, b, layout, k, v, out, partials, partial_floats, num_sms, s);
+      launch_gqa<T, DC, 4>(qkv, sh, b, layout, k, v, out, partials, partial_floats, num_sms, tune, s);
       return true;
     }
   }
   if constexpr (DC <= 2) {
     if (group == 8) {
-      launch_gqa<T, DC, 8>(qkv, sh, b, layout, k, v, out, partials, partial_floats, num_sms, s);
+      launch_gqa<T, DC, 8>(qkv, sh, b, layout, k, v, out, partials, partial_floats, num_sms, tune, s);
       return true;
     }
   }
@@ -741,7 +918,7 @@ void run(const T* qkv, const attn_shape& sh, const attention_batch& b, const kv_
          cudaStream_t s) {
   const int D = sh.head_dim;
   if (b.max_q_len == 1 && tune.gqa_decode &&
-      try_gqa<T, DC>(qkv, sh, b, layout, k, v, out, partials, partial_floats, num_sms, s)) {
+      try_gqa<T, DC>(qkv, sh, b, layout, k, v, out, partials, partial_floats, num_sms, tune, s)) {
     return;
   }
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {

@@ -184,7 +184,7 @@ class cuda_backend final : public backend {
                       width};
       return;
     }
-    launch_rmsnorm(t_, nullptr, x, n, width, static_cast<const float*>(w.data), eps, out, stream_);
+    launch_rmsnorm(t_, nullptr, x, n, width, static_cast<const float*>(w.data), eps, out, stream_, pdl_);
   }
   void add_rmsnorm(void* residual, const void* x, int n, int width, const weight& w, float eps,
                    void* out) override {
@@ -194,7 +194,7 @@ class cuda_backend final : public backend {
       held_ = held_op{held_kind::norm, residual, x, static_cast<const float*>(w.data), eps, out, n, width};
       return;
     }
-    launch_rmsnorm(t_, residual, x, n, width, static_cast<const float*>(w.data), eps, out, stream_);
+    launch_rmsnorm(t_, residual, x, n, width, static_cast<const float*>(w.data), eps, out, stream_, pdl_);
   }
   void add(void* acc, const void* x, std::size_t count) override {
     flush();
@@ -238,7 +238,7 @@ class cuda_backend final : public backend {
         held_.shape.num_kv_heads == shape.num_kv_heads && held_.shape.head_dim == shape.head_dim) {
       const held_op h = held_;
       held_.kind = held_kind::none;
-      launch_rope_kv(t_, h.a, n, h.shape, h.positions, h.inv_freq, h.scaling, slots, k_cache, v_cache, stream_);
+      launch_rope_kv(t_, h.a, n, h.shape, h.positions, h.inv_freq, h.scaling, slots, k_cache, v_cache, stream_, pdl_);
       return;
     }
     flush();
@@ -258,7 +258,7 @@ class cuda_backend final : public backend {
       held_ = held_op{held_kind::silu, const_cast<void*>(gate_up), nullptr, nullptr, 0.0f, out, n, ffn};
       return;
     }
-    launch_silu_mul(t_, gate_up, n, ffn, out, stream_);
+    launch_silu_mul(t_, gate_up, n, ffn, out, stream_, pdl_);
   }
   void gather_rows(const void* x, const std::int32_t* rows, int n, int width, void* out) override {
     flush();
@@ -370,12 +370,12 @@ class cuda_backend final : public backend {
     switch (h.kind) {
       case held_kind::norm:
         if (h.b != nullptr) {
-          launch_rmsnorm(t_, h.a, h.b, h.n, h.width, h.w, h.eps, h.out, stream_);
+          launch_rmsnorm(t_, h.a, h.b, h.n, h.width, h.w, h.eps, h.out, stream_, pdl_);
         } else {
-          launch_rmsnorm(t_, nullptr, h.a, h.n, h.width, h.w, h.eps, h.out, stream_);
+          launch_rmsnorm(t_, nullptr, h.a, h.n, h.width, h.w, h.eps, h.out, stream_, pdl_);
         }
         break;
-      case held_kind::silu: launch_silu_mul(t_, h.a, h.n, h.width, h.out, stream_); break;
+      case held_kind::silu: launch_silu_mul(t_, h.a, h.n, h.width, h.out, stream_, pdl_); break;
       case held_kind::rope: launch_rope(t_, h.a, h.n, h.shape, h.positions, h.inv_freq, h.scaling, stream_); break;
       case held_kind::none: break;
     }
@@ -412,14 +412,18 @@ class cuda_backend final : public backend {
       flush();
       a.x = static_cast<const __nv_bfloat16*>(x);
     }
+    a.cap_grid = gemv_cap_grid_ ? 1 : 0;
     launch_gemv(a, pro, pdl_, num_sms_, stream_);
   }
 
   explicit cuda_backend(const cuda_backend_options& o)
       : device_(o.device), t_(o.compute_dtype), rows_per_pass_(o.sample_rows_per_pass), graphs_(o.graphs),
-        small_gemm_(o.small_gemm), fuse_(o.fuse), fuse_norm_(o.fuse_norm), pdl_(o.pdl) {
+        small_gemm_(o.small_gemm), fuse_(o.fuse), fuse_norm_(o.fuse_norm), pdl_(o.pdl),
+        gemv_cap_grid_(o.gemv_cap_grid) {
     tune_.gqa_decode = o.gqa_decode;
     tune_.tc_prefill = o.tc_prefill;
+    tune_.vec_decode = o.vec_decode;
+    tune_.pdl = o.pdl;
     caps_.name = "cuda";
     caps_.host_memory = false;
     caps_.act_dtype = caps_.weight_dtype = caps_.kv_dtype = o.compute_dtype;
@@ -520,7 +524,7 @@ class cuda_backend final : public backend {
   int device_;
   dtype t_;
   int rows_per_pass_;
-  bool graphs_, small_gemm_, fuse_, fuse_norm_, pdl_;
+  bool graphs_, small_gemm_, fuse_, fuse_norm_, pdl_, gemv_cap_grid_;
   attention_tuning tune_;
   held_op held_;
   bool capturing_ = false;

@@ -21,6 +21,41 @@ inline unsigned blocks_for(std::size_t count, unsigned threads) {
   return static_cast<unsigned>((count + threads - 1) / threads);
 }
 
+// Programmatic dependent launch (sm_90). A kernel launched with launch_k(pdl = true) may start while
+// the kernel before it drains; grid_dep_wait() then blocks until that kernel has finished and its
+// writes are visible. Every kernel that is ever launched this way calls grid_dep_wait() first, before
+// any early return (so its completion still implies its predecessor's, for the kernel after it), and
+// grid_dep_trigger() right after, which lets the next kernel launch. Launched without the attribute,
+// both are no-ops.
+__device__ __forceinline__ void grid_dep_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void grid_dep_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+/// kernel<<<grid, block, smem, s>>>(args...), as a programmatic dependent of the previous kernel
+/// on `s` when `pdl` is set.
+template <class... P, class... A>
+void launch_k(bool pdl, void (*kernel)(P...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t s,
+              A&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  CONVEYOR_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<P>(args)...));
+}
+
 }  // namespace conveyor::kernels::cuda
 
 /// Calls `body` (a generic lambda taking a T* tag) with T = float or __nv_bfloat16 for dtype `t`.

@@ -97,6 +97,8 @@ template <class T, bool KV>
 __global__ void rope_kv_kernel(T* qkv, int n, int heads, int kv_heads, int head_dim, const std::int32_t* positions,
                                const float* inv_freq, float scaling, const std::int32_t* slots, T* k_cache,
                                T* v_cache) {
+  grid_dep_wait();
+  grid_dep_trigger();
   const int half = head_dim / 2;
   const int roped = heads + kv_heads;
   const int all = KV ? roped + kv_heads : roped;
@@ -118,12 +120,25 @@ __global__ void rope_kv_kernel(T* qkv, int n, int heads, int kv_heads, int head_
     sin_v = static_cast<float>(sn) * scaling;
   }
   const std::size_t slot = KV ? static_cast<std::size_t>(slots[t]) : 0;
+  // Every head's pair is loaded before the first store: loads after a store to the same row could
+  // alias it, so the compiler kept them in order (one memory round trip per head: rope_kv ran at a
+  // quarter of the copy bandwidth in prefill).
+  T pa[rope_group], pb[rope_group];
+#pragma unroll
+  for (int u = 0; u < rope_group; ++u) {
+    const int h = h0 + u;
+    if (h < all) {
+      const T* x = row + static_cast<std::size_t>(h) * head_dim;
+      pa[u] = x[i];
+      pb[u] = x[i + half];
+    }
+  }
 #pragma unroll
   for (int u = 0; u < rope_group; ++u) {
     const int h = h0 + u;
     if (h >= all) break;
     T* x = row + static_cast<std::size_t>(h) * head_dim;
-    T a = x[i], b = x[i + half];
+    T a = pa[u], b = pb[u];
     if (h < roped) {
       const float xa = to_f32(a), xb = to_f32(b);
       a = from_f32<T>(xa * cos_v - xb * sin_v);
@@ -185,6 +200,8 @@ constexpr int norm_chunks_per_thread = 4;
 __global__ void rmsnorm_bf16x8_kernel(bf16* residual, const bf16* x, int width, const float* w, float eps,
                                       bf16* out) {
   __shared__ double partial[32];
+  grid_dep_wait();
+  grid_dep_trigger();
   const std::size_t base = static_cast<std::size_t>(blockIdx.x) * width;
   const int chunks = width / 8;
   uint4 v[norm_chunks_per_thread];
@@ -224,6 +241,8 @@ __global__ void rmsnorm_bf16x8_kernel(bf16* residual, const bf16* x, int width, 
 }
 
 __global__ void silu_mul_bf16x8_kernel(const bf16* gate_up, int n, int ffn, bf16* out) {
+  grid_dep_wait();
+  grid_dep_trigger();
   const int per_row = ffn / 8;
   const std::size_t total = static_cast<std::size_t>(n) * per_row;
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < total;
@@ -294,7 +313,7 @@ void launch_gather_rows(dtype t, const void* x, const std::int32_t* rows, int n,
 }
 
 void launch_rmsnorm(dtype t, void* residual, const void* x, int n, int width, const float* w, float eps,
-                    void* out, cudaStream_t s) {
+                    void* out, cudaStream_t s, bool pdl) {
   if (n <= 0) return;
   const int chunks = width / 8;
   if (t == dtype::bf16 && width % 8 == 0 && chunks <= 1024 * norm_chunks_per_thread && aligned16(x) &&
@@ -302,8 +321,8 @@ void launch_rmsnorm(dtype t, void* residual, const void* x, int n, int width, co
     const int per_thread = (chunks + 1023) / 1024;
     const int per_block = (chunks + per_thread - 1) / per_thread;
     const unsigned tpb = static_cast<unsigned>(std::max(32, (per_block + 31) / 32 * 32));
-    rmsnorm_bf16x8_kernel<<<n, tpb, 0, s>>>(static_cast<bf16*>(residual), static_cast<const bf16*>(x), width, w, eps,
-                                            static_cast<bf16*>(out));
+    launch_k(pdl, rmsnorm_bf16x8_kernel, dim3(n), dim3(tpb), 0, s, static_cast<bf16*>(residual),
+             static_cast<const bf16*>(x), width, w, eps, static_cast<bf16*>(out));
     CONVEYOR_CUDA_LAUNCHED("rmsnorm bf16x8");
     return;
   }
@@ -355,14 +374,14 @@ void launch_rope(dtype t, void* qkv, int n, const attn_shape& shape, const std::
 
 void launch_rope_kv(dtype t, void* qkv, int n, const attn_shape& shape, const std::int32_t* positions,
                     const float* inv_freq, float attention_scaling, const std::int32_t* slots, void* k_cache,
-                    void* v_cache, cudaStream_t s) {
+                    void* v_cache, cudaStream_t s, bool pdl) {
   if (n <= 0) return;
   const int groups = (shape.num_heads + 2 * shape.num_kv_heads + rope_group - 1) / rope_group;
   const std::size_t work = static_cast<std::size_t>(n) * groups * (shape.head_dim / 2);
   CONVEYOR_DISPATCH_T(t, {
-    rope_kv_kernel<T, true><<<blocks_for(work, threads), threads, 0, s>>>(
-        static_cast<T*>(qkv), n, shape.num_heads, shape.num_kv_heads, shape.head_dim, positions, inv_freq,
-        attention_scaling, slots, static_cast<T*>(k_cache), static_cast<T*>(v_cache));
+    launch_k(pdl, rope_kv_kernel<T, true>, dim3(blocks_for(work, threads)), dim3(threads), 0, s, static_cast<T*>(qkv),
+             n, shape.num_heads, shape.num_kv_heads, shape.head_dim, positions, inv_freq, attention_scaling, slots,
+             static_cast<T*>(k_cache), static_cast<T*>(v_cache));
     CONVEYOR_CUDA_LAUNCHED("rope_kv");
   });
 }
@@ -383,12 +402,12 @@ void launch_kv_write(dtype t, const void* qkv, int n, const attn_shape& shape, c
   });
 }
 
-void launch_silu_mul(dtype t, const void* gate_up, int n, int ffn, void* out, cudaStream_t s) {
+void launch_silu_mul(dtype t, const void* gate_up, int n, int ffn, void* out, cudaStream_t s, bool pdl) {
   if (n <= 0) return;
   if (t == dtype::bf16 && ffn % 8 == 0 && aligned16(gate_up) && aligned16(out)) {
     const std::size_t chunks = static_cast<std::size_t>(n) * (ffn / 8);
-    silu_mul_bf16x8_kernel<<<flat_blocks(chunks), threads, 0, s>>>(static_cast<const bf16*>(gate_up), n, ffn,
-                                                                   static_cast<bf16*>(out));
+    launch_k(pdl, silu_mul_bf16x8_kernel, dim3(flat_blocks(chunks)), dim3(threads), 0, s,
+             static_cast<const bf16*>(gate_up), n, ffn, static_cast<bf16*>(out));
     CONVEYOR_CUDA_LAUNCHED("silu_mul bf16x8");
     return;
   }

@@ -24,6 +24,7 @@
 // the weight stream starts while the previous kernel drains.
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "device_types.cuh"
@@ -85,10 +86,18 @@ __global__ void __launch_bounds__(WARPS * 32) gemv_kernel(gemv_args a) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, q = lane % 4;
   const int cols = a.cols, n = a.n;
-  const int row0 = blockIdx.x * 16;
-  const int ra = min(row0 + g, a.rows - 1), rb = min(row0 + g + 8, a.rows - 1);
-  const uint4* wa = reinterpret_cast<const uint4*>(a.w + static_cast<std::size_t>(ra) * cols);
-  const uint4* wb = reinterpret_cast<const uint4*>(a.w + static_cast<std::size_t>(rb) * cols);
+  // A block serves tiles blockIdx.x, + gridDim.x, ... (more than one where the grid is capped at the
+  // blocks that fit at once): the next tile's first weights load while this one's are reduced.
+  const int tiles = (a.rows + 15) / 16;
+  int tile = blockIdx.x;
+  const uint4* wa = nullptr;
+  const uint4* wb = nullptr;
+  auto set_rows = [&](int t) {
+    const int ra = min(t * 16 + g, a.rows - 1), rb = min(t * 16 + g + 8, a.rows - 1);
+    wa = reinterpret_cast<const uint4*>(a.w + static_cast<std::size_t>(ra) * cols);
+    wb = reinterpret_cast<const uint4*>(a.w + static_cast<std::size_t>(rb) * cols);
+  };
+  set_rows(tile);
   const int chunks = (cols + 31) / 32;
   constexpr int U = NT == 1 ? 8 : 4;
 
@@ -222,69 +231,89 @@ __global__ void __launch_bounds__(WARPS * 32) gemv_kernel(gemv_args a) {
     }
   }
 
-  float acc[NT][2][4];
+  for (; tile < tiles; tile += gridDim.x) {
+    const int row0 = tile * 16;
+    float acc[NT][2][4];
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
+    for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
+      for (int h = 0; h < 2; ++h)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc[nt][h][e] = 0.0f;
+        for (int e = 0; e < 4; ++e) acc[nt][h][e] = 0.0f;
 
-  for (int base = warp; base < chunks; base += WARPS * U) {
-    if (base != warp) load_w(base);
+    for (int base = warp; base < chunks; base += WARPS * U) {
+      if (base != warp) load_w(base);
 #pragma unroll
-    for (int j = 0; j < U; ++j) {
-      const int c = base + j * WARPS;
-      const bool valid = c < chunks && c * 32 + q * 8 < cols;
-      const int k0 = c * 32 + q * 8;
+      for (int j = 0; j < U; ++j) {
+        const int c = base + j * WARPS;
+        const bool valid = c < chunks && c * 32 + q * 8 < cols;
+        const int k0 = c * 32 + q * 8;
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        const int t = nt * 8 + g;
-        uint4 xv = make_uint4(0, 0, 0, 0);
-        if (valid && t < n) {
-          if (staged) {
-            xv = *reinterpret_cast<const uint4*>(xs + static_cast<std::size_t>(t) * stride + k0);
-          } else if constexpr (PRO == static_cast<int>(gemv_prologue::silu)) {
-            const bf16* gu = a.x + static_cast<std::size_t>(t) * 2 * cols;
-            const uint4 gv = __ldg(reinterpret_cast<const uint4*>(gu + k0));
-            const uint4 uv = __ldg(reinterpret_cast<const uint4*>(gu + cols + k0));
-            xv = make_uint4(silu_pair(gv.x, uv.x), silu_pair(gv.y, uv.y), silu_pair(gv.z, uv.z), silu_pair(gv.w, uv.w));
-            if (blockIdx.x == 0) *reinterpret_cast<uint4*>(a.x_out + static_cast<std::size_t>(t) * cols + k0) = xv;
-          } else {
-            xv = __ldg(reinterpret_cast<const uint4*>(a.x + static_cast<std::size_t>(t) * cols + k0));
+        for (int nt = 0; nt < NT; ++nt) {
+          const int t = nt * 8 + g;
+          uint4 xv = make_uint4(0, 0, 0, 0);
+          if (valid && t < n) {
+            if (staged) {
+              xv = *reinterpret_cast<const uint4*>(xs + static_cast<std::size_t>(t) * stride + k0);
+            } else if constexpr (PRO == static_cast<int>(gemv_prologue::silu)) {
+              const bf16* gu = a.x + static_cast<std::size_t>(t) * 2 * cols;
+              const uint4 gv = __ldg(reinterpret_cast<const uint4*>(gu + k0));
+              const uint4 uv = __ldg(reinterpret_cast<const uint4*>(gu + cols + k0));
+              xv = make_uint4(silu_pair(gv.x, uv.x), silu_pair(gv.y, uv.y), silu_pair(gv.z, uv.z), silu_pair(gv.w, uv.w));
+              if (tile == 0) *reinterpret_cast<uint4*>(a.x_out + static_cast<std::size_t>(t) * cols + k0) = xv;
+            } else {
+              xv = __ldg(reinterpret_cast<const uint4*>(a.x + static_cast<std::size_t>(t) * cols + k0));
+            }
           }
+          mma_bf16(acc[nt][0], w_a[j].x, w_b[j].x, w_a[j].y, w_b[j].y, xv.x, xv.y);
+          mma_bf16(acc[nt][1], w_a[j].z, w_b[j].z, w_a[j].w, w_b[j].w, xv.z, xv.w);
         }
-        mma_bf16(acc[nt][0], w_a[j].x, w_b[j].x, w_a[j].y, w_b[j].y, xv.x, xv.y);
-        mma_bf16(acc[nt][1], w_a[j].z, w_b[j].z, w_a[j].w, w_b[j].w, xv.z, xv.w);
       }
     }
-  }
 
-  // Sum the warps' K slices: lane l holds (row g, tokens 2q, 2q+1) in e = 0, 1 and row g + 8 in 2, 3.
+    // Sum the warps' K slices: lane l holds (row g, tokens 2q, 2q+1) in e = 0, 1 and row g + 8 in 2, 3.
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
+    for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) red[warp][nt][e][lane] = acc[nt][0][e] + acc[nt][1][e];
-  __syncthreads();
-  for (int idx = threadIdx.x; idx < NT * 4 * 32; idx += blockDim.x) {
-    const int nt = idx / 128, e = (idx / 32) % 4, l = idx % 32;
-    float s = 0.0f;
-#pragma unroll
-    for (int w = 0; w < WARPS; ++w) s += red[w][nt][e][l];
-    const int row = row0 + l / 4 + (e >= 2 ? 8 : 0);
-    const int tok = nt * 8 + 2 * (l % 4) + (e & 1);
-    if (row < a.rows && tok < n) {
-      float y = round_bf16(s);
-      if (a.bias != nullptr) y += a.bias[row];  // the op-by-op path adds the bias to the rounded product
-      a.out[static_cast<std::size_t>(tok) * a.rows + row] = __float2bfloat16_rn(y);
+      for (int e = 0; e < 4; ++e) red[warp][nt][e][lane] = acc[nt][0][e] + acc[nt][1][e];
+    if (tile + static_cast<int>(gridDim.x) < tiles) {  // the next tile's first weights, before the reduction
+      set_rows(tile + gridDim.x);
+      load_w(warp);
     }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < NT * 4 * 32; idx += blockDim.x) {
+      const int nt = idx / 128, e = (idx / 32) % 4, l = idx % 32;
+      float s = 0.0f;
+#pragma unroll
+      for (int w = 0; w < WARPS; ++w) s += red[w][nt][e][l];
+      const int row = row0 + l / 4 + (e >= 2 ? 8 : 0);
+      const int tok = nt * 8 + 2 * (l % 4) + (e & 1);
+      if (row < a.rows && tok < n) {
+        float y = round_bf16(s);
+        if (a.bias != nullptr) y += a.bias[row];  // the op-by-op path adds the bias to the rounded product
+        a.out[static_cast<std::size_t>(tok) * a.rows + row] = __float2bfloat16_rn(y);
+      }
+    }
+    __syncthreads();  // red is rewritten by the next tile
   }
 }
 
 template <int NT, int WARPS, int PRO>
 void launch_one(const gemv_args& a, std::size_t smem, bool pdl, cudaStream_t s) {
+  // A grid of more tiles than fit at once is capped at the blocks that do (each then serves several
+  // tiles and prefetches the next one's weights): one wave that streams instead of waves that each
+  // start with a memory round trip.
+  static const int resident = [] {
+    int blocks = 0, dev = 0, sms = 0;
+    CONVEYOR_CUDA_CHECK(cudaGetDevice(&dev));
+    CONVEYOR_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    CONVEYOR_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, gemv_kernel<NT, WARPS, PRO>, WARPS * 32, 0));
+    return std::max(1, blocks) * sms;
+  }();
+  const int tiles = (a.rows + 15) / 16;
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>((a.rows + 15) / 16));
+  cfg.gridDim = dim3(static_cast<unsigned>(smem == 0 && a.cap_grid != 0 ? std::min(tiles, resident) : tiles));
   cfg.blockDim = dim3(WARPS * 32);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = s;

@@ -15,8 +15,9 @@ namespace conveyor::kernels::cuda {
 // --- elementwise.cu ---
 void launch_embedding(dtype t, const std::int32_t* ids, int n, const void* table, int width, void* out,
                       cudaStream_t s);
+/// `pdl` (here and below): launch as a programmatic dependent of the previous kernel (device_types.cuh).
 void launch_rmsnorm(dtype t, void* residual, const void* x, int n, int width, const float* w, float eps,
-                    void* out, cudaStream_t s);  ///< residual == nullptr: plain rmsnorm of x
+                    void* out, cudaStream_t s, bool pdl = false);  ///< residual == nullptr: plain rmsnorm of x
 void launch_add(dtype t, void* acc, const void* x, std::size_t count, cudaStream_t s);
 void launch_add_bias(dtype t, void* out, const float* bias, int n, int width, cudaStream_t s);
 void launch_rope(dtype t, void* qkv, int n, const attn_shape& shape, const std::int32_t* positions,
@@ -26,8 +27,8 @@ void launch_kv_write(dtype t, const void* qkv, int n, const attn_shape& shape, c
 /// rope, then kv_write, in one pass (the two ops the executor issues back to back).
 void launch_rope_kv(dtype t, void* qkv, int n, const attn_shape& shape, const std::int32_t* positions,
                     const float* inv_freq, float attention_scaling, const std::int32_t* slots, void* k_cache,
-                    void* v_cache, cudaStream_t s);
-void launch_silu_mul(dtype t, const void* gate_up, int n, int ffn, void* out, cudaStream_t s);
+                    void* v_cache, cudaStream_t s, bool pdl = false);
+void launch_silu_mul(dtype t, const void* gate_up, int n, int ffn, void* out, cudaStream_t s, bool pdl = false);
 void launch_gather_rows(dtype t, const void* x, const std::int32_t* rows, int n, int width, void* out,
                         cudaStream_t s);
 /// Converts `count` floats on the device to `t` (upload staging).
@@ -54,6 +55,9 @@ struct gemv_args {
   unsigned* counter = nullptr;  ///< zeroed device word: arrivals of the norm prologue with delta
   __nv_bfloat16* out = nullptr;
   int stage_x = 0;  ///< set by launch_gemv: x fits in shared memory and is staged there first
+  /// A grid of more tiles than fit at once is capped at the resident blocks, which loop over tiles
+  /// (0: one block per tile, as before; kept to measure the cap against).
+  int cap_grid = 1;
 };
 /// Shapes launch_gemv takes (the caller also checks dtype and alignment).
 bool gemv_supported(int n, int rows, int cols);
@@ -73,6 +77,9 @@ void launch_gemv(const gemv_args& a, gemv_prologue pro, bool pdl, int sms, cudaS
 struct attention_tuning {
   bool gqa_decode = true;  ///< decode: one block per KV head for its whole query-head group
   bool tc_prefill = true;  ///< prefill, bf16, head_dim 64/128: tensor cores
+  /// decode, bf16, head_dim 64/128: K and V rows of 32 keys loaded together with 16-byte loads
+  bool vec_decode = true;
+  bool pdl = false;  ///< decode kernels start as programmatic dependents (device_types.cuh)
 };
 /// Scratch floats the decode kernel needs for `splits` partial results per (sequence, head).
 std::size_t attention_partial_floats(int num_seqs, int num_heads, int head_dim, int splits);

@@ -392,7 +392,8 @@ TEST_P(cuda_ops, sample_matches_cpu_draws) {
 // the same shapes through cuBLAS.
 TEST_P(cuda_ops, small_batch_linear) {
   use_opt_in_paths();
-  for (auto [rows, cols] : {std::pair{48, 64}, {17, 96}, {40, 40}, {3072, 2048}, {2048, 8192}}) {
+  // 16384 and 8999 rows: more tiles than fit on the GPU at once (blocks loop over tiles).
+  for (auto [rows, cols] : {std::pair{48, 64}, {17, 96}, {40, 40}, {3072, 2048}, {2048, 8192}, {16384, 256}, {8999, 64}}) {
     for (int n : {1, 2, 5, 8, 9, 16}) {
       const bool with_bias = (n + rows) % 2 == 1;
       const std::string shape = " n" + std::to_string(n) + " " + std::to_string(rows) + "x" + std::to_string(cols) +
@@ -418,7 +419,7 @@ TEST_P(cuda_ops, small_batch_linear) {
 // kv_write); every buffer must end as the op-by-op CPU twin leaves it.
 TEST_P(cuda_ops, fused_op_pairs_match_op_by_op) {
   use_opt_in_paths();
-  for (auto [n, hidden, rows] : {std::tuple{1, 2048, 3072}, {7, 96, 64}, {16, 2048, 256}, {20, 64, 48}}) {
+  for (auto [n, hidden, rows] : {std::tuple{1, 2048, 3072}, {7, 96, 64}, {16, 2048, 256}, {20, 64, 48}, {3, 256, 9000}}) {
     const std::string shape = " n" + std::to_string(n) + " h" + std::to_string(hidden);
     auto x = testing::random_values(rng_, static_cast<std::size_t>(n) * hidden, t(), 2.0f);
     auto res = testing::random_values(rng_, x.size(), t());
@@ -470,7 +471,7 @@ TEST_P(cuda_ops, fused_op_pairs_match_op_by_op) {
     b_->release(const_cast<void*>(nwd.data));
   }
   // rope -> kv_write
-  for (auto [heads, kv_heads, head_dim, n] : {std::tuple{32, 8, 64, 1}, {8, 2, 16, 37}, {12, 2, 128, 5}}) {
+  for (auto [heads, kv_heads, head_dim, n] : {std::tuple{32, 8, 64, 1}, {8, 2, 16, 37}, {12, 2, 128, 5}, {32, 8, 64, 200}}) {
     kernels::attn_shape sh{heads, kv_heads, head_dim, 1.0f, 0};
     const int width = (heads + 2 * kv_heads) * head_dim;
     const int block_size = 16, num_blocks = (n + 15) / 16 + 3;
@@ -507,6 +508,8 @@ TEST_P(cuda_ops, attention_fast_paths_match_cpu) {
   run_attention_case(*b_, rng_, dec);
   run_attention_case(*b_, rng_, {"decode group 8 h16/2 d64", 16, 2, 64, {{1, 700}, {1, 5}, {1, 129}}});
   run_attention_case(*b_, rng_, {"decode window 100 h8/2 d64", 8, 2, 64, {{1, 700}, {1, 50}}, 100});
+  run_attention_case(*b_, rng_, {"decode h8/2 d128", 8, 2, 128, {{1, 333}, {1, 1}, {1, 64}, {1, 1100}}});
+  run_attention_case(*b_, rng_, {"decode h16/8 d128 window 40", 16, 8, 128, {{1, 97}, {1, 31}}, 40});
   run_attention_case(*b_, rng_, {"prefill h32/8 d64 T300", 32, 8, 64, {{300, 300}}});
   run_attention_case(*b_, rng_, {"prefill window 70 h8/2 d64", 8, 2, 64, {{200, 260}}, 70});
   run_attention_case(*b_, rng_, {"prefill h4/4 d128 chunked", 4, 4, 128, {{65, 130}, {3, 3}}});

@@ -20,13 +20,20 @@ struct cuda_backend_options {
   // Speed paths; each can be switched to measure it (bench/conveyor_bench) or to rule it out. The
   // defaults are what measured fastest on the H200 (bench/NOTES.md).
   bool graphs = true;       ///< can_capture(): the executor records decode steps as CUDA graphs
-  /// bf16 linear with n ≤ 16 on the tensor-core GEMV instead of cuBLAS. Off: in a graph it measured
-  /// no faster than cuBLAS at batch 1 and slower at batch 8 (bench/NOTES.md says what to fix first).
+  /// bf16 linear with n ≤ 16 on the tensor-core GEMV instead of cuBLAS. Off until batch 8 is measured
+  /// with it: at batch 1 it is 7% faster than cuBLAS now, at batch 8 it was slower (bench/NOTES.md).
   bool small_gemm = false;
   bool fuse = true;         ///< bf16: rope into kv_write; with small_gemm also rmsnorm / silu_mul into the GEMV
   bool fuse_norm = true;    ///< with small_gemm and fuse: rmsnorm into a GEMV that runs as one wave
-  bool pdl = true;         ///< the GEMV starts as a programmatic dependent (prefetches weights early)
+  /// with small_gemm: a GEMV of more tiles than fit at once runs on the resident blocks, each looping
+  /// over tiles (off: one block per tile). Not yet ablated in wall time (bench/NOTES.md, session 2).
+  bool gemv_cap_grid = true;
+  /// Decode-step kernels (GEMV, rmsnorm, rope_kv, silu_mul, decode attention) start as programmatic
+  /// dependents: each launches while the one before drains (the GEMV prefetches its weights then).
+  bool pdl = true;
   bool gqa_decode = true;  ///< decode attention: one block per KV head serves its query-head group
+  /// with gqa_decode, bf16, head_dim 64/128: a warp loads its 32 keys' K and V rows at once (16-byte loads)
+  bool vec_decode = true;
   bool tc_prefill = true;  ///< bf16 prefill attention on tensor cores (head_dim 64 or 128)
 };
 
