@@ -102,5 +102,31 @@ kill -TERM "$launch_pid"
 wait_exit 30
 sleep 0.5
 [ "$(left_in 1)" = 0 ] && [ "$(left_in 2)" = 0 ] && ok no_process_left || bad "processes left: $(left_in 1) / $(left_in 2)"
+# `conveyor serve` on one host whose coordinator listens on a non-loopback address: its workers'
+# listeners are on that address too, not on every interface (lo included).
+cat >"$tmp/serve.toml" <<TOML
+[cluster]
+listen = "10.77.0.1:0"
+[frontend]
+rpc_listen = "10.77.0.1:0"
+[transport]
+ucx_tls = "tcp"
+TOML
+ip netns exec "$coord" "$bin" serve --config "$tmp/serve.toml" --model "$fx/tiny-llama" --stages 2 >"$tmp/out" 2>"$tmp/err" &
+launch_pid=$!
+if [ -n "$(wait_listening)" ]; then
+  workers=$(ps -o pid= --ppid "$launch_pid" | tr -d ' ')
+  ip netns exec "$coord" ss -H -l -t -u -n -p >"$tmp/ss"
+  : >"$tmp/mine"
+  for p in $workers; do grep "pid=$p," "$tmp/ss" >>"$tmp/mine"; done
+  [ -n "${VERBOSE:-}" ] && cat "$tmp/mine"
+  beyond=$(awk '{ host = $5; sub(/:[^:]*$/, "", host); if (host != "10.77.0.1") print }' "$tmp/mine")
+  if [ "$(wc -w <<<"$workers")" = 2 ] && [ -s "$tmp/mine" ] && [ -z "$beyond" ]; then ok serve_workers_listen_on_the_cluster_address_only
+  else bad "serve workers ($workers) listen beyond 10.77.0.1:"; cat "$tmp/mine"; fi
+else
+  bad "serve did not come up:"; cat "$tmp/err"
+fi
+kill -TERM "$launch_pid"; wait_exit 30
+
 [ $fail = 0 ] || { echo "--- launch stderr"; cat "$tmp/err"; }
 exit $fail

@@ -120,6 +120,9 @@ class cluster_impl final : public cluster {
                         ? options_.remote_executable
                         : options_.executable;
     ls.coordinator = options_.cluster_host + ":" + std::to_string(*port);
+    // Workers on this host bind UCX where the coordinator listens (unless that is every interface).
+    const auto& h = options_.cluster_host;
+    if (h != "0.0.0.0" && h != "::" && h != "[::]" && !h.empty()) ls.default_address = h;
     ls.ssh_template = options_.ssh_template;
     ls.srun_command = options_.srun_command;
     ls.threads = options_.worker_threads;
@@ -160,7 +163,7 @@ class cluster_impl final : public cluster {
   std::vector<worker_site> local_sites(std::size_t stages) const {
     std::vector<worker_site> sites(stages);
     for (std::size_t k = 0; k < stages; ++k) {
-      sites[k].address.clear();  // no --address: UCX may use every interface
+      sites[k].address.clear();  // unnamed: launch_settings::default_address binds them
       if (options_.device != "cuda") continue;
       const auto& ids = options_.device_ids;
       for (int r = 0; r < options_.tp; ++r) {
