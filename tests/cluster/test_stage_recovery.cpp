@@ -51,7 +51,11 @@ struct load {
   }
 };
 
-TEST(stage_recovery, killed_middle_stage_is_restarted_and_requests_finish_unchanged) {
+class stage_recovery_of : public ::testing::TestWithParam<int> {};
+
+// Stage 0 (gets the steps), 1 (the middle: both neighbours reconnect) and 2 (samples the tokens).
+TEST_P(stage_recovery_of, killed_stage_is_restarted_and_requests_finish_unchanged) {
+  const int victim = GetParam();
   const auto golden = testing::load_golden("tiny-llama");
   auto o = base_options("tiny-llama", 3);
   o.step_delay_us = 20000;
@@ -61,16 +65,16 @@ TEST(stage_recovery, killed_middle_stage_is_restarted_and_requests_finish_unchan
   load l(svc, golden);
   ASSERT_TRUE(l.sinks[0]->wait_tokens(3)) << "no tokens before the fault";
   ASSERT_FALSE(l.sinks[0]->done.has_value());
-  const int old_pid = (*c)->worker_pids()[1];
+  const int old_pid = (*c)->worker_pids()[victim];
   ASSERT_EQ(::kill(old_pid, SIGKILL), 0);
-  // Noticed: /ready (and RPC health) turn false, stage 1 restarting.
+  // Noticed: /ready (and RPC health) turn false, the stage restarting.
   auto noticed = seconds_until(svc, [](const service::health_report& h) { return !h.ready; }, 5.0);
   ASSERT_TRUE(noticed.has_value()) << "the coordinator did not notice the dead stage within 5 s";
   EXPECT_LT(*noticed, 2.0);
   RecordProperty("failure_noticed_s", std::to_string(*noticed));
   std::printf("dead stage noticed after %.3f s\n", *noticed);
   auto back = seconds_until(svc, [](const service::health_report& h) { return h.ready; }, 60.0);
-  ASSERT_TRUE(back.has_value()) << "stage 1 did not come back";
+  ASSERT_TRUE(back.has_value()) << "stage " << victim << " did not come back";
   RecordProperty("recovered_after_s", std::to_string(*noticed + *back));
   for (std::size_t i = 0; i < l.sinks.size(); ++i) {
     ASSERT_TRUE(l.sinks[i]->wait(60)) << "request " << i << " hung after the restart";
@@ -78,12 +82,12 @@ TEST(stage_recovery, killed_middle_stage_is_restarted_and_requests_finish_unchan
     EXPECT_EQ(l.sinks[i]->tokens, l.expected[i]) << "request " << i;
   }
   const auto pids = (*c)->worker_pids();
-  EXPECT_NE(pids[1], old_pid) << "stage 1 has no new process";
-  EXPECT_EQ(::kill(pids[1], 0), 0) << "stage 1's new process is not running";
+  EXPECT_NE(pids[victim], old_pid) << "stage " << victim << " has no new process";
+  EXPECT_EQ(::kill(pids[victim], 0), 0) << "the new process is not running";
   const auto h = health_of(svc);
   EXPECT_TRUE(h.ready);
   ASSERT_EQ(h.stages.size(), 3u);
-  EXPECT_NE(h.stages[1].detail.find("restarted 1 time"), std::string::npos) << h.stages[1].detail;
+  EXPECT_NE(h.stages[victim].detail.find("restarted 1 time"), std::string::npos) << h.stages[victim].detail;
   const auto st = stats_of(svc);
   EXPECT_EQ(st.kv_blocks_free, st.kv_blocks_total);
   // And it keeps serving.
@@ -92,6 +96,40 @@ TEST(stage_recovery, killed_middle_stage_is_restarted_and_requests_finish_unchan
   ASSERT_TRUE(after->wait());
   ASSERT_TRUE(after->done->ok()) << after->done->err().message;
   EXPECT_EQ(after->tokens, golden.prompts[0].greedy);
+}
+
+INSTANTIATE_TEST_SUITE_P(stage, stage_recovery_of, ::testing::Values(0, 1, 2));
+
+// A worker that stops answering (SIGSTOP: its connections stay open, nothing closes) is declared
+// dead after heartbeat_timeout, its process killed, and the stage replaced like a dead one.
+TEST(stage_recovery, hung_stage_is_replaced_after_the_heartbeat_timeout) {
+  const auto golden = testing::load_golden("tiny-llama");
+  auto o = base_options("tiny-llama", 2);
+  o.step_delay_us = 20000;
+  o.heartbeat = std::chrono::milliseconds(200);
+  o.heartbeat_timeout = std::chrono::milliseconds(800);
+  auto c = cluster::start(o);
+  ASSERT_TRUE(c.ok()) << c.err().message;
+  auto& svc = (*c)->service();
+  auto sink = std::make_shared<collecting_sink>();
+  svc.submit(greedy(golden.prompts[1]), sink);
+  ASSERT_TRUE(sink->wait_tokens(2));
+  const int hung = (*c)->worker_pids()[1];
+  ASSERT_EQ(::kill(hung, SIGSTOP), 0);
+  auto noticed = seconds_until(svc, [](const service::health_report& h) { return !h.ready; }, 5.0);
+  ASSERT_TRUE(noticed.has_value());
+  EXPECT_LT(*noticed, 0.8 + 0.2 + 0.5) << "the bound is heartbeat_timeout + one interval (+ slack)";
+  std::printf("hung stage noticed after %.3f s (heartbeat 0.2 s, timeout 0.8 s)\n", *noticed);
+  ASSERT_TRUE(sink->wait(60)) << "request hung";
+  ASSERT_TRUE(sink->done->ok()) << sink->done->err().message;
+  EXPECT_EQ(sink->tokens, golden.prompts[1].greedy);
+  EXPECT_NE((*c)->worker_pids()[1], hung);
+  // The stopped process was killed, not left behind.
+  for (int i = 0; i < 100 && ::kill(hung, 0) == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::ifstream stat("/proc/" + std::to_string(hung) + "/stat");
+  std::string pid, comm, state;
+  stat >> pid >> comm >> state;
+  EXPECT_TRUE(!stat || state == "Z") << "the hung worker still runs (state " << state << ")";
 }
 
 // The last stage (the one that samples) dies twice with cluster.max_stage_restarts = 1: the first
