@@ -50,13 +50,21 @@ struct load {
   }
 };
 
-class stage_recovery_of : public ::testing::TestWithParam<int> {};
+/// Which stage dies, and the UCX transports between stages.
+struct fault {
+  int victim;
+  const char* tls;
+};
+class stage_recovery_of : public ::testing::TestWithParam<fault> {};
 
-// Stage 0 (gets the steps), 1 (the middle: both neighbours reconnect) and 2 (samples the tokens).
+// Stage 0 (gets the steps), 1 (the middle: both neighbours reconnect) and 2 (samples the tokens);
+// over tcp, where a dead peer's socket closes, and "auto" (shared memory on one host), where the
+// neighbours only learn it from the channel's peer timeout.
 TEST_P(stage_recovery_of, killed_stage_is_restarted_and_requests_finish_unchanged) {
-  const int victim = GetParam();
+  const int victim = GetParam().victim;
   const auto golden = testing::load_golden("tiny-llama");
   auto o = base_options("tiny-llama", 3);
+  o.ucx_tls = GetParam().tls;
   o.step_delay_us = 20000;
   auto c = cluster::start(o);
   ASSERT_TRUE(c.ok()) << c.err().message;
@@ -97,7 +105,11 @@ TEST_P(stage_recovery_of, killed_stage_is_restarted_and_requests_finish_unchange
   EXPECT_EQ(after->tokens, golden.prompts[0].greedy);
 }
 
-INSTANTIATE_TEST_SUITE_P(stage, stage_recovery_of, ::testing::Values(0, 1, 2));
+INSTANTIATE_TEST_SUITE_P(stage, stage_recovery_of,
+                         ::testing::Values(fault{0, "tcp"}, fault{1, "tcp"}, fault{1, "auto"}, fault{2, "tcp"}),
+                         [](const ::testing::TestParamInfo<fault>& i) {
+                           return "stage" + std::to_string(i.param.victim) + "_" + i.param.tls;
+                         });
 
 // A worker that stops answering (SIGSTOP: its connections stay open, nothing closes) is declared
 // dead after heartbeat_timeout, its process killed, and the stage replaced like a dead one.
