@@ -188,7 +188,9 @@ class cluster_impl final : public cluster {
                                            "every stage in one srun step); use \"local\" or \"ssh\" to restart one stage");
     }
     // What is left of the old one (it may only have stopped answering): its whole process group, so
-    // an ssh command takes the remote worker with it.
+    // an ssh command takes the remote worker with it. Not reaped until now, its pid cannot have been
+    // reused. (The new worker's PR_SET_PDEATHSIG follows the thread that starts it, an actor-system
+    // thread, which lives as long as this process.)
     ::kill(-current_pids_[index], SIGKILL);
     while (launcher_.poll_exit()) {
     }
