@@ -102,6 +102,9 @@ result<coordinator::cluster_options> cluster_options_of(const config::deployment
   o.max_context = d.serving.max_context;
   o.heartbeat = std::chrono::milliseconds(static_cast<long>(d.cluster.heartbeat_interval_s * 1000));
   o.heartbeat_timeout = std::chrono::milliseconds(static_cast<long>(d.cluster.heartbeat_timeout_s * 1000));
+  o.recover_stages = d.cluster.recover_stages;
+  o.max_stage_restarts = d.cluster.max_stage_restarts;
+  o.max_frame_bytes = static_cast<std::uint64_t>(d.transport.max_frame_bytes);
   o.startup_timeout = std::chrono::seconds(static_cast<long>(d.serving.startup_timeout_s));
   o.device = std::string(config::to_string(d.model.device));
   o.dtype = std::string(config::to_string(d.model.dtype));

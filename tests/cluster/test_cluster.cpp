@@ -13,63 +13,10 @@
 #include "conveyor/client/client.hpp"
 #include "conveyor/coordinator/cluster.hpp"
 #include "conveyor/frontend/rpc_server.hpp"
+#include "cluster_fixture.hpp"
 
 namespace conveyor::coordinator {
 namespace {
-
-struct collecting_sink : service::token_sink {
-  std::vector<std::int32_t> tokens;
-  std::optional<result<service::generate_summary>> done;
-  std::mutex mu;
-  std::condition_variable cv;
-  void on_tokens(std::span<const std::int32_t> t) override {
-    std::lock_guard l(mu);
-    tokens.insert(tokens.end(), t.begin(), t.end());
-    cv.notify_all();
-  }
-  void on_done(result<service::generate_summary> s) override {
-    std::lock_guard l(mu);
-    done.emplace(std::move(s));
-    cv.notify_all();
-  }
-  bool wait(double seconds = 60) {
-    std::unique_lock l(mu);
-    return cv.wait_for(l, std::chrono::duration<double>(seconds), [&] { return done.has_value(); });
-  }
-  bool wait_tokens(std::size_t n, double seconds = 60) {
-    std::unique_lock l(mu);
-    return cv.wait_for(l, std::chrono::duration<double>(seconds), [&] { return tokens.size() >= n || done.has_value(); });
-  }
-};
-
-cluster_options base_options(const std::string& fixture, int stages) {
-  cluster_options o;
-  o.model_dir = testing::fixture_dir(fixture);
-  o.stages = stages;
-  o.chunks = stages;
-  o.kv_blocks = 128;
-  o.max_step_tokens = 256;
-  o.worker_threads = 1;
-  o.executable = CONVEYOR_BINARY;
-  o.startup_timeout = std::chrono::seconds(60);
-  o.ucx_tls = "tcp";
-  return o;
-}
-
-service::generate_request greedy(const testing::golden_prompt& p) {
-  service::generate_request r;
-  r.prompt = p.input_ids;
-  r.max_new_tokens = static_cast<int>(p.greedy.size());
-  r.ignore_eos = true;
-  return r;
-}
-
-service::stats_report stats_of(service::inference_service& svc) {
-  auto p = std::make_shared<std::promise<service::stats_report>>();
-  auto f = p->get_future();
-  svc.stats([p](service::stats_report r) { p->set_value(std::move(r)); });
-  return f.get();
-}
 
 class cluster_stages : public ::testing::TestWithParam<int> {};
 
@@ -190,8 +137,11 @@ TEST(cluster, cancel_frees_blocks) {
   EXPECT_EQ(st.kv_blocks_free, st.kv_blocks_total);
 }
 
+// With stage recovery off (cluster.recover_stages = false), a dead stage takes the cluster down at once.
 TEST(cluster, killed_worker_fails_requests_instead_of_hanging) {
-  auto c = cluster::start(base_options("tiny-llama", 3));
+  auto o = base_options("tiny-llama", 3);
+  o.recover_stages = false;
+  auto c = cluster::start(o);
   ASSERT_TRUE(c.ok()) << c.err().message;
   auto sink = std::make_shared<collecting_sink>();
   service::generate_request r;
@@ -206,7 +156,8 @@ TEST(cluster, killed_worker_fails_requests_instead_of_hanging) {
   const double noticed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ASSERT_FALSE(sink->done->ok());
   EXPECT_NE(sink->done->err().message.find("stage 1"), std::string::npos) << sink->done->err().message;
-  EXPECT_LT(noticed, 3.0);
+  EXPECT_NE(sink->done->err().message.find("recovery is off"), std::string::npos) << sink->done->err().message;
+  EXPECT_LT(noticed, 2.0);
   RecordProperty("failure_noticed_s", std::to_string(noticed));
   // New requests get a clear error too.
   auto late = std::make_shared<collecting_sink>();

@@ -119,6 +119,8 @@ listen = "10.1.0.1:7700"
 token = "s3cret-token"
 heartbeat_interval_s = 2
 heartbeat_timeout_s = 7.5
+recover_stages = false
+max_stage_restarts = 5
 
 [frontend]
 rpc_listen = "0.0.0.0:9000"
@@ -184,6 +186,8 @@ TEST(config_keys, every_key_is_read) {
   EXPECT_EQ(d.cluster.token, "s3cret-token");
   EXPECT_DOUBLE_EQ(d.cluster.heartbeat_interval_s, 2.0);
   EXPECT_DOUBLE_EQ(d.cluster.heartbeat_timeout_s, 7.5);
+  EXPECT_FALSE(d.cluster.recover_stages);
+  EXPECT_EQ(d.cluster.max_stage_restarts, 5);
   EXPECT_EQ(d.frontend.rpc_listen, (endpoint{"0.0.0.0", 9000}));
   ASSERT_TRUE(d.frontend.http_listen.has_value());
   EXPECT_EQ(*d.frontend.http_listen, (endpoint{"::1", 9001}));

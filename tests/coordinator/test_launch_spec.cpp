@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -47,6 +48,25 @@ TEST(launch_spec, templates_name_unknown_placeholders) {
   ASSERT_FALSE(bad.ok());
   EXPECT_TRUE(contains(bad.err().message, "unknown placeholder {hots} (known: {host}, {command})")) << bad.err().message;
   EXPECT_FALSE(expand_template("ssh {host", {{"host", "h"}}).ok());
+}
+
+TEST(launch_spec, local_workers_without_an_address_bind_the_default_one) {
+  auto ls = settings(launch_method::local);
+  std::vector<worker_site> sites(2);
+  sites[0].address.clear();  // as `serve` makes them
+  sites[1].address.clear();
+  auto plain = worker_processes(ls, sites, "t");
+  ASSERT_TRUE(plain.ok()) << plain.err().message;
+  EXPECT_EQ(std::count((*plain)[0].argv.begin(), (*plain)[0].argv.end(), "--address"), 0);
+  ls.default_address = "10.0.0.1";
+  auto bound = worker_processes(ls, sites, "t");
+  ASSERT_TRUE(bound.ok()) << bound.err().message;
+  for (const auto& p : *bound) {
+    auto it = std::find(p.argv.begin(), p.argv.end(), "--address");
+    ASSERT_NE(it, p.argv.end());
+    EXPECT_EQ(*(it + 1), "10.0.0.1");
+  }
+  EXPECT_EQ((*bound)[1].label, "stage 1");  // labels still say only the stage
 }
 
 TEST(launch_spec, local_workers_get_the_token_in_their_environment) {

@@ -2,12 +2,14 @@
 #include "conveyor/coordinator/cluster.hpp"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <filesystem>
 #include <cstdio>
 #include <future>
+#include <mutex>
 #include <optional>
 #include <thread>
 
@@ -96,6 +98,8 @@ class cluster_impl final : public cluster {
   ~cluster_impl() override { shutdown(); }
 
   status boot(coordinator_setup setup, const service::model_info& info) {
+    std::unique_lock lock(mu_);  // the coordinator may restart a stage as soon as it exists
+    setup.restart_stage = [this](int stage) { return restart(stage); };
     coordinator_ = spawn_coordinator(*sys_, setup);
     service_ = std::make_unique<cluster_service>(coordinator_, info);
     auto port = sys_->middleman().publish(coordinator_, options_.cluster_port, options_.cluster_host.c_str(), true);
@@ -116,6 +120,9 @@ class cluster_impl final : public cluster {
                         ? options_.remote_executable
                         : options_.executable;
     ls.coordinator = options_.cluster_host + ":" + std::to_string(*port);
+    // Workers on this host bind UCX where the coordinator listens (unless that is every interface).
+    const auto& h = options_.cluster_host;
+    if (h != "0.0.0.0" && h != "::" && h != "[::]" && !h.empty()) ls.default_address = h;
     ls.ssh_template = options_.ssh_template;
     ls.srun_command = options_.srun_command;
     ls.threads = options_.worker_threads;
@@ -125,23 +132,26 @@ class cluster_impl final : public cluster {
     for (const auto& p : procs) {
       auto pid = launcher_.launch(p);
       if (!pid) return make_error(pid.err().code, p.label + ": " + pid.err().message);
+      current_pids_.push_back(*pid);
       progress(p.label + ": started (pid " + std::to_string(*pid) + " on this machine)");
     }
     sites_ = std::move(sites);
     processes_ = std::move(procs);
+    lock.unlock();
     return wait_ready();
   }
 
   service::inference_service& service() override { return *service_; }
   std::vector<int> worker_pids() const override {
-    const auto pids = launcher_.pids();
-    return {pids.begin(), pids.end()};
+    std::lock_guard lock(mu_);
+    return current_pids_;
   }
 
   void shutdown() override {
     if (down_) return;
     down_ = true;
-    if (coordinator_) caf::anon_send(coordinator_, shutdown_atom::value);
+    if (coordinator_) caf::anon_send(coordinator_, shutdown_atom::value, options_.token);
+    std::lock_guard lock(mu_);
     launcher_.stop_all(std::chrono::seconds(5));
     coordinator_ = nullptr;
     service_.reset();
@@ -153,7 +163,7 @@ class cluster_impl final : public cluster {
   std::vector<worker_site> local_sites(std::size_t stages) const {
     std::vector<worker_site> sites(stages);
     for (std::size_t k = 0; k < stages; ++k) {
-      sites[k].address.clear();  // no --address: UCX may use every interface
+      sites[k].address.clear();  // unnamed: launch_settings::default_address binds them
       if (options_.device != "cuda") continue;
       const auto& ids = options_.device_ids;
       for (int r = 0; r < options_.tp; ++r) {
@@ -163,6 +173,32 @@ class cluster_impl final : public cluster {
       }
     }
     return sites;
+  }
+
+  /// A new process for `stage` (called by the coordinator actor when its worker was lost).
+  result<int> restart(int stage) {
+    std::lock_guard lock(mu_);
+    if (down_) return make_error(errc::internal, "the cluster is shutting down");
+    std::size_t index = processes_.size();
+    for (std::size_t i = 0; i < processes_.size(); ++i) {
+      if (processes_[i].stages == std::vector<int>{stage}) index = i;
+    }
+    if (index == processes_.size()) {
+      return make_error(errc::unsupported, "its process also runs other stages (launch.method = \"slurm\" starts "
+                                           "every stage in one srun step); use \"local\" or \"ssh\" to restart one stage");
+    }
+    // What is left of the old one (it may only have stopped answering): its whole process group, so
+    // an ssh command takes the remote worker with it. Not reaped until now, its pid cannot have been
+    // reused. (The new worker's PR_SET_PDEATHSIG follows the thread that starts it, an actor-system
+    // thread, which lives as long as this process.)
+    ::kill(-current_pids_[index], SIGKILL);
+    while (launcher_.poll_exit()) {
+    }
+    auto pid = launcher_.launch(processes_[index]);
+    if (!pid) return pid.err();
+    current_pids_[index] = *pid;
+    progress(processes_[index].label + ": restarted (pid " + std::to_string(*pid) + " on this machine)");
+    return static_cast<int>(*pid);
   }
 
   void progress(const std::string& line) const {
@@ -214,7 +250,12 @@ class cluster_impl final : public cluster {
         }
       }
       // A process that ended while one of its stages had not joined means that stage never will.
-      if (auto ended = launcher_.poll_exit()) {
+      std::optional<worker_launcher::exit_report> ended;
+      {
+        std::lock_guard lock(mu_);
+        ended = launcher_.poll_exit();
+      }
+      if (ended) {
         const auto& p = processes_[ended->index];
         if (auto now = health_now()) last = std::move(*now);
         for (int k : p.stages) {
@@ -239,11 +280,13 @@ class cluster_impl final : public cluster {
   worker_launcher launcher_;
   std::vector<worker_site> sites_;         ///< stage order
   std::vector<process_spec> processes_;    ///< launch order (worker_launcher's indices)
+  std::vector<int> current_pids_;          ///< launch order: each process's current pid
+  mutable std::mutex mu_;                  ///< the launcher and pids: the coordinator restarts stages
   caf::actor_system_config cfg_;
   std::unique_ptr<caf::actor_system> sys_;
   caf::actor coordinator_;
   std::unique_ptr<cluster_service> service_;
-  bool down_ = false;
+  std::atomic<bool> down_{false};
 };
 
 }  // namespace

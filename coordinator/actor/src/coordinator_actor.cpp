@@ -18,6 +18,10 @@ using bytes_msg = std::vector<char>;
 constexpr std::uint64_t whole_stage = UINT64_MAX;
 /// The scheduler's clock: expires deadlines, starts dynamic batches whose delay ran out (issue 6).
 using policy_tick_atom = caf::atom_constant<caf::atom("ptick")>;
+/// A recovery (its number) that has not finished within the start-up timeout has failed.
+using recovery_deadline_atom = caf::atom_constant<caf::atom("recdead")>;
+/// A neighbour reported a lost peer; if no stage is known dead by now, the cluster is down.
+using suspect_atom = caf::atom_constant<caf::atom("suspect")>;
 
 struct worker_slot {
   caf::actor handle;
@@ -28,6 +32,19 @@ struct worker_slot {
   double busy_s = 0.0, idle_s = 0.0;
   std::uint64_t steps = 0;
   std::chrono::steady_clock::time_point last_pong;
+  int restarts = 0;  ///< times this stage's worker was replaced
+};
+
+/// A stage being replaced: its new worker loads while the neighbours drop their channels to the
+/// dead one; then the three are wired again and the scheduler re-prefills every running sequence.
+struct recovery_state {
+  bool active = false;
+  int stage = -1;
+  std::uint64_t number = 0;  ///< counts recoveries, so a stale deadline is recognised
+  int resets_pending = 0;    ///< neighbours still dropping their channels
+  int wired_pending = 0;     ///< workers still wiring (the new one and its neighbours)
+  bool wiring = false;
+  std::chrono::steady_clock::time_point died;
 };
 
 struct coordinator_state {
@@ -39,6 +56,9 @@ struct coordinator_state {
   bool wiring = false;
   std::string failure;  // why the cluster is down (empty while healthy)
   std::uint64_t steps = 0;
+  std::vector<std::uint64_t> step_of;  // the step each microbatch has in flight: older results are stale
+  recovery_state recovery;
+  std::string suspect;  // a neighbour's report of a lost peer, until a dead stage explains it
   static inline const char* name = "coordinator";
 };
 
@@ -93,10 +113,11 @@ void fail_cluster(coord_actor* self, const std::string& why) {
 
 void pump(coord_actor* self) {
   auto& st = self->state;
-  if (!st.failure.empty() || st.workers.empty() || !st.workers[0].handle) return;
+  if (!st.failure.empty() || st.recovery.active || st.workers.empty() || !st.workers[0].handle) return;
   for (int m = 0; m < st.sched->chunks(); ++m) {
     auto plan = st.sched->next_step(m);
     if (!plan) continue;
+    st.step_of[m] = st.steps;
     auto bytes = transport::encode_header(stage::to_frame_header(*plan, static_cast<std::uint64_t>(m), st.steps++));
     if (!bytes) {
       st.sched->fail_step(m, bytes.err());
@@ -162,7 +183,8 @@ void handle_frontend(coord_actor* self, const frontend_call_ptr& call) {
   auto& st = self->state;
   switch (call->what) {
     case frontend_call::kind::submit: {
-      if (!st.failure.empty() || !st.ready) {
+      // While a stage is being replaced, requests queue (they run once it is back); /ready says no.
+      if (!st.failure.empty() || (!st.ready && !st.recovery.active)) {
         call->sink->on_done(make_error(errc::internal, st.failure.empty()
                                                            ? std::string("the cluster is not ready yet")
                                                            : "the cluster is down: " + st.failure));
@@ -208,6 +230,113 @@ worker_slot* slot_for(coord_actor* self, std::int32_t stage, bool check_sender) 
   return &workers[stage];
 }
 
+/// Wires the new worker and its neighbours once it has loaded and they have dropped their old channels.
+void try_rewire(coord_actor* self) {
+  auto& st = self->state;
+  auto& r = st.recovery;
+  if (!r.active || r.wiring || r.resets_pending > 0) return;
+  const std::size_t k = static_cast<std::size_t>(r.stage);
+  auto& w = st.workers[k];
+  if (!w.handle || w.state != "loaded") return;
+  r.wiring = true;
+  r.wired_pending = 1;
+  const bool has_up = k > 0, has_down = k + 1 < st.workers.size();
+  self->send(w.handle, wire_atom::value, has_up ? st.workers[k - 1].address : bytes_msg{},
+             has_down ? st.workers[k + 1].address : bytes_msg{});
+  // The neighbours keep their other channel (an empty address means "keep").
+  if (has_up) {
+    self->send(st.workers[k - 1].handle, wire_atom::value, bytes_msg{}, w.address);
+    ++r.wired_pending;
+  }
+  if (has_down) {
+    self->send(st.workers[k + 1].handle, wire_atom::value, w.address, bytes_msg{});
+    ++r.wired_pending;
+  }
+}
+
+void finish_recovery(coord_actor* self) {
+  auto& st = self->state;
+  auto& r = st.recovery;
+  r.active = false;
+  r.wiring = false;
+  for (auto& w : st.workers) w.state = "ready";
+  auto& w = st.workers[static_cast<std::size_t>(r.stage)];
+  w.detail = "restarted " + std::to_string(w.restarts) + (w.restarts == 1 ? " time" : " times");
+  st.ready = true;
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - r.died).count();
+  std::fprintf(stderr, "conveyor: stage %d is back (pid %d) %.2f s after it was lost; re-prefilling the running requests\n",
+               r.stage, w.pid, took);
+  pump(self);
+}
+
+/// Stage k's worker is gone (its process exited, or it stopped answering). With recovery on, a new
+/// worker replaces it and the running requests carry on; else (or when it keeps dying) the cluster
+/// is down and every request fails at once with an error that names the stage.
+void stage_lost(coord_actor* self, std::size_t k, const std::string& why) {
+  auto& st = self->state;
+  if (!st.failure.empty()) return;
+  const auto& o = st.setup.options;
+  auto& w = st.workers[k];
+  w.state = "failed";
+  w.detail = why;
+  if (w.handle) {
+    self->demonitor(w.handle);
+    self->send(w.handle, stop_atom::value);  // one that only stopped answering may still hear it
+  }
+  w.handle = nullptr;
+  w.address.clear();
+  const std::string what = "stage " + std::to_string(k) + " " + why;
+  if (!st.ready && !st.recovery.active) {
+    fail_cluster(self, what);  // during start-up: cluster::start reports it
+    return;
+  }
+  if (!o.recover_stages || !st.setup.restart_stage) {
+    fail_cluster(self, what + " (stage recovery is off: cluster.recover_stages = false)");
+    return;
+  }
+  auto& r = st.recovery;
+  if (r.active && r.stage != static_cast<int>(k)) {
+    fail_cluster(self, what + " while stage " + std::to_string(r.stage) + " was being replaced");
+    return;
+  }
+  if (w.restarts >= o.max_stage_restarts) {
+    fail_cluster(self, what + "; giving up on it after " + std::to_string(w.restarts) +
+                           " restarts (cluster.max_stage_restarts = " + std::to_string(o.max_stage_restarts) + ")");
+    return;
+  }
+  ++w.restarts;
+  if (!r.active) r.died = std::chrono::steady_clock::now();
+  r.active = true;
+  r.stage = static_cast<int>(k);
+  ++r.number;
+  r.wiring = false;
+  r.wired_pending = 0;
+  r.resets_pending = 0;
+  st.ready = false;
+  st.suspect.clear();
+  w.state = "restarting";
+  w.detail = why + "; restart " + std::to_string(w.restarts) + " of at most " + std::to_string(o.max_stage_restarts);
+  std::fprintf(stderr, "conveyor: %s; restarting it (%d of at most %d)\n", what.c_str(), w.restarts, o.max_stage_restarts);
+  // Every running sequence re-prefills its history: simplest and always consistent, since the new
+  // stage has no KV at all and the others' blocks may be half-written by steps that never finished.
+  st.sched->reprefill_all();
+  std::fill(st.step_of.begin(), st.step_of.end(), UINT64_MAX);
+  // The neighbours drop their channels to the dead worker before anyone connects to the new one
+  // (a hello that reached the old channel would be lost).
+  for (std::size_t n : {k - 1, k + 1}) {
+    if (n >= st.workers.size() || !st.workers[n].handle) continue;  // k - 1 wraps for k = 0
+    self->send(st.workers[n].handle, reset_atom::value, r.number, n == k + 1, n + 1 == k);
+    ++r.resets_pending;
+  }
+  auto pid = st.setup.restart_stage(static_cast<int>(k));
+  if (!pid) {
+    fail_cluster(self, what + "; cannot restart it: " + pid.err().message);
+    return;
+  }
+  w.pid = *pid;
+  self->delayed_send(self, o.startup_timeout, recovery_deadline_atom::value, r.number);
+}
+
 void heartbeat(coord_actor* self) {
   auto& st = self->state;
   const auto now = std::chrono::steady_clock::now();
@@ -215,15 +344,15 @@ void heartbeat(coord_actor* self) {
     auto& w = st.workers[k];
     if (!w.handle || w.state == "failed") continue;
     if (now - w.last_pong > st.setup.options.heartbeat_timeout) {
-      w.state = "failed";
-      w.detail = "stopped answering";
-      fail_cluster(self, "stage " + std::to_string(k) + " (pid " + std::to_string(w.pid) + ") stopped answering for " +
-                             std::to_string(st.setup.options.heartbeat_timeout.count()) + " ms");
+      stage_lost(self, k, "(pid " + std::to_string(w.pid) + ") stopped answering for " +
+                              std::to_string(st.setup.options.heartbeat_timeout.count()) + " ms");
       continue;
     }
+    caf::actor asked = w.handle;
     self->request(w.handle, st.setup.options.heartbeat_timeout, ping_atom::value)
         .then([=](pong_atom, double busy, double idle, std::uint64_t steps) {
           auto& slot = self->state.workers[k];
+          if (slot.handle != asked) return;  // the answer of a worker since replaced
           slot.busy_s = busy;
           slot.idle_s = idle;
           slot.steps = steps;
@@ -238,6 +367,7 @@ caf::behavior coordinator_impl(coord_actor* self, coordinator_setup setup) {
   st.setup = std::move(setup);
   const auto& o = st.setup.options;
   st.workers.resize(st.setup.ranges.size());
+  st.step_of.assign(static_cast<std::size_t>(o.chunks), UINT64_MAX);
   scheduler::scheduler_options so;
   so.chunks = o.chunks;
   so.max_seqs_per_step = o.max_seqs_per_step;
@@ -253,10 +383,8 @@ caf::behavior coordinator_impl(coord_actor* self, coordinator_setup setup) {
     auto& s = self->state;
     for (std::size_t k = 0; k < s.workers.size(); ++k) {
       if (s.workers[k].handle && s.workers[k].handle.address() == dm.source) {
-        s.workers[k].state = "failed";
-        s.workers[k].detail = "process exited";
-        fail_cluster(self, "stage " + std::to_string(k) + " worker (pid " + std::to_string(s.workers[k].pid) +
-                               ") exited: " + self->system().render(dm.reason));
+        stage_lost(self, k, "worker (pid " + std::to_string(s.workers[k].pid) + ") exited: " +
+                                self->system().render(dm.reason));
       }
     }
   });
@@ -293,6 +421,7 @@ caf::behavior coordinator_impl(coord_actor* self, coordinator_setup setup) {
         a.device = s.setup.options.device;
         a.dtype = s.setup.options.dtype;
         a.tp = s.setup.options.tp;
+        a.max_frame_bytes = static_cast<std::int64_t>(s.setup.options.max_frame_bytes);
         return {assign_atom::value, a};
       },
       [=](progress_atom, std::int32_t stage, std::int32_t, const std::string& text) {
@@ -306,6 +435,10 @@ caf::behavior coordinator_impl(coord_actor* self, coordinator_setup setup) {
         w.state = "loaded";
         w.address = std::move(address);
         w.detail = std::to_string(weight_bytes) + " weight bytes";
+        if (s.recovery.active) {
+          if (s.recovery.stage == stage) try_rewire(self);
+          return;
+        }
         if (std::all_of(s.workers.begin(), s.workers.end(), [](const worker_slot& x) { return x.state == "loaded"; })) {
           start_wiring(self);
         }
@@ -320,7 +453,7 @@ caf::behavior coordinator_impl(coord_actor* self, coordinator_setup setup) {
       },
       [=](wired_atom, std::int32_t stage, std::int32_t, const std::string& error) {
         auto& s = self->state;
-        auto* slot = slot_for(self, stage, false);  // sent from the worker's wiring thread (anonymous)
+        auto* slot = slot_for(self, stage, true);  // sent as the worker from its wiring thread
         if (slot == nullptr) return;
         auto& w = *slot;
         if (!error.empty()) {
@@ -329,35 +462,78 @@ caf::behavior coordinator_impl(coord_actor* self, coordinator_setup setup) {
           fail_cluster(self, "stage " + std::to_string(stage) + " could not wire to its neighbours: " + error);
           return;
         }
+        if (s.recovery.active) {
+          if (s.recovery.wiring && --s.recovery.wired_pending == 0) finish_recovery(self);
+          return;
+        }
         w.state = "wired";
         if (std::all_of(s.workers.begin(), s.workers.end(), [](const worker_slot& x) { return x.state == "wired"; })) {
           start_canary(self);
         }
       },
-      [=](done_atom, std::uint64_t microbatch, const std::vector<std::int32_t>& tokens) {
+      [=](done_atom, std::uint64_t microbatch, std::uint64_t step, const std::vector<std::int32_t>& tokens) {
         auto& s = self->state;
+        // Only the last stage samples tokens.
+        if (slot_for(self, static_cast<std::int32_t>(s.workers.size()) - 1, true) == nullptr) return;
         if (!s.failure.empty() || microbatch >= static_cast<std::uint64_t>(s.sched->chunks())) return;
-        if (!s.sched->in_flight(static_cast<int>(microbatch))) return;
+        // A step planned before a stage was replaced is stale: its sequences re-prefill instead.
+        if (!s.sched->in_flight(static_cast<int>(microbatch)) || s.step_of[microbatch] != step) return;
         s.sched->complete(static_cast<int>(microbatch), tokens);
         pump(self);
       },
-      [=](step_fail_atom, std::uint64_t microbatch, const std::string& why) {
+      [=](step_fail_atom, std::int32_t stage, std::uint64_t microbatch, std::uint64_t step, const std::string& why) {
         auto& s = self->state;
+        if (slot_for(self, stage, true) == nullptr || !s.failure.empty()) return;
         if (microbatch == whole_stage || microbatch >= static_cast<std::uint64_t>(s.sched->chunks())) {
-          fail_cluster(self, why);
+          // A neighbour lost its peer: the dead stage's own loss (down message or heartbeat) decides.
+          if (s.recovery.active) return;
+          if (!s.setup.options.recover_stages) {
+            fail_cluster(self, why + " (stage recovery is off: cluster.recover_stages = false)");
+            return;
+          }
+          if (s.suspect.empty()) {
+            s.suspect = why;
+            self->delayed_send(self, s.setup.options.heartbeat_timeout + s.setup.options.heartbeat, suspect_atom::value);
+          }
           return;
         }
-        if (s.sched->in_flight(static_cast<int>(microbatch))) s.sched->fail_step(static_cast<int>(microbatch), make_error(errc::internal, why));
+        if (s.sched->in_flight(static_cast<int>(microbatch)) && s.step_of[microbatch] == step) {
+          s.sched->fail_step(static_cast<int>(microbatch), make_error(errc::internal, why));
+        }
         pump(self);
       },
+      [=](reset_done_atom, std::int32_t stage, std::uint64_t number) {
+        auto& r = self->state.recovery;
+        if (slot_for(self, stage, true) == nullptr || !r.active || number != r.number || r.resets_pending == 0) return;
+        --r.resets_pending;
+        try_rewire(self);
+      },
+      [=](recovery_deadline_atom, std::uint64_t number) {
+        auto& s = self->state;
+        if (self->current_sender() != self->ctrl() || !s.recovery.active || s.recovery.number != number) return;
+        fail_cluster(self, "stage " + std::to_string(s.recovery.stage) + " did not come back within " +
+                               std::to_string(s.setup.options.startup_timeout.count()) +
+                               " s of its restart (serving.startup_timeout_s)");
+      },
+      [=](suspect_atom) {
+        auto& s = self->state;
+        if (self->current_sender() != self->ctrl() || s.suspect.empty() || s.recovery.active) return;
+        fail_cluster(self, s.suspect);  // no stage was found dead: the report stands on its own
+      },
       [=](frontend_atom, const frontend_call_ptr& call) { handle_frontend(self, call); },
-      [=](tick_atom) { heartbeat(self); },
+      // Timers are our own messages; anyone else's copy is dropped.
+      [=](tick_atom) {
+        if (self->current_sender() == self->ctrl()) heartbeat(self);
+      },
       [=](policy_tick_atom) {
+        if (self->current_sender() != self->ctrl()) return;
         pump(self);  // next_step ticks the scheduler's clock
         self->delayed_send(self, self->state.sched->tick_period(), policy_tick_atom::value);
       },
-      [=](shutdown_atom) {
+      [=](shutdown_atom, const std::string& token) {
         auto& s = self->state;
+        // The cluster port is reachable by other processes: only the owner of the token stops us.
+        if (token != s.setup.options.token) return;
         s.failure = s.failure.empty() ? "the server is shutting down" : s.failure;
         s.sched->fail_all(make_error(errc::internal, "the server is shutting down"));
         for (auto& w : s.workers) {

@@ -33,6 +33,9 @@ struct coordinator_setup {
   int max_context = 0;
   std::vector<std::int32_t> eos_ids;
   std::int32_t canary_token = 0;
+  /// Starts a new worker process for stage k (after stopping what is left of the old one); its pid.
+  /// Called inside the actor. Empty = stages cannot be restarted.
+  std::function<result<int>(int)> restart_stage;
 };
 
 /// Spawns the coordinator actor; it launches nothing itself (cluster.cpp starts the processes).

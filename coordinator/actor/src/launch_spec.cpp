@@ -105,7 +105,8 @@ result<std::vector<process_spec>> worker_processes(const launch_settings& ls, co
       for (std::size_t k = 0; k < sites.size(); ++k) {
         process_spec p;
         p.argv = {ls.executable, "worker", "--stage", std::to_string(k)};
-        if (!sites[k].address.empty()) p.argv.insert(p.argv.end(), {"--address", sites[k].address});
+        const std::string& address = sites[k].address.empty() ? ls.default_address : sites[k].address;
+        if (!address.empty()) p.argv.insert(p.argv.end(), {"--address", address});
         const auto flags = common_flags(ls);
         p.argv.insert(p.argv.end(), flags.begin(), flags.end());
         // A worker started here dies with us, even if we crash before we can say stop.

@@ -120,6 +120,8 @@ void read_cluster(table_reader& r, cluster_section& c) {
   r.read("token_file", c.token_file);
   r.read("heartbeat_interval_s", c.heartbeat_interval_s, rules::seconds);
   r.read("heartbeat_timeout_s", c.heartbeat_timeout_s, rules::seconds);
+  r.read("recover_stages", c.recover_stages);
+  r.read("max_stage_restarts", c.max_stage_restarts, rules::max_stage_restarts);
 }
 
 void read_frontend(table_reader& r, frontend_section& f) {

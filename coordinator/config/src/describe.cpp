@@ -51,6 +51,8 @@ std::string describe(const deployment& d) {
   add("cluster.token_file", d.cluster.token_file.empty() ? "(not set)" : sv(d.cluster.token_file));
   add("cluster.heartbeat_interval_s", num(d.cluster.heartbeat_interval_s));
   add("cluster.heartbeat_timeout_s", num(d.cluster.heartbeat_timeout_s));
+  add("cluster.recover_stages", d.cluster.recover_stages ? "true" : "false");
+  add("cluster.max_stage_restarts", std::to_string(d.cluster.max_stage_restarts));
   add("frontend.rpc_listen", sv(to_string(d.frontend.rpc_listen)));
   add("frontend.http_listen", d.frontend.http_listen ? sv(to_string(*d.frontend.http_listen)) : "(off)");
   const auto& s = d.serving;

@@ -43,6 +43,7 @@ inline constexpr int_rule gpus_per_worker{1, 1024};
 inline constexpr int_rule device_id{0, 1023};
 inline constexpr int_rule port{0, 65535};
 inline constexpr int_rule max_frame_bytes{4096, std::int64_t{1} << 40};
+inline constexpr int_rule max_stage_restarts{0, 1000};
 inline constexpr int_rule max_batch_size{1, 1 << 20};
 inline constexpr int_rule max_batch_delay_ms{0, 3600 * 1000};
 inline constexpr int_rule max_batch_tokens{1, 1 << 30};

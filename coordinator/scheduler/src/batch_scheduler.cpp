@@ -245,6 +245,35 @@ void batch_scheduler::fail_all(const error& why) {
   for (auto id : ids) retire(id, why);
 }
 
+void batch_scheduler::reprefill_all() {
+  for (int m = 0; m < options_.chunks; ++m) {
+    step_seqs_[m].clear();
+    in_flight_[m] = false;
+  }
+  std::vector<std::uint64_t> doomed;
+  for (auto& [id, s] : seqs_) {
+    s.in_step = false;
+    if (s.fate != doom::none) {
+      doomed.push_back(id);
+      continue;
+    }
+    if (s.microbatch < 0 || s.preempted) continue;  // holds no blocks
+    drop_blocks(s);
+    s.preempted = true;
+    ++preempted_now_;
+  }
+  pool_.forget_cached();
+  for (auto id : doomed) {
+    const sequence& s = seqs_.at(id);
+    if (s.fate == doom::cancelled) {
+      retire(id, summary_of(s, "cancelled"));
+    } else {
+      ++expired_;
+      retire(id, deadline_error(s, clock::now()));
+    }
+  }
+}
+
 service::generate_summary batch_scheduler::summary_of(const sequence& s, const char* reason) const {
   service::generate_summary sum;
   sum.prompt_tokens = s.prompt_len;

@@ -80,4 +80,14 @@ void kv_block_pool::publish(std::int32_t block, std::uint64_t hash, std::span<co
   by_hash_.emplace(hash, block);
 }
 
+void kv_block_pool::forget_cached() {
+  for (auto& m : meta_) {
+    m.published = false;
+    m.tokens.clear();
+  }
+  for (auto b : lru_) free_.push_back(b);
+  lru_.clear();
+  by_hash_.clear();
+}
+
 }  // namespace conveyor::scheduler

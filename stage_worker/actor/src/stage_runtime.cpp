@@ -43,11 +43,12 @@ status stage_runtime::wire(const std::optional<transport::worker_address>& upstr
     co.max_payload_bytes = options_.max_frame_bytes;
     return ucx_->connect(peer, co);
   };
-  if (upstream) {
+  if (thread_.joinable()) return make_error(errc::internal, "wire: the stage is running; detach it first");
+  if (upstream && !upstream_) {
     CONVEYOR_TRY_ASSIGN(ch, open(*upstream, options_.stage));
     upstream_ = std::move(ch);
   }
-  if (downstream) {
+  if (downstream && !downstream_) {
     CONVEYOR_TRY_ASSIGN(ch, open(*downstream, options_.stage + 1));
     downstream_ = std::move(ch);
   }
@@ -63,6 +64,22 @@ void stage_runtime::submit(std::vector<std::byte> header_bytes) {
     inbox_.push_back(std::move(header_bytes));
   }
   cv_.notify_one();
+}
+
+void stage_runtime::detach(bool drop_upstream, bool drop_downstream) {
+  stopping_ = true;
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  {
+    std::lock_guard lock(mu_);
+    inbox_.clear();  // steps of before the failure: the coordinator plans them again
+  }
+  // Closing a channel fails what is still pending on it, so its sends end at once.
+  if (drop_downstream) downstream_.reset();
+  if (drop_upstream) upstream_.reset();
+  for (auto& s : sends_) (void)s.handle.wait(transport::after(std::chrono::seconds(2)));
+  sends_.clear();
+  stopping_ = false;
 }
 
 void stage_runtime::stop() {
@@ -88,13 +105,13 @@ bool stage_runtime::next_input(transport::frame& out) {
         return true;
       }
       if (!upstream_->health().ok()) {
-        on_failure_(whole_stage, "stage " + std::to_string(options_.stage) + " lost stage " +
+        on_failure_(whole_stage, whole_stage, "stage " + std::to_string(options_.stage) + " lost stage " +
                                      std::to_string(options_.stage - 1) + " upstream: " + upstream_->health().err().message);
         return false;
       }
       if (f.err().code != errc::io && f.err().message.find("deadline") == std::string::npos) {
         // A malformed frame: the channel stays usable, but the step it carried is lost.
-        on_failure_(whole_stage, "stage " + std::to_string(options_.stage) + ": " + f.err().message);
+        on_failure_(whole_stage, whole_stage, "stage " + std::to_string(options_.stage) + ": " + f.err().message);
       }
       continue;
     }
@@ -106,7 +123,7 @@ bool stage_runtime::next_input(transport::frame& out) {
     lock.unlock();
     auto header = transport::decode_header(bytes);
     if (!header) {
-      on_failure_(whole_stage, "stage 0: bad step from the coordinator: " + header.err().message);
+      on_failure_(whole_stage, whole_stage, "stage 0: bad step from the coordinator: " + header.err().message);
       continue;
     }
     out.header = std::move(header).value();
@@ -130,7 +147,7 @@ status stage_runtime::run_step(transport::frame& in) {
   ++steps_;
   if (!out) return out.err();
   if (options_.range.has_head) {
-    on_tokens_(in.header.microbatch_id, std::move(out->tokens));
+    on_tokens_(in.header.microbatch_id, in.header.step, std::move(out->tokens));
     return ok_status();
   }
   // Keep at most max_sends_in_flight activation buffers alive until the next stage took them.
@@ -152,16 +169,16 @@ status stage_runtime::run_step(transport::frame& in) {
 void stage_runtime::loop() {
   transport::frame in;
   while (next_input(in)) {
-    const std::uint64_t mb = in.header.microbatch_id;
+    const std::uint64_t mb = in.header.microbatch_id, step = in.header.step;
     auto st = run_step(in);
     if (st.ok()) continue;
     if (downstream_ && !downstream_->health().ok()) {
       // Name the stage that is gone, not just ourselves: that is what the operator needs.
-      on_failure_(whole_stage, "stage " + std::to_string(options_.stage) + " lost stage " +
+      on_failure_(whole_stage, whole_stage, "stage " + std::to_string(options_.stage) + " lost stage " +
                                    std::to_string(options_.stage + 1) + " downstream: " + downstream_->health().err().message);
       return;
     }
-    on_failure_(mb, "stage " + std::to_string(options_.stage) + ": " + st.err().message);
+    on_failure_(mb, step, "stage " + std::to_string(options_.stage) + ": " + st.err().message);
   }
 }
 

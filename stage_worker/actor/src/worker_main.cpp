@@ -89,6 +89,7 @@ struct worker_state {
   std::shared_ptr<stage_runtime> runtime;
   std::string load_error;
   std::vector<std::thread> helpers;  // loading and wiring threads, joined at exit
+  std::shared_ptr<int> exit_code;    // what run_worker returns
   static inline const char* name = "stage_worker";
 };
 
@@ -100,9 +101,11 @@ void shutdown(caf::stateful_actor<worker_state>* self) {
   self->quit();
 }
 
-caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, worker_options options, caf::actor coordinator) {
+caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, worker_options options, caf::actor coordinator,
+                           std::shared_ptr<int> exit_code) {
   self->state.options = options;
   self->state.coordinator = coordinator;
+  self->state.exit_code = exit_code;
   self->monitor(coordinator);
   self->set_down_handler([=](caf::down_msg&) {
     std::fprintf(stderr, "conveyor worker %d: the coordinator went away; stopping\n", self->state.options.stage);
@@ -129,6 +132,7 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, worker_optio
             const auto& host = options.coordinator_host;
             if (host.rfind("127.", 0) == 0 || host == "localhost" || host == "::1") o.ucx.net_devices = "lo";
             o.step_delay = std::chrono::microseconds(a.step_delay_us);
+            o.max_frame_bytes = static_cast<std::uint64_t>(a.max_frame_bytes);
             self->send(coordinator, progress_atom::value, a.stage, static_cast<std::int32_t>(options.rank),
                        "loading layers " + std::to_string(a.first_layer) + ".." + std::to_string(a.last_layer));
             auto made = make_backends(a, options.threads);
@@ -156,6 +160,7 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, worker_optio
           [=](caf::error& err) {
             std::fprintf(stderr, "conveyor worker %d: join refused: %s\n", options.stage,
                          self->system().render(err).c_str());
+            *self->state.exit_code = 1;  // a refused worker did not do its job: whoever started it must see that
             shutdown(self);
           });
   return {
@@ -176,18 +181,31 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, worker_optio
         caf::actor coord = st.coordinator;
         const auto stage = static_cast<std::int32_t>(st.options.stage);
         const auto rank = static_cast<std::int32_t>(st.options.rank);
+        caf::actor me = caf::actor_cast<caf::actor>(self);
         st.helpers.emplace_back([=] {
           std::optional<transport::worker_address> up, down;
           if (!upstream.empty()) up = to_bytes(upstream);
           if (!downstream.empty()) down = to_bytes(downstream);
-          auto on_tokens = [coord](std::uint64_t mb, std::vector<std::int32_t> tokens) {
-            caf::anon_send(coord, done_atom::value, mb, std::move(tokens));
+          // Sent as this worker (not anonymously), so the coordinator can tell them from a stranger's.
+          auto on_tokens = [coord, me](std::uint64_t mb, std::uint64_t step, std::vector<std::int32_t> tokens) {
+            caf::send_as(me, coord, done_atom::value, mb, step, std::move(tokens));
           };
-          auto on_failure = [coord](std::uint64_t mb, std::string why) {
-            caf::anon_send(coord, step_fail_atom::value, mb, std::move(why));
+          auto on_failure = [coord, me, stage](std::uint64_t mb, std::uint64_t step, std::string why) {
+            caf::send_as(me, coord, step_fail_atom::value, stage, mb, step, std::move(why));
           };
           auto st2 = rt->wire(up, down, on_tokens, on_failure);
-          caf::anon_send(coord, wired_atom::value, stage, rank, st2.ok() ? std::string() : st2.err().message);
+          caf::send_as(me, coord, wired_atom::value, stage, rank, st2.ok() ? std::string() : st2.err().message);
+        });
+      },
+      [=](reset_atom, std::uint64_t number, bool drop_upstream, bool drop_downstream) {
+        auto& st = self->state;
+        auto rt = st.runtime;
+        caf::actor coord = st.coordinator;
+        caf::actor me = caf::actor_cast<caf::actor>(self);
+        const auto stage = static_cast<std::int32_t>(st.options.stage);
+        st.helpers.emplace_back([=] {
+          if (rt) rt->detach(drop_upstream, drop_downstream);
+          caf::send_as(me, coord, reset_done_atom::value, stage, number);
         });
       },
       [=](step_atom, std::uint64_t /*microbatch*/, const bytes_msg& header) {
@@ -223,9 +241,10 @@ int run_worker(const worker_options& options) {
                  options.coordinator_host.c_str(), options.coordinator_port, sys.render(coordinator.error()).c_str());
     return 1;
   }
-  sys.spawn(worker_actor, options, *coordinator);
+  auto exit_code = std::make_shared<int>(0);
+  sys.spawn(worker_actor, options, *coordinator, exit_code);
   sys.await_all_actors_done();
-  return 0;
+  return *exit_code;
 }
 
 }  // namespace conveyor::stage

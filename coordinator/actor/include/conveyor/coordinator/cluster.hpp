@@ -34,6 +34,11 @@ struct cluster_options {
   int worker_threads = 0;
   std::chrono::milliseconds heartbeat{500};          ///< how often workers are pinged
   std::chrono::milliseconds heartbeat_timeout{1500}; ///< a worker silent this long has failed
+  /// A stage whose worker dies is restarted (new process, same layers), its neighbours rewired and
+  /// the running requests re-prefilled; false = the cluster goes down and its requests fail at once.
+  bool recover_stages = true;
+  int max_stage_restarts = 3;  ///< per stage; one that dies more often is given up on (cluster down)
+  std::uint64_t max_frame_bytes = std::uint64_t{256} << 20;  ///< largest activation frame a worker accepts
   std::chrono::seconds startup_timeout{120};
   std::string executable = "/proc/self/exe";  ///< the conveyor binary that runs `worker`
   std::int64_t step_delay_us = 0;             ///< test only: per-step sleep on every stage
@@ -70,7 +75,8 @@ class cluster {
   virtual ~cluster() = default;
   /// The serving interface (thread-safe; callbacks arrive on actor threads).
   virtual service::inference_service& service() = 0;
-  /// Pids of the worker processes, stage order (for tests that kill one).
+  /// Pids of the current worker processes (a restarted stage's new one), launch order, which is stage
+  /// order except for slurm's single step (for tests that kill one).
   virtual std::vector<int> worker_pids() const = 0;
   /// Stops workers and the coordinator; idempotent.
   virtual void shutdown() = 0;

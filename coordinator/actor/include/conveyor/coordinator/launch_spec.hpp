@@ -32,6 +32,9 @@ struct launch_settings {
   std::string srun_command = "srun";
   int threads = 0;                 ///< --threads of every worker
   double join_timeout_s = 5;       ///< how long a worker keeps trying to reach the coordinator
+  /// local: the --address of workers whose site names none (`serve`: the coordinator's own address,
+  /// so that their UCX listeners are on that interface only, not on every one); empty = none.
+  std::string default_address;
 };
 
 /// One process to start here.

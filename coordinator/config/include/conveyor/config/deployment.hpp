@@ -80,6 +80,10 @@ struct cluster_section {
   std::string token_file;           ///< file holding the token instead (never both)
   double heartbeat_interval_s = 1.0;
   double heartbeat_timeout_s = 5.0;  ///< a worker silent this long is declared dead
+  /// A stage whose worker dies (or stops answering) gets a new worker process and the running
+  /// requests carry on; false = the cluster goes down and they fail at once, naming the stage.
+  bool recover_stages = true;
+  int max_stage_restarts = 3;  ///< restarts of one stage before it is given up on (cluster down)
 };
 
 /// [frontend]: where clients connect.

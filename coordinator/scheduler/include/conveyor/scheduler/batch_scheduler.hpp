@@ -91,6 +91,12 @@ class batch_scheduler {
   void fail_step(int m, const error& why);
   /// Fails every request (e.g. a stage died and recovery is off).
   void fail_all(const error& why);
+  /// A stage died and comes back empty: forgets every step in flight (their results will never be
+  /// applied), drops the KV blocks of every running sequence and the whole prefix cache (the new
+  /// stage holds none of it), and has each sequence re-prefill its token history, prompt and
+  /// generated tokens, when its microbatch runs next. Greedy results do not change (as with KV
+  /// preemption). Sequences already doomed (cancelled, expired) are retired now.
+  void reprefill_all();
 
   bool has_work() const;
   bool in_flight(int m) const { return in_flight_[m]; }

@@ -48,6 +48,9 @@ class kv_block_pool {
   /// Names a held, full block whose KV is on every stage, so later prompts can share it. No-op when
   /// another block already has this name (two sequences computed the same prefix at once).
   void publish(std::int32_t block, std::uint64_t hash, std::span<const std::int32_t> tokens);
+  /// Forgets every published prefix (a restarted stage lost the KV they name): cached blocks nobody
+  /// holds become free, held ones free when released.
+  void forget_cached();
 
  private:
   struct block_meta {

@@ -8,9 +8,14 @@
 //   worker -> coordinator   loaded(stage, rank, ucx address, weight bytes)  or failed(stage, rank, why)
 //   coordinator -> worker   wire(upstream address, downstream address)     -> wired(stage)
 //   coordinator -> stage 0  step(microbatch, encoded frame header)
-//   last stage -> coordin.  done(microbatch, tokens) / step_failed(microbatch, why)
+//   last stage -> coordin.  done(microbatch, step, tokens) / step_failed(microbatch, step, why)
 //   coordinator -> worker   ping -> pong(busy_s, idle_s, steps)            the liveness check
+//   coordinator -> worker   reset(n, drop upstream, drop downstream)      -> reset_done(stage, n)
+//                           a neighbour died: stop the compute thread, drop its channel
+//   coordinator -> worker   wire(...) again with the new neighbour's address (empty = keep)
 //   coordinator -> worker   stop
+// Every worker -> coordinator message is sent as the worker actor (also from its threads, with
+// send_as), so the coordinator can check that it comes from the joined worker of that stage.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -32,9 +37,11 @@ using step_fail_atom = caf::atom_constant<caf::atom("stepfail")>;
 using ping_atom = caf::atom_constant<caf::atom("ping")>;
 using pong_atom = caf::atom_constant<caf::atom("pong")>;
 using stop_atom = caf::atom_constant<caf::atom("stop")>;
+using reset_atom = caf::atom_constant<caf::atom("reset")>;
+using reset_done_atom = caf::atom_constant<caf::atom("resetdone")>;
 
 /// Protocol version, checked at join.
-constexpr std::int32_t protocol_version = 3;
+constexpr std::int32_t protocol_version = 4;
 
 /// What the coordinator tells a worker to load (a plain struct, sent as a CAF message).
 struct stage_assignment {
@@ -52,12 +59,13 @@ struct stage_assignment {
   std::string device = "cpu";      ///< cpu | cuda (the worker's CUDA_VISIBLE_DEVICES names its GPU)
   std::string dtype = "f32";       ///< f32 | bf16 (cuda only)
   std::int32_t tp = 1;             ///< tensor-parallel ranks of the stage (threads of the worker; GPUs 0..tp-1)
+  std::int64_t max_frame_bytes = std::int64_t{256} << 20;  ///< transport.max_frame_bytes
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, stage_assignment& x) {
   return f(caf::meta::type_name("stage_assignment"), x.model_dir, x.stage, x.num_stages, x.first_layer,
-           x.last_layer, x.kv_blocks, x.kv_block_size, x.max_step_tokens, x.max_seqs, x.ucx_tls, x.step_delay_us, x.device, x.dtype, x.tp);
+           x.last_layer, x.kv_blocks, x.kv_block_size, x.max_step_tokens, x.max_seqs, x.ucx_tls, x.step_delay_us, x.device, x.dtype, x.tp, x.max_frame_bytes);
 }
 
 inline void register_protocol(caf::actor_system_config& cfg) {

@@ -42,10 +42,11 @@ struct stage_timings {
 
 class stage_runtime {
  public:
-  /// microbatch, sampled tokens (last stage only).
-  using tokens_callback = std::function<void(std::uint64_t, std::vector<std::int32_t>)>;
-  /// microbatch (or UINT64_MAX when the stage as a whole broke), what went wrong.
-  using failure_callback = std::function<void(std::uint64_t, std::string)>;
+  /// microbatch, step (the coordinator's number, so it can tell a stale step from a current one),
+  /// sampled tokens (last stage only).
+  using tokens_callback = std::function<void(std::uint64_t, std::uint64_t, std::vector<std::int32_t>)>;
+  /// microbatch and step (both UINT64_MAX when the stage as a whole broke), what went wrong.
+  using failure_callback = std::function<void(std::uint64_t, std::uint64_t, std::string)>;
 
   /// Loads the stage's layers and opens its UCX worker. Slow (reads weights); not on an actor thread.
   /// With several backends the stage is a tensor-parallel group (rank r on rank_backends[r],
@@ -60,11 +61,16 @@ class stage_runtime {
 
   /// Opens the channels to the neighbouring stages (either may be absent) and starts the compute
   /// thread. Blocks until both peers answered; upstream first so a chain of stages wires in order.
+  /// After detach(), wires again: a peer given for a side whose channel is still open is ignored.
   status wire(const std::optional<transport::worker_address>& upstream,
               const std::optional<transport::worker_address>& downstream, tokens_callback on_tokens,
               failure_callback on_failure);
   /// Stage 0: queue a step whose encoded header came from the coordinator.
   void submit(std::vector<std::byte> header_bytes);
+  /// A neighbour died: stops the compute thread, forgets queued steps and activations not yet
+  /// taken, and closes the channel(s) to the dead neighbour, so wire() can open new ones to its
+  /// replacement. Blocking (joins the thread); not on an actor thread.
+  void detach(bool drop_upstream, bool drop_downstream);
   void stop();
   stage_timings timings() const;
 
