@@ -6,7 +6,12 @@
 //   serving_bench [--model DIR] [--requests N] [--rate R] [--max-batch-size B] [--delay-ms D]
 //                 [--prompt MIN:MAX] [--output MIN:MAX] [--modes continuous,dynamic,static]
 //                 [--job-ticket] [--job-queue-size Q] [--threads T] [--seed S] [--csv FILE]
-//                 [--step-delay-us U]
+//                 [--step-delay-us U] [--rates R1,R2,...] [--kv-blocks N]
+//                 [--cluster --conveyor PATH [--device cpu|cuda] [--dtype f32|bf16] [--stages K]]
+//
+// --cluster drives a real cluster instead (coordinator in this process, `conveyor worker` processes
+// from --conveyor PATH, the same as `conveyor serve` starts): one cluster per mode, every rate of
+// --rates through it in turn. Latencies are taken at the service interface (no RPC client).
 //
 // The CPU fixture's steps are compute-bound: their time grows with every token, so batching saves
 // little. --step-delay-us adds a fixed time per step, the shape of a GPU's memory-bound decode step
@@ -24,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "conveyor/coordinator/cluster.hpp"
 #include "conveyor/engine/model_config.hpp"
 #include "conveyor/service/local_inference_service.hpp"
 
@@ -47,6 +53,12 @@ struct bench_options {
   std::int64_t step_delay_us = 0;
   std::uint64_t seed = 7;
   std::string csv;
+  std::vector<double> rates;  ///< empty = {rate}
+  int kv_blocks = 1024;
+  bool cluster = false;
+  std::string conveyor;  ///< the binary the cluster's workers run
+  std::string device = "cpu", dtype = "f32";
+  int stages = 1;
 };
 
 struct arrival {
@@ -107,6 +119,7 @@ double percentile(std::vector<double> v, double p) {
 
 struct mode_result {
   std::string mode;
+  double rate = 0;
   int completed = 0, rejected = 0, failed = 0;
   std::int64_t tokens = 0;
   double wall_s = 0;
@@ -116,13 +129,26 @@ struct mode_result {
   double tok_per_s() const { return tokens / wall_s; }
 };
 
-result<mode_result> run_mode(const bench_options& o, const std::string& mode, const std::vector<arrival>& arrivals) {
+/// The service one mode runs on: the in-process engine, or a cluster of worker processes.
+struct service_holder {
+  std::unique_ptr<service::inference_service> local;
+  std::unique_ptr<coordinator::cluster> cluster;
+  service::inference_service& get() { return cluster ? cluster->service() : *local; }
+};
+
+service::stats_report stats_now(service::inference_service& svc) {
+  std::promise<service::stats_report> stats;
+  svc.stats([&](service::stats_report st) { stats.set_value(std::move(st)); });
+  return stats.get_future().get();
+}
+
+result<service_holder> make_service(const bench_options& o, const std::string& mode) {
   service::local_service_options so;
   so.threads = o.threads;
   so.step_delay_us = o.step_delay_us;
   so.max_seqs_per_step = o.max_batch_size;
   so.max_step_tokens = 512;
-  so.kv_blocks = 1024;
+  so.kv_blocks = o.kv_blocks;
   so.policy.max_batch_delay_ms = o.delay_ms;
   so.policy.use_job_ticket = o.job_ticket;
   so.policy.job_queue_size = o.job_queue_size;
@@ -136,7 +162,34 @@ result<mode_result> run_mode(const bench_options& o, const std::string& mode, co
   } else {
     return make_error(errc::invalid_argument, "unknown mode \"" + mode + "\" (continuous, dynamic, static)");
   }
-  CONVEYOR_TRY_ASSIGN(svc, service::make_local_inference_service(o.model, so));
+  service_holder h;
+  if (!o.cluster) {
+    CONVEYOR_TRY_ASSIGN(svc, service::make_local_inference_service(o.model, so));
+    h.local = std::move(svc);
+    return h;
+  }
+  coordinator::cluster_options co;
+  co.model_dir = o.model;
+  co.stages = o.stages;
+  co.chunks = o.stages;
+  co.kv_blocks = so.kv_blocks;
+  co.max_step_tokens = so.max_step_tokens;
+  co.max_seqs_per_step = so.max_seqs_per_step;
+  co.policy = so.policy;
+  co.worker_threads = o.threads;
+  co.executable = o.conveyor;
+  co.device = o.device;
+  co.dtype = o.dtype;
+  co.step_delay_us = o.step_delay_us;
+  co.startup_timeout = std::chrono::seconds(120);
+  CONVEYOR_TRY_ASSIGN(cl, coordinator::cluster::start(co));
+  h.cluster = std::move(cl);
+  return h;
+}
+
+result<mode_result> run_rate(service::inference_service* svc, const std::string& mode, double rate,
+                             const std::vector<arrival>& arrivals) {
+  const auto before = stats_now(*svc);
   std::vector<std::shared_ptr<timing_sink>> sinks;
   const auto t0 = clock_type::now();
   for (const auto& a : arrivals) {
@@ -158,12 +211,14 @@ result<mode_result> run_mode(const bench_options& o, const std::string& mode, co
   }
   mode_result r;
   r.mode = mode;
+  r.rate = rate;
   {
-    std::promise<service::stats_report> stats;
-    svc->stats([&](service::stats_report st) { stats.set_value(std::move(st)); });
-    const auto st = stats.get_future().get();
-    r.busy_s = st.stage_busy_s.empty() ? 0.0 : st.stage_busy_s[0];
-    r.preemptions = st.preemptions;
+    // A cluster's stage times arrive with its heartbeat: let one pass.
+    std::this_thread::sleep_for(std::chrono::milliseconds(600));
+    const auto st = stats_now(*svc);
+    auto busy0 = [](const service::stats_report& x) { return x.stage_busy_s.empty() ? 0.0 : x.stage_busy_s[0]; };
+    r.busy_s = busy0(st) - busy0(before);
+    r.preemptions = st.preemptions - before.preemptions;
   }
   std::vector<double> ttft, itl, e2e;
   clock_type::time_point last = t0;
@@ -237,31 +292,55 @@ int main(int argc, char** argv) {
     else if (a == "--step-delay-us") o.step_delay_us = std::atoll(value().c_str());
     else if (a == "--seed") o.seed = std::strtoull(value().c_str(), nullptr, 10);
     else if (a == "--csv") o.csv = value();
+    else if (a == "--rates") { for (const auto& x : split(value())) o.rates.push_back(std::atof(x.c_str())); }
+    else if (a == "--kv-blocks") o.kv_blocks = std::atoi(value().c_str());
+    else if (a == "--cluster") o.cluster = true;
+    else if (a == "--conveyor") o.conveyor = value();
+    else if (a == "--device") o.device = value();
+    else if (a == "--dtype") o.dtype = value();
+    else if (a == "--stages") o.stages = std::atoi(value().c_str());
     else return usage(("unknown flag " + a).c_str());
   }
   if (o.requests < 1 || !(o.rate > 0) || o.max_batch_size < 1) return usage("--requests, --rate and --max-batch-size must be positive");
+  if (o.cluster && o.conveyor.empty()) return usage("--cluster needs --conveyor PATH (the binary its workers run)");
+  if (o.rates.empty()) o.rates.push_back(o.rate);
+  for (double r : o.rates) {
+    if (!(r > 0)) return usage("--rates must be positive");
+  }
   auto config = engine::load_model_config(o.model);
   if (!config) return usage(config.err().message.c_str());
-  const auto arrivals = make_arrivals(o, config->vocab_size);
   std::int64_t offered_tokens = 0;
-  for (const auto& a : arrivals) offered_tokens += a.request.max_new_tokens;
-  std::printf("serving_bench: %s, %d requests, Poisson %.0f req/s over %.2f s, prompts %d..%d, outputs %d..%d "
+  for (const auto& a : make_arrivals(o, config->vocab_size)) offered_tokens += a.request.max_new_tokens;
+  std::printf("serving_bench: %s, %s, %d requests per rate, Poisson arrivals, prompts %d..%d, outputs %d..%d "
               "(%lld tokens), max_batch_size %d, max_batch_delay_ms %d, step delay %lld us%s\n",
-              o.model.c_str(), o.requests, o.rate, arrivals.back().at_s, o.prompt_min, o.prompt_max, o.output_min,
-              o.output_max, static_cast<long long>(offered_tokens), o.max_batch_size, o.delay_ms,
+              o.model.c_str(),
+              o.cluster ? ("a cluster of " + std::to_string(o.stages) + " " + o.device + " stage(s), " + o.dtype).c_str()
+                        : "in process",
+              o.requests, o.prompt_min, o.prompt_max, o.output_min, o.output_max,
+              static_cast<long long>(offered_tokens), o.max_batch_size, o.delay_ms,
               static_cast<long long>(o.step_delay_us), o.job_ticket ? ", job tickets" : "");
-  std::printf("%-10s %6s %6s %8s %8s %9s %8s %8s %8s %8s %9s %9s %9s\n", "mode", "done", "rej%", "wall_s", "busy_s",
-              "tok/s", "vs_cont", "ttft50", "ttft99", "itl50", "itl99", "e2e50", "e2e99");
+  std::printf("%-10s %6s %6s %6s %8s %8s %9s %8s %8s %8s %8s %9s %9s %9s\n", "mode", "rate", "done", "rej%", "wall_s",
+              "busy_s", "tok/s", "vs_cont", "ttft50", "ttft99", "itl50", "itl99", "e2e50", "e2e99");
   std::vector<mode_result> results;
+  std::vector<double> first_mode_tok_s;  // per rate: the reference for vs_cont
   for (const auto& mode : o.modes) {
-    auto r = run_mode(o, mode, arrivals);
-    if (!r) return usage(r.err().message.c_str());
-    results.push_back(*r);
-    const double ref = results.front().tok_per_s();
-    std::printf("%-10s %6d %6.1f %8.2f %8.2f %9.0f %8.2f %8.1f %8.1f %8.2f %9.2f %9.1f %9.1f\n", r->mode.c_str(),
-                r->completed, 100.0 * r->rejected / o.requests, r->wall_s, r->busy_s, r->tok_per_s(), r->tok_per_s() / ref, r->ttft_p50,
-                r->ttft_p99, r->itl_p50, r->itl_p99, r->e2e_p50, r->e2e_p99);
-    std::fflush(stdout);
+    auto holder = make_service(o, mode);
+    if (!holder) return usage(holder.err().message.c_str());
+    for (std::size_t ri = 0; ri < o.rates.size(); ++ri) {
+      bench_options at_rate = o;
+      at_rate.rate = o.rates[ri];
+      const auto arrivals = make_arrivals(at_rate, config->vocab_size);
+      auto r = run_rate(&holder->get(), mode, at_rate.rate, arrivals);
+      if (!r) return usage(r.err().message.c_str());
+      results.push_back(*r);
+      if (first_mode_tok_s.size() <= ri) first_mode_tok_s.push_back(r->tok_per_s());
+      std::printf("%-10s %6.0f %6d %6.1f %8.2f %8.2f %9.0f %8.2f %8.1f %8.1f %8.2f %9.2f %9.1f %9.1f\n", r->mode.c_str(),
+                  r->rate, r->completed, 100.0 * r->rejected / o.requests, r->wall_s, r->busy_s, r->tok_per_s(),
+                  r->tok_per_s() / first_mode_tok_s[ri], r->ttft_p50, r->ttft_p99, r->itl_p50, r->itl_p99, r->e2e_p50,
+                  r->e2e_p99);
+      std::fflush(stdout);
+    }
+    if (holder->cluster) holder->cluster->shutdown();
   }
   std::printf("(latencies in ms; vs_cont = throughput / the first mode's; busy_s = engine time)\n");
   for (const auto& r : results) {
@@ -273,7 +352,7 @@ int main(int argc, char** argv) {
     std::ofstream csv(o.csv);
     csv << "mode,rate,completed,rejected,wall_s,tok_per_s,ttft_p50_ms,ttft_p99_ms,itl_p50_ms,itl_p99_ms,e2e_p50_ms,e2e_p99_ms\n";
     for (const auto& r : results) {
-      csv << r.mode << ',' << o.rate << ',' << r.completed << ',' << r.rejected << ',' << r.wall_s << ','
+      csv << r.mode << ',' << r.rate << ',' << r.completed << ',' << r.rejected << ',' << r.wall_s << ','
           << r.tok_per_s() << ',' << r.ttft_p50 << ',' << r.ttft_p99 << ',' << r.itl_p50 << ',' << r.itl_p99 << ','
           << r.e2e_p50 << ',' << r.e2e_p99 << '\n';
     }

@@ -160,7 +160,16 @@ int stats(const args& argv) {
               {"stage_busy_s", s->stage_busy_s},
               {"stage_idle_s", s->stage_idle_s},
               {"rpc_connections", s->rpc_connections},
-              {"rpc_generate_calls", s->rpc_generate_calls}});
+              {"rpc_generate_calls", s->rpc_generate_calls},
+              {"requests_rejected", s->requests_rejected},
+              {"requests_expired", s->requests_expired},
+              {"preemptions", s->preemptions},
+              {"kv_blocks_cached", s->kv_blocks_cached},
+              {"prefix_cache_queried_tokens", s->prefix_cache_queried_tokens},
+              {"prefix_cache_hit_tokens", s->prefix_cache_hit_tokens},
+              {"errors_by_kind", s->errors_by_kind},
+              {"microbatches", s->microbatches},
+              {"microbatches_in_flight", s->microbatches_in_flight}});
   return 0;
 }
 

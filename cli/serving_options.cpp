@@ -14,6 +14,7 @@ service::serving_policy serving_policy_of(const config::serving_section& s) {
   p.max_queued_tokens = s.max_queued_tokens;
   p.use_job_ticket = s.use_job_ticket;
   p.response_timeout_s = s.response_timeout_s;
+  p.prefix_caching = s.prefix_caching;
   return p;
 }
 

@@ -190,6 +190,35 @@ struct Stats {
   # Clients connected to this RPC frontend now.
   rpcGenerateCalls @10 :Int32;
   # `generate` calls in progress on this RPC frontend now.
+  requestsRejected @11 :Int64;
+  # Requests admission control turned away as `overloaded` (queue caps, job tickets) since start;
+  # none of them started.
+  requestsExpired @12 :Int64;
+  # Requests cancelled at their deadline since start (`deadlineExceeded`; also in `requestsFailed`).
+  preemptions @13 :Int64;
+  # Times a running sequence gave its KV blocks back under memory pressure since start; it is
+  # re-prefilled later and its tokens do not change.
+  kvBlocksCached @14 :Int32;
+  # KV blocks naming a prompt prefix that later prompts can share (the prefix cache).
+  prefixCacheQueriedTokens @15 :Int64;
+  # Prompt tokens looked up in the prefix cache since start (whole blocks only).
+  prefixCacheHitTokens @16 :Int64;
+  # Of those, tokens found cached: their prefill was skipped. 0 when prefix caching is off.
+  errorsByKind @17 :List(ErrorCount);
+  # Every error the serving side answered a request with since start, by kind; kinds never seen are
+  # left out.
+  microbatches @18 :Int32;
+  # Microbatch slots the scheduler keeps (`ModelInfo.chunks`).
+  microbatchesInFlight @19 :Int32;
+  # Of those, microbatches whose step is on the stages now.
+}
+
+struct ErrorCount {
+  kind @0 :Text;
+  # The error's kind: "invalid_argument", "overloaded", "deadline_exceeded", "internal", ... (the
+  # snake_case spelling of `ErrorCode`).
+  count @1 :Int64;
+  # How many requests got it.
 }
 
 struct ModelInfo {

@@ -92,6 +92,16 @@ stats_report decode_stats(wire::Stats::Reader in) {
   s.stage_idle_s = to_vector<double>(in.getStageIdleS());
   s.rpc_connections = in.getRpcConnections();
   s.rpc_generate_calls = in.getRpcGenerateCalls();
+  // Fields 11.. are absent (zero) from servers older than them: the counters read 0, as they should.
+  s.requests_rejected = in.getRequestsRejected();
+  s.requests_expired = in.getRequestsExpired();
+  s.preemptions = in.getPreemptions();
+  s.kv_blocks_cached = in.getKvBlocksCached();
+  s.prefix_cache_queried_tokens = in.getPrefixCacheQueriedTokens();
+  s.prefix_cache_hit_tokens = in.getPrefixCacheHitTokens();
+  for (auto e : in.getErrorsByKind()) s.errors_by_kind[e.getKind().cStr()] += e.getCount();
+  s.microbatches = in.getMicrobatches();
+  s.microbatches_in_flight = in.getMicrobatchesInFlight();
   return s;
 }
 

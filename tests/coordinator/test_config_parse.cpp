@@ -43,6 +43,7 @@ TEST(config_defaults, empty_file_is_a_laptop_deployment_on_loopback) {
   EXPECT_EQ(d.serving.job_queue_size, 100);
   EXPECT_EQ(d.serving.max_queued_tokens, 0);
   EXPECT_FALSE(d.serving.use_job_ticket);
+  EXPECT_TRUE(d.serving.prefix_caching);
   EXPECT_DOUBLE_EQ(d.serving.response_timeout_s, 120);
   EXPECT_DOUBLE_EQ(d.serving.startup_timeout_s, 120);
   EXPECT_EQ(d.serving.min_workers, 1);
@@ -134,6 +135,7 @@ max_batch_tokens = 512
 job_queue_size = 7
 max_queued_tokens = 100000
 use_job_ticket = true
+prefix_caching = false
 response_timeout_s = 30.5
 startup_timeout_s = 45
 min_workers = 2
@@ -198,6 +200,7 @@ TEST(config_keys, every_key_is_read) {
   EXPECT_EQ(d.serving.job_queue_size, 7);
   EXPECT_EQ(d.serving.max_queued_tokens, 100000);
   EXPECT_TRUE(d.serving.use_job_ticket);
+  EXPECT_FALSE(d.serving.prefix_caching);
   EXPECT_DOUBLE_EQ(d.serving.response_timeout_s, 30.5);
   EXPECT_DOUBLE_EQ(d.serving.startup_timeout_s, 45);
   EXPECT_EQ(d.serving.min_workers, 2);

@@ -43,6 +43,11 @@ std::unique_ptr<local_server> start_local_server(const std::string& fixture, fro
   service::local_service_options so;
   so.stages = stages;
   so.threads = 1;  // the build machine is shared; tiny models don't need more
+  return start_local_server(fixture, std::move(options), so);
+}
+
+std::unique_ptr<local_server> start_local_server(const std::string& fixture, frontend::rpc_server_options options,
+                                                service::local_service_options so) {
   auto svc = service::make_local_inference_service(fixture_path(fixture), so);
   if (!svc) {
     ADD_FAILURE() << "local service for " << fixture << ": " << svc.err().message;

@@ -15,6 +15,7 @@
 #include "conveyor/client/client.hpp"
 #include "conveyor/frontend/rpc_server.hpp"
 #include "conveyor/service/inference_service.hpp"
+#include "conveyor/service/local_inference_service.hpp"
 
 namespace conveyor::testing {
 
@@ -37,6 +38,9 @@ struct local_server {
 };
 std::unique_ptr<local_server> start_local_server(const std::string& fixture, frontend::rpc_server_options options = {},
                                                 int stages = 1);
+/// The same over a service with these options (serving policy, KV pool, batch size).
+std::unique_ptr<local_server> start_local_server(const std::string& fixture, frontend::rpc_server_options options,
+                                                service::local_service_options service_options);
 
 /// Connects or fails the test.
 std::unique_ptr<client::connection> connect_or_die(const std::string& address, client::connect_options options = {});

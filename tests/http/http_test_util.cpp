@@ -32,13 +32,17 @@ gateway_fixture::~gateway_fixture() {
 }
 
 std::unique_ptr<gateway_fixture> start_gateway(bool with_tokenizer, http_server_options options) {
+  return start_gateway(with_tokenizer, std::move(options), service::local_service_options{});
+}
+
+std::unique_ptr<gateway_fixture> start_gateway(bool with_tokenizer, http_server_options options,
+                                               service::local_service_options so) {
   auto f = std::make_unique<gateway_fixture>();
   f->dir = make_model_dir_with_tokenizer();
   if (!with_tokenizer) {
     fs::remove(f->dir / "tokenizer.json");
     fs::remove(f->dir / "tokenizer_config.json");
   }
-  service::local_service_options so;
   so.threads = 1;
   auto s = service::make_local_inference_service(f->dir.string(), so);
   if (!s) throw std::runtime_error(s.err().message);

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "conveyor/http/http_server.hpp"
+#include "conveyor/service/local_inference_service.hpp"
 
 namespace conveyor::http::testing {
 
@@ -24,6 +25,9 @@ struct gateway_fixture {
   ~gateway_fixture();
 };
 std::unique_ptr<gateway_fixture> start_gateway(bool with_tokenizer, http_server_options options = {});
+/// The same over a service with these options (serving policy, batch size); threads is forced to 1.
+std::unique_ptr<gateway_fixture> start_gateway(bool with_tokenizer, http_server_options options,
+                                               service::local_service_options service_options);
 
 /// One SSE stream read to its end: the data of each event, in order ("[DONE]" included).
 std::vector<std::string> sse_events(const std::string& body);

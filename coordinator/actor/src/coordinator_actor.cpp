@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "conveyor/scheduler/batch_scheduler.hpp"
+#include "conveyor/stage/hop_meter.hpp"
 #include "conveyor/stage/plan_convert.hpp"
 #include "conveyor/stage/protocol.hpp"
 #include "conveyor/transport/frame_codec.hpp"
@@ -33,6 +34,7 @@ struct worker_slot {
   std::uint64_t steps = 0;
   std::chrono::steady_clock::time_point last_pong;
   int restarts = 0;  ///< times this stage's worker was replaced
+  stage::stage_metrics frames;  ///< its activation-frame counters, as of the last heartbeat
 };
 
 /// A stage being replaced: its new worker loads while the neighbours drop their channels to the
@@ -161,6 +163,29 @@ service::health_report health_of(const coordinator_state& st) {
   return h;
 }
 
+/// Every worker's activation-frame counters, labelled with its stage and host: the placement's host
+/// name where `conveyor launch` placed it, else the hostname the worker reported.
+void add_frame_hops(const coordinator_state& st, service::stats_report& r) {
+  const auto& sites = st.setup.options.sites;
+  for (std::size_t k = 0; k < st.workers.size(); ++k) {
+    const auto& f = st.workers[k].frames;
+    if (f.latency_counts.empty()) continue;  // not reported yet (first heartbeat, or still loading)
+    service::frame_hop_report h;
+    h.stage = static_cast<int>(k);
+    h.tp_rank = f.tp_rank;
+    h.host = k < sites.size() ? sites[k].host_name : f.host;
+    h.frames_sent = f.frames_sent;
+    h.bytes_sent = f.bytes_sent;
+    h.frames_received = f.frames_received;
+    h.bytes_received = f.bytes_received;
+    h.sends_in_flight = f.sends_in_flight;
+    h.send_latency_bounds = stage::hop_latency_bounds();
+    h.send_latency_counts = f.latency_counts;
+    h.send_latency_sum_s = f.latency_sum_s;
+    r.hops.push_back(std::move(h));
+  }
+}
+
 service::stats_report stats_of(const coordinator_state& st) {
   service::stats_report r;
   const auto c = st.sched->counters();
@@ -175,7 +200,9 @@ service::stats_report stats_of(const coordinator_state& st) {
   for (const auto& w : st.workers) {
     r.stage_busy_s.push_back(w.busy_s);
     r.stage_idle_s.push_back(w.idle_s);
+    r.stage_steps.push_back(static_cast<std::int64_t>(w.steps));
   }
+  add_frame_hops(st, r);
   return r;
 }
 
@@ -358,6 +385,10 @@ void heartbeat(coord_actor* self) {
           slot.steps = steps;
           slot.last_pong = std::chrono::steady_clock::now();
         }, [](caf::error&) { /* the timeout check above decides */ });
+    // Frame counters ride the same beat: /metrics and `client stats` are at most one period old.
+    self->request(w.handle, st.setup.options.heartbeat_timeout, metrics_atom::value)
+        .then([=](metrics_atom, stage::stage_metrics m) { self->state.workers[k].frames = std::move(m); },
+              [](caf::error&) {});
   }
   self->delayed_send(self, st.setup.options.heartbeat, tick_atom::value);
 }

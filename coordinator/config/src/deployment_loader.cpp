@@ -141,6 +141,7 @@ void read_serving(table_reader& r, serving_section& s) {
   r.read("job_queue_size", s.job_queue_size, rules::job_queue_size);
   r.read("max_queued_tokens", s.max_queued_tokens, rules::max_queued_tokens);
   r.read("use_job_ticket", s.use_job_ticket);
+  r.read("prefix_caching", s.prefix_caching);
   r.read("response_timeout_s", s.response_timeout_s, rules::seconds);
   r.read("startup_timeout_s", s.startup_timeout_s, rules::seconds);
   r.read("min_workers", s.min_workers, rules::workers);
@@ -191,6 +192,7 @@ constexpr std::pair<std::string_view, std::string_view> known_aliases[] = {
     {"maxworkers", "serving.max_workers"},
     {"jobqueuesize", "serving.job_queue_size"},
     {"usejobticket", "serving.use_job_ticket"},
+    {"enableprefixcaching", "serving.prefix_caching"},  // vLLM's --enable-prefix-caching
     {"devicetype", "model.device"},
     {"modeldir", "model.dir"},
     {"modelpath", "model.dir"},

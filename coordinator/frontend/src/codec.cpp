@@ -93,6 +93,21 @@ void encode_stats(const service::stats_report& in, wire::Stats::Builder out) {
   for (unsigned i = 0; i < in.stage_busy_s.size(); ++i) busy.set(i, in.stage_busy_s[i]);
   auto idle = out.initStageIdleS(static_cast<unsigned>(in.stage_idle_s.size()));
   for (unsigned i = 0; i < in.stage_idle_s.size(); ++i) idle.set(i, in.stage_idle_s[i]);
+  out.setRequestsRejected(in.requests_rejected);
+  out.setRequestsExpired(in.requests_expired);
+  out.setPreemptions(in.preemptions);
+  out.setKvBlocksCached(in.kv_blocks_cached);
+  out.setPrefixCacheQueriedTokens(in.prefix_cache_queried_tokens);
+  out.setPrefixCacheHitTokens(in.prefix_cache_hit_tokens);
+  auto errors = out.initErrorsByKind(static_cast<unsigned>(in.errors_by_kind.size()));
+  unsigned i = 0;
+  for (const auto& [kind, n] : in.errors_by_kind) {
+    errors[i].setKind(kind);
+    errors[i].setCount(n);
+    ++i;
+  }
+  out.setMicrobatches(in.microbatches);
+  out.setMicrobatchesInFlight(in.microbatches_in_flight);
 }
 
 void encode_info(const service::model_info& in, wire::ModelInfo::Builder out) {

@@ -19,7 +19,8 @@ inline api_error bad_request(std::string param, std::string message, std::string
   return {400, "invalid_request_error", std::move(message), std::move(param), std::move(code)};
 }
 
-/// How a service error reaches the client: bad input is 400, overload 503, the rest 500.
+/// How a service error reaches the client: bad input 400, unknown things 404, overload (server-wide
+/// caps) 503, a passed deadline 504, the rest 500.
 api_error from_service_error(const error& e);
 
 /// The JSON body of an error response.

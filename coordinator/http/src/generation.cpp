@@ -165,7 +165,13 @@ generation_outcome run_generation(service::inference_service& service, const tok
     }
     if (b.done) {
       if (!b.done->ok()) {
-        metrics.count_finish("error");
+        // The same finish reasons as the gateway's own rejections and deadline, so a dashboard sees
+        // one count whichever side decided.
+        const errc code = b.done->err().code;
+        metrics.count_finish(code == errc::overloaded          ? "rejected_overloaded"
+                             : code == errc::deadline_exceeded ? "deadline"
+                             : code == errc::invalid_argument  ? "rejected_invalid"
+                                                               : "error");
         out.error = from_service_error(b.done->err());
         return out;
       }

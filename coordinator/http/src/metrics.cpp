@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <sstream>
 
 namespace conveyor::http {
@@ -52,18 +53,104 @@ class page {
   }
   void hist(const std::string& name, const char* help, const histogram::snapshot& s) {
     family(name, "histogram", help);
+    hist_samples(name, s, "");
+  }
+  /// One labelled series of a histogram family (the family line written before).
+  void hist_samples(const std::string& name, const histogram::snapshot& s, const std::string& labels) {
+    const std::string sep = labels.empty() ? "" : labels + ",";
     for (std::size_t i = 0; i < s.bounds.size(); ++i) {
-      sample(name + "_bucket", static_cast<double>(s.cumulative[i]), "le=\"" + num(s.bounds[i]) + "\"");
+      sample(name + "_bucket", static_cast<double>(s.cumulative[i]), sep + "le=\"" + num(s.bounds[i]) + "\"");
     }
-    sample(name + "_bucket", static_cast<double>(s.cumulative.back()), "le=\"+Inf\"");
-    sample(name + "_sum", s.sum);
-    sample(name + "_count", static_cast<double>(s.count));
+    sample(name + "_bucket", static_cast<double>(s.cumulative.back()), sep + "le=\"+Inf\"");
+    sample(name + "_sum", s.sum, labels);
+    sample(name + "_count", static_cast<double>(s.count), labels);
   }
   std::string str() const { return out_.str(); }
 
  private:
   std::ostringstream out_;
 };
+
+/// The scheduler's policy counters: rejections, expiries, preemptions, the prefix cache, errors by
+/// kind, microbatches.
+void render_policy(page& p, const service::stats_report& s) {
+  p.family("conveyor_requests_rejected_total", "counter",
+           "Requests admission control turned away as overloaded (queue caps, job tickets); never started.");
+  p.sample("conveyor_requests_rejected_total", static_cast<double>(s.requests_rejected));
+  p.family("conveyor_requests_expired_total", "counter", "Requests cancelled at their deadline (also failed).");
+  p.sample("conveyor_requests_expired_total", static_cast<double>(s.requests_expired));
+  p.family("conveyor_preemptions_total", "counter",
+           "Times a running sequence gave its KV blocks back under memory pressure (re-prefilled later).");
+  p.sample("conveyor_preemptions_total", static_cast<double>(s.preemptions));
+  p.family("conveyor_prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache (whole blocks).");
+  p.sample("conveyor_prefix_cache_queries_total", static_cast<double>(s.prefix_cache_queried_tokens));
+  p.family("conveyor_prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache: their prefill was skipped.");
+  p.sample("conveyor_prefix_cache_hits_total", static_cast<double>(s.prefix_cache_hit_tokens));
+  p.family("conveyor_kv_blocks_cached", "gauge", "KV-cache blocks naming a prompt prefix that later prompts can share.");
+  p.sample("conveyor_kv_blocks_cached", s.kv_blocks_cached);
+  p.family("conveyor_request_errors_total", "counter",
+           "Errors the service answered requests with, by kind (invalid_argument, overloaded, deadline_exceeded, internal, ...).");
+  for (const auto& [kind, n] : s.errors_by_kind) {
+    p.sample("conveyor_request_errors_total", static_cast<double>(n), "kind=\"" + escape_label(kind) + "\"");
+  }
+  p.family("conveyor_microbatches", "gauge", "Microbatch slots the scheduler keeps in the pipeline (parallel.chunks).");
+  p.sample("conveyor_microbatches", s.microbatches);
+  p.family("conveyor_microbatches_in_flight", "gauge", "Microbatches with a step on the stages now.");
+  p.sample("conveyor_microbatches_in_flight", s.microbatches_in_flight);
+  p.family("conveyor_stage_steps_total", "counter", "Steps each pipeline stage ran.");
+  for (std::size_t i = 0; i < s.stage_steps.size(); ++i) {
+    p.sample("conveyor_stage_steps_total", static_cast<double>(s.stage_steps[i]), "stage=\"" + std::to_string(i) + "\"");
+  }
+}
+
+/// Activation frames per pipeline hop, from every stage worker: what stage k sent to k + 1 (with the
+/// send latency) and what k + 1 received from k. Labels: the reporting stage, its TP rank and host,
+/// and the stage at the other end of the hop.
+void render_hops(page& p, const service::stats_report& s) {
+  const int n = static_cast<int>(s.stage_busy_s.size());  // stages; a worker not heard from yet has no hop entry
+  auto labels = [](const service::frame_hop_report& h, int peer) {
+    return "stage=\"" + std::to_string(h.stage) + "\",tp_rank=\"" + std::to_string(h.tp_rank) + "\",host=\"" +
+           escape_label(h.host) + "\",peer_stage=\"" + std::to_string(peer) + "\"";
+  };
+  auto each_sender = [&](const std::function<void(const service::frame_hop_report&, const std::string&)>& fn) {
+    for (const auto& h : s.hops) {
+      if (h.stage + 1 < n) fn(h, labels(h, h.stage + 1));
+    }
+  };
+  auto each_receiver = [&](const std::function<void(const service::frame_hop_report&, const std::string&)>& fn) {
+    for (const auto& h : s.hops) {
+      if (h.stage > 0) fn(h, labels(h, h.stage - 1));
+    }
+  };
+  p.family("conveyor_activation_frames_sent_total", "counter", "Activation frames a stage sent to the next stage.");
+  each_sender([&](const auto& h, const auto& l) { p.sample("conveyor_activation_frames_sent_total", static_cast<double>(h.frames_sent), l); });
+  p.family("conveyor_activation_bytes_sent_total", "counter", "Activation payload bytes a stage sent to the next stage.");
+  each_sender([&](const auto& h, const auto& l) { p.sample("conveyor_activation_bytes_sent_total", static_cast<double>(h.bytes_sent), l); });
+  p.family("conveyor_activation_frames_received_total", "counter", "Activation frames a stage received from the previous stage.");
+  each_receiver([&](const auto& h, const auto& l) {
+    p.sample("conveyor_activation_frames_received_total", static_cast<double>(h.frames_received), l);
+  });
+  p.family("conveyor_activation_bytes_received_total", "counter", "Activation payload bytes a stage received from the previous stage.");
+  each_receiver([&](const auto& h, const auto& l) {
+    p.sample("conveyor_activation_bytes_received_total", static_cast<double>(h.bytes_received), l);
+  });
+  p.family("conveyor_activation_sends_in_flight", "gauge",
+           "Activation frames handed to the transport and not yet completed (microbatches on the wire).");
+  each_sender([&](const auto& h, const auto& l) { p.sample("conveyor_activation_sends_in_flight", h.sends_in_flight, l); });
+  p.family("conveyor_activation_frame_send_seconds", "histogram",
+           "From handing an activation frame to the transport until it completed the send (for frames over UCX's "
+           "rendezvous threshold: until the next stage pulled the bytes).");
+  each_sender([&](const auto& h, const auto& l) {
+    histogram::snapshot snap;
+    snap.bounds = h.send_latency_bounds;
+    std::uint64_t run = 0;
+    for (auto c : h.send_latency_counts) snap.cumulative.push_back(run += c);
+    if (snap.cumulative.size() != snap.bounds.size() + 1) return;  // a malformed report: leave it out
+    snap.sum = h.send_latency_sum_s;
+    snap.count = run;
+    p.hist_samples("conveyor_activation_frame_send_seconds", snap, l);
+  });
+}
 
 }  // namespace
 
@@ -185,6 +272,8 @@ std::string gateway_metrics::render(const std::optional<service::stats_report>& 
   for (std::size_t i = 0; i < s.stage_idle_s.size(); ++i) {
     p.sample("conveyor_stage_idle_seconds_total", s.stage_idle_s[i], "stage=\"" + std::to_string(i) + "\"");
   }
+  render_policy(p, s);
+  render_hops(p, s);
   return p.str();
 }
 

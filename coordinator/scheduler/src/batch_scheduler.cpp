@@ -69,6 +69,12 @@ std::optional<std::string> batch_scheduler::overload_reason(const service::gener
 }
 
 result<std::uint64_t> batch_scheduler::add(service::generate_request r, std::shared_ptr<service::token_sink> sink) {
+  auto id = admit(std::move(r), std::move(sink));
+  if (!id) ++errors_[id.err().code];
+  return id;
+}
+
+result<std::uint64_t> batch_scheduler::admit(service::generate_request r, std::shared_ptr<service::token_sink> sink) {
   auto bad = [](std::string what) { return make_error(errc::invalid_argument, std::move(what)); };
   if (r.prompt.empty()) return bad("the prompt is empty");
   if (r.max_new_tokens < 1) return bad("max_new_tokens must be at least 1, got " + std::to_string(r.max_new_tokens));
@@ -303,6 +309,7 @@ void batch_scheduler::retire(std::uint64_t id, result<service::generate_summary>
   }
   if (!outcome.ok()) {
     ++failed_;
+    ++errors_[outcome.err().code];
   } else if (outcome->finish_reason == "cancelled") {
     ++cancelled_;
   } else {
@@ -345,6 +352,9 @@ void batch_scheduler::report(service::stats_report& r) const {
   r.kv_blocks_cached = c.kv_blocks_cached;
   r.prefix_cache_queried_tokens = c.prefix.queried_blocks * pool_.block_size();
   r.prefix_cache_hit_tokens = c.prefix.hit_blocks * pool_.block_size();
+  for (const auto& [code, n] : errors_) r.errors_by_kind[std::string(service::errc_name(code))] += n;
+  r.microbatches = options_.chunks;
+  r.microbatches_in_flight = static_cast<int>(std::count(in_flight_.begin(), in_flight_.end(), true));
 }
 
 }  // namespace conveyor::scheduler

@@ -19,21 +19,6 @@
 
 namespace conveyor::service {
 
-std::string_view errc_name(errc code) {
-  switch (code) {
-    case errc::invalid_argument: return "invalid_argument";
-    case errc::not_found: return "not_found";
-    case errc::bad_format: return "bad_format";
-    case errc::unsupported: return "unsupported";
-    case errc::out_of_memory: return "out_of_memory";
-    case errc::io: return "io";
-    case errc::internal: return "internal";
-    case errc::overloaded: return "overloaded";
-    case errc::deadline_exceeded: return "deadline_exceeded";
-  }
-  return "internal";
-}
-
 namespace {
 
 using clock_type = std::chrono::steady_clock;

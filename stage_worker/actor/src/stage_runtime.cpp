@@ -84,6 +84,7 @@ void stage_runtime::detach(bool drop_upstream, bool drop_downstream) {
 
 void stage_runtime::stop() {
   stopping_ = true;
+  hops_.stop();
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
   for (auto& s : sends_) (void)s.handle.wait(transport::after(std::chrono::seconds(2)));
@@ -101,6 +102,7 @@ bool stage_runtime::next_input(transport::frame& out) {
       auto f = upstream_->receive(transport::after(std::chrono::milliseconds(200)));
       if (f) {
         out = std::move(f).value();
+        hops_.received(out.payload.size());
         idle_ns_ += ns_since(t0);
         return true;
       }
@@ -162,6 +164,7 @@ status stage_runtime::run_step(transport::frame& in) {
   pending_send p{std::move(out->hidden), {}};
   CONVEYOR_TRY_ASSIGN(handle, downstream_->send(h, {p.hidden.data(), p.hidden.size() * sizeof(float)}));
   p.handle = std::move(handle);
+  hops_.sent(p.handle, p.hidden.size() * sizeof(float));
   sends_.push_back(std::move(p));
   return ok_status();
 }

@@ -216,6 +216,23 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, worker_optio
         const auto t = self->state.runtime->timings();
         return {pong_atom::value, t.busy_s, t.idle_s, t.steps};
       },
+      [=](metrics_atom) -> caf::result<metrics_atom, stage_metrics> {
+        stage_metrics m;
+        char host[256] = {};
+        if (::gethostname(host, sizeof host - 1) == 0) m.host = host;
+        m.tp_rank = static_cast<std::int32_t>(self->state.options.rank);
+        if (self->state.runtime) {
+          const auto h = self->state.runtime->hop_metrics();
+          m.frames_sent = h.frames_sent;
+          m.bytes_sent = h.bytes_sent;
+          m.frames_received = h.frames_received;
+          m.bytes_received = h.bytes_received;
+          m.sends_in_flight = h.sends_in_flight;
+          m.latency_counts = h.latency_counts;
+          m.latency_sum_s = h.latency_sum_s;
+        }
+        return {metrics_atom::value, std::move(m)};
+      },
       [=](stop_atom) { shutdown(self); },
   };
 }

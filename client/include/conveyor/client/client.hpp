@@ -13,6 +13,7 @@
 //   });
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -75,6 +76,15 @@ struct stats_report {
   std::vector<double> stage_idle_s;
   int rpc_connections = 0;
   int rpc_generate_calls = 0;
+  std::int64_t requests_rejected = 0;  ///< turned away as overloaded (queue caps, job tickets)
+  std::int64_t requests_expired = 0;   ///< cancelled at their deadline (also in requests_failed)
+  std::int64_t preemptions = 0;        ///< KV blocks given back under pressure (re-prefilled later)
+  int kv_blocks_cached = 0;            ///< blocks of the prefix cache
+  std::int64_t prefix_cache_queried_tokens = 0;
+  std::int64_t prefix_cache_hit_tokens = 0;
+  std::map<std::string, std::int64_t> errors_by_kind;  ///< "overloaded", "deadline_exceeded", ...
+  int microbatches = 0;
+  int microbatches_in_flight = 0;
 };
 
 struct model_info {

@@ -102,7 +102,8 @@ class batch_scheduler {
   bool in_flight(int m) const { return in_flight_[m]; }
   int chunks() const { return options_.chunks; }
   scheduler_counters counters() const;
-  /// Writes the request, token, KV and policy counters into a stats report (stage times untouched).
+  /// Writes the request, token, KV, policy, error and microbatch counters into a stats report (stage
+  /// times untouched).
   void report(service::stats_report& r) const;
   const kv_block_pool& blocks() const { return pool_; }
   const scheduler_options& options() const { return options_; }
@@ -131,6 +132,7 @@ class batch_scheduler {
   };
 
   // admission control (batch_scheduler.cpp)
+  result<std::uint64_t> admit(service::generate_request request, std::shared_ptr<service::token_sink> sink);
   std::optional<std::string> overload_reason(const service::generate_request& r) const;
   // planning (step_planner.cpp)
   bool admission_open(int m, clock::time_point now) const;
@@ -163,6 +165,7 @@ class batch_scheduler {
   std::uint64_t next_id_ = 1;
   std::int64_t finished_ = 0, failed_ = 0, cancelled_ = 0, rejected_ = 0, expired_ = 0, preemptions_ = 0;
   std::int64_t tokens_generated_ = 0;
+  std::map<errc, std::int64_t> errors_;  ///< every error a request was answered with, by kind
 };
 
 }  // namespace conveyor::scheduler

@@ -45,8 +45,6 @@ struct batch_options {
   std::function<void(const batch_progress&)> on_progress;  ///< after each batch of completions
 };
 
-/// The name of an error code in result lines and messages, e.g. "deadline_exceeded".
-std::string_view errc_name(errc code);
 
 /// Runs every request of `input_path` through `service`, appending result lines to `output_path`.
 /// A bad input line or a failed request is a result line with "error"; only trouble with the files

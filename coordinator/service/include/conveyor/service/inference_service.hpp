@@ -4,15 +4,33 @@
 // in-process engine. Callbacks may arrive on any thread: a frontend marshals them to its own loop.
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "conveyor/base/result.hpp"
 #include "conveyor/kernels/backend.hpp"
 
 namespace conveyor::service {
+
+/// The name of an error code in result lines, metrics labels and messages, e.g. "deadline_exceeded".
+inline std::string_view errc_name(errc code) {
+  switch (code) {
+    case errc::invalid_argument: return "invalid_argument";
+    case errc::not_found: return "not_found";
+    case errc::bad_format: return "bad_format";
+    case errc::unsupported: return "unsupported";
+    case errc::out_of_memory: return "out_of_memory";
+    case errc::io: return "io";
+    case errc::internal: return "internal";
+    case errc::overloaded: return "overloaded";
+    case errc::deadline_exceeded: return "deadline_exceeded";
+  }
+  return "internal";
+}
 
 struct generate_request {
   std::vector<std::int32_t> prompt;
@@ -54,6 +72,22 @@ struct health_report {
   std::vector<stage_health> stages;
 };
 
+/// Activation frames on one pipeline hop, as one stage worker saw them: the frames it sent to the next
+/// stage and those it received from the previous one. Counters since the worker started.
+struct frame_hop_report {
+  int stage = 0;       ///< the reporting stage
+  int tp_rank = 0;     ///< its rank in the stage's tensor-parallel group (rank 0 carries activations)
+  std::string host;    ///< the host it runs on (the placement's name, else the worker's hostname)
+  std::int64_t frames_sent = 0, bytes_sent = 0;          ///< to stage + 1
+  std::int64_t frames_received = 0, bytes_received = 0;  ///< from stage - 1
+  int sends_in_flight = 0;  ///< frames handed to the transport that it has not finished sending
+  /// Send latency (send issued until the transport completed it) as a histogram: upper bounds in
+  /// seconds, counts per bucket (not cumulative) with +Inf last, and the sum of all latencies.
+  std::vector<double> send_latency_bounds;
+  std::vector<std::uint64_t> send_latency_counts;
+  double send_latency_sum_s = 0.0;
+};
+
 struct stats_report {
   std::int64_t requests_running = 0;
   std::int64_t requests_waiting = 0;
@@ -70,6 +104,14 @@ struct stats_report {
   std::int64_t prefix_cache_hit_tokens = 0;      ///< of those, found cached: their prefill was skipped
   std::vector<double> stage_busy_s;  ///< per stage: time spent computing
   std::vector<double> stage_idle_s;  ///< per stage: time waiting for work (the pipeline bubble)
+  /// Every error the service answered a request with, by kind (errc_name): admission control's
+  /// rejections (invalid_argument, overloaded) and failures of accepted requests (deadline_exceeded,
+  /// internal, ...).
+  std::map<std::string, std::int64_t> errors_by_kind;
+  int microbatches = 0;            ///< microbatch slots (parallel.chunks)
+  int microbatches_in_flight = 0;  ///< of those, with a step on the stages now
+  std::vector<std::int64_t> stage_steps;  ///< per stage: steps it ran
+  std::vector<frame_hop_report> hops;     ///< per stage worker (a cluster's; empty in one process)
 };
 
 struct model_info {

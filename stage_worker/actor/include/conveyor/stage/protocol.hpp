@@ -13,6 +13,7 @@
 //   coordinator -> worker   reset(n, drop upstream, drop downstream)      -> reset_done(stage, n)
 //                           a neighbour died: stop the compute thread, drop its channel
 //   coordinator -> worker   wire(...) again with the new neighbour's address (empty = keep)
+//   coordinator -> worker   metrics -> (metrics, stage_metrics)            activation frames, per heartbeat
 //   coordinator -> worker   stop
 // Every worker -> coordinator message is sent as the worker actor (also from its threads, with
 // send_as), so the coordinator can check that it comes from the joined worker of that stage.
@@ -39,9 +40,11 @@ using pong_atom = caf::atom_constant<caf::atom("pong")>;
 using stop_atom = caf::atom_constant<caf::atom("stop")>;
 using reset_atom = caf::atom_constant<caf::atom("reset")>;
 using reset_done_atom = caf::atom_constant<caf::atom("resetdone")>;
+using metrics_atom = caf::atom_constant<caf::atom("metrics")>;
 
-/// Protocol version, checked at join.
-constexpr std::int32_t protocol_version = 4;
+/// Protocol version, checked at join. 4: max_frame_bytes in the assignment, reset (stage recovery);
+/// 5: the metrics request.
+constexpr std::int32_t protocol_version = 5;
 
 /// What the coordinator tells a worker to load (a plain struct, sent as a CAF message).
 struct stage_assignment {
@@ -68,8 +71,25 @@ typename Inspector::result_type inspect(Inspector& f, stage_assignment& x) {
            x.last_layer, x.kv_blocks, x.kv_block_size, x.max_step_tokens, x.max_seqs, x.ucx_tls, x.step_delay_us, x.device, x.dtype, x.tp, x.max_frame_bytes);
 }
 
+/// A worker's activation-frame counters (stage_runtime::hop_metrics, hop_meter.hpp), as a CAF message.
+struct stage_metrics {
+  std::string host;  ///< the worker's hostname
+  std::int32_t tp_rank = 0;
+  std::int64_t frames_sent = 0, bytes_sent = 0, frames_received = 0, bytes_received = 0;
+  std::int32_t sends_in_flight = 0;
+  std::vector<std::uint64_t> latency_counts;  ///< per bucket of hop_latency_bounds(), +Inf last
+  double latency_sum_s = 0.0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, stage_metrics& x) {
+  return f(caf::meta::type_name("stage_metrics"), x.host, x.tp_rank, x.frames_sent, x.bytes_sent, x.frames_received,
+           x.bytes_received, x.sends_in_flight, x.latency_counts, x.latency_sum_s);
+}
+
 inline void register_protocol(caf::actor_system_config& cfg) {
   cfg.add_message_type<stage_assignment>("stage_assignment");
+  cfg.add_message_type<stage_metrics>("stage_metrics");
   cfg.add_message_type<std::vector<std::int32_t>>("i32_vector");
 }
 

@@ -16,6 +16,7 @@
 #include "conveyor/base/result.hpp"
 #include "conveyor/engine/executor.hpp"
 #include "conveyor/engine/tp_stage.hpp"
+#include "conveyor/stage/hop_meter.hpp"
 #include "conveyor/transport/ucx_context.hpp"
 
 namespace conveyor::stage {
@@ -73,6 +74,8 @@ class stage_runtime {
   void detach(bool drop_upstream, bool drop_downstream);
   void stop();
   stage_timings timings() const;
+  /// Activation frames to the next stage and from the previous one (metrics, issue 9).
+  hop_counters hop_metrics() const { return hops_.read(); }
 
  private:
   stage_runtime() = default;
@@ -97,6 +100,7 @@ class stage_runtime {
   std::deque<pending_send> sends_;
   std::atomic<bool> stopping_{false};
   std::atomic<std::uint64_t> busy_ns_{0}, idle_ns_{0}, steps_{0};
+  hop_meter hops_;
   std::thread thread_;
 };
 

@@ -1,0 +1,64 @@
+#pragma once
+// Counts the activation frames a stage sends to the next stage and receives from the previous one,
+// and times each send from the moment it is handed to the transport until the transport completes it
+// (for frames above UCX's rendezvous threshold: until the next stage has pulled the bytes). Plain
+// C++ (no CAF): the stage runtime feeds it, the worker actor reports it to the coordinator.
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "conveyor/transport/channel.hpp"
+
+namespace conveyor::stage {
+
+/// Upper bounds (seconds) of the send-latency histogram buckets; +Inf is implied after the last.
+const std::vector<double>& hop_latency_bounds();
+
+/// A snapshot of the counters (since the meter was made).
+struct hop_counters {
+  std::int64_t frames_sent = 0, bytes_sent = 0;
+  std::int64_t frames_received = 0, bytes_received = 0;
+  int sends_in_flight = 0;                    ///< handed to the transport, not completed yet
+  std::vector<std::uint64_t> latency_counts;  ///< per bucket of hop_latency_bounds(), +Inf last
+  double latency_sum_s = 0.0;
+};
+
+class hop_meter {
+ public:
+  hop_meter();
+  ~hop_meter();
+  hop_meter(const hop_meter&) = delete;
+  hop_meter& operator=(const hop_meter&) = delete;
+
+  /// A frame of `bytes` was handed to the transport as `handle` just now.
+  void sent(transport::send_handle handle, std::size_t bytes);
+  /// A frame of `bytes` payload came from the previous stage.
+  void received(std::size_t bytes);
+  hop_counters read() const;
+  /// Stops timing (sends still pending are left uncounted). Idempotent; the destructor calls it.
+  void stop();
+
+ private:
+  void watch();
+  void record(double seconds);
+
+  struct pending {
+    transport::send_handle handle;
+    std::chrono::steady_clock::time_point issued;
+  };
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<pending> pending_;
+  bool stopping_ = false;
+  std::atomic<std::int64_t> frames_sent_{0}, bytes_sent_{0}, frames_received_{0}, bytes_received_{0};
+  std::vector<std::uint64_t> counts_;  // under mu_
+  double sum_s_ = 0.0;                 // under mu_
+  std::thread thread_;                 // started on the first send
+};
+
+}  // namespace conveyor::stage
