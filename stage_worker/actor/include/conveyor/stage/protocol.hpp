@@ -34,7 +34,7 @@ using pong_atom = caf::atom_constant<caf::atom("pong")>;
 using stop_atom = caf::atom_constant<caf::atom("stop")>;
 
 /// Protocol version, checked at join.
-constexpr std::int32_t protocol_version = 3;
+constexpr std::int32_t protocol_version = 4;  // 4: stage_assignment.quant, quant_lm_head
 
 /// What the coordinator tells a worker to load (a plain struct, sent as a CAF message).
 struct stage_assignment {
@@ -52,12 +52,15 @@ struct stage_assignment {
   std::string device = "cpu";      ///< cpu | cuda (the worker's CUDA_VISIBLE_DEVICES names its GPU)
   std::string dtype = "f32";       ///< f32 | bf16 (cuda only)
   std::int32_t tp = 1;             ///< tensor-parallel ranks of the stage (threads of the worker; GPUs 0..tp-1)
+  std::string quant = "none";      ///< none | int8 | fp8: the linear layers' weights, quantized at load
+  bool quant_lm_head = false;      ///< the LM head quantized too
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, stage_assignment& x) {
   return f(caf::meta::type_name("stage_assignment"), x.model_dir, x.stage, x.num_stages, x.first_layer,
-           x.last_layer, x.kv_blocks, x.kv_block_size, x.max_step_tokens, x.max_seqs, x.ucx_tls, x.step_delay_us, x.device, x.dtype, x.tp);
+           x.last_layer, x.kv_blocks, x.kv_block_size, x.max_step_tokens, x.max_seqs, x.ucx_tls, x.step_delay_us, x.device, x.dtype, x.tp, x.quant,
+           x.quant_lm_head);
 }
 
 inline void register_protocol(caf::actor_system_config& cfg) {
