@@ -534,7 +534,8 @@ int main(int argc, char** argv) {
   for (std::size_t vi = 0; vi < variants.size(); ++vi) {
     const auto it = std::find_if(known.begin(), known.end(), [&](const variant& v) { return v.name == variants[vi]; });
     if (it == known.end()) die("unknown variant " + variants[vi]);
-    engine_bench(c, *it).run(it->name == "all" || it->name == "base", ablate, bw, gemm, first_tokens);
+    const bool full = it->name == "all" || it->name == "base" || it->quant.kind != kernels::weight_quant::none;
+    engine_bench(c, *it).run(full, ablate, bw, gemm, first_tokens);
   }
   // Greedy tokens of the batch-1 run per variant: the speed paths should not change them much.
   if (first_tokens.count("all") && first_tokens.count("base")) {

@@ -92,37 +92,43 @@ __global__ void __launch_bounds__(gemv_warps * 32)
   const std::uint8_t* qb = q + static_cast<std::size_t>(rb) * cols;
   float acc[NT][4] = {};
   const int chunks = (cols + chunk_cols - 1) / chunk_cols;
-  constexpr int U = 4;  // chunks in flight per warp
-  for (int c0 = warp * U; c0 < chunks; c0 += gemv_warps * U) {
+  // Chunks per warp per step. A step's weights and x are all loaded before its math, and the next
+  // step's before that: x loaded chunk by chunk inside the loop exposed an L2 round trip per chunk.
+  constexpr int U = NT == 1 ? 4 : 2;
+  const int stride = gemv_warps * U;
+  struct step_regs {
     uint4 wa[U], wb[U];
+    uint4 xv[U][NT][2];
+  };
+  auto load = [&](int c0, step_regs& r) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int k = (c0 + u) * chunk_cols + 16 * t;
-      if (c0 + u < chunks && k < cols) {  // cols % 16 == 0: a 16-byte run is all in or all out
-        wa[u] = __ldcs(reinterpret_cast<const uint4*>(qa + k));
-        wb[u] = __ldcs(reinterpret_cast<const uint4*>(qb + k));
-      } else {
-        wa[u] = wb[u] = make_uint4(0, 0, 0, 0);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int k = (c0 + u) * chunk_cols + 16 * t;
-      if (c0 + u >= chunks) break;
-      uint4 xv[NT][2];
+      const bool in = c0 + u < chunks && k < cols;  // cols % 16 == 0: a 16-byte run is all in or all out
+      r.wa[u] = in ? __ldcs(reinterpret_cast<const uint4*>(qa + k)) : make_uint4(0, 0, 0, 0);
+      r.wb[u] = in ? __ldcs(reinterpret_cast<const uint4*>(qb + k)) : make_uint4(0, 0, 0, 0);
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
         const int tok = j * 8 + g;
-        if (tok < n && k < cols) {
+        if (in && tok < n) {
           const uint4* xp = reinterpret_cast<const uint4*>(x + static_cast<std::size_t>(tok) * cols + k);
-          xv[j][0] = __ldg(xp);
-          xv[j][1] = __ldg(xp + 1);
+          r.xv[u][j][0] = __ldg(xp);
+          r.xv[u][j][1] = __ldg(xp + 1);
         } else {
-          xv[j][0] = xv[j][1] = make_uint4(0, 0, 0, 0);
+          r.xv[u][j][0] = r.xv[u][j][1] = make_uint4(0, 0, 0, 0);
         }
       }
-      const std::uint32_t wa_w[4] = {wa[u].x, wa[u].y, wa[u].z, wa[u].w};
-      const std::uint32_t wb_w[4] = {wb[u].x, wb[u].y, wb[u].z, wb[u].w};
+    }
+  };
+  step_regs cur;
+  load(warp * U, cur);
+  for (int c0 = warp * U; c0 < chunks; c0 += stride) {
+    step_regs next;
+    load(c0 + stride, next);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const std::uint32_t wa_w[4] = {cur.wa[u].x, cur.wa[u].y, cur.wa[u].z, cur.wa[u].w};
+      const std::uint32_t wb_w[4] = {cur.wb[u].x, cur.wb[u].y, cur.wb[u].z, cur.wb[u].w};
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
         std::uint32_t a_lo, a_hi, b_lo, b_hi;  // row g: k (4s, 4s+1) and (4s+2, 4s+3); row g+8 likewise
@@ -130,12 +136,14 @@ __global__ void __launch_bounds__(gemv_warps * 32)
         codes_to_bf16<FP8>(wb_w[s], b_lo, b_hi);
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
-          const std::uint32_t xw[8] = {xv[j][0].x, xv[j][0].y, xv[j][0].z, xv[j][0].w,
-                                       xv[j][1].x, xv[j][1].y, xv[j][1].z, xv[j][1].w};
+          const uint4& x0 = cur.xv[u][j][0];
+          const uint4& x1 = cur.xv[u][j][1];
+          const std::uint32_t xw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
           mma_bf16_16816(acc[j], a_lo, b_lo, a_hi, b_hi, xw[2 * s], xw[2 * s + 1]);
         }
       }
     }
+    cur = next;
   }
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
@@ -173,6 +181,27 @@ __device__ __forceinline__ float decode_code(std::uint8_t b) {
   }
 }
 
+/// Four codes (one 32-bit word) as floats.
+template <bool FP8>
+__device__ __forceinline__ void decode4(std::uint32_t w, float (&f)[4]) {
+  if constexpr (FP8) {
+    const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xffffu), __NV_E4M3);
+    const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w >> 16), __NV_E4M3);
+    const float2 a = __half22float2(__half2(lo)), b = __half22float2(__half2(hi));
+    f[0] = a.x;
+    f[1] = a.y;
+    f[2] = b.x;
+    f[3] = b.y;
+  } else {
+    const std::uint32_t u = w ^ 0x80808080u;
+    f[0] = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7540)) - 8388736.0f;
+    f[1] = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7541)) - 8388736.0f;
+    f[2] = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7542)) - 8388736.0f;
+    f[3] = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7543)) - 8388736.0f;
+  }
+}
+
+// Any shape: one element per thread (the f32 golden runs and cols % 16 != 0).
 template <class T, bool FP8>
 __global__ void dequantize_kernel(const std::uint8_t* __restrict__ q, const float* __restrict__ scales, int row_begin,
                                   int rows, int cols, T* __restrict__ dst) {
@@ -182,6 +211,34 @@ __global__ void dequantize_kernel(const std::uint8_t* __restrict__ q, const floa
        i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
     const int r = static_cast<int>(i / cols);
     dst[i] = from_f32<T>(decode_code<FP8>(src[i]) * scales[row_begin + r]);
+  }
+}
+
+// cols % 16 == 0, bf16 out: 16 codes per thread (one 16-byte load, two 16-byte stores). The per-
+// element kernel above spent most of prefill's extra time on a 64-bit division per element.
+template <bool FP8>
+__global__ void dequantize16_kernel(const std::uint8_t* __restrict__ q, const float* __restrict__ scales,
+                                    int row_begin, int rows, int cols, bf16* __restrict__ dst) {
+  const int groups_per_row = cols / 16;
+  const int groups = rows * groups_per_row;  // a scratch tile: well inside int
+  const uint4* src = reinterpret_cast<const uint4*>(q + static_cast<std::size_t>(row_begin) * cols);
+  uint4* out = reinterpret_cast<uint4*>(dst);
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < groups; i += gridDim.x * blockDim.x) {
+    const float s = scales[row_begin + i / groups_per_row];
+    const uint4 w = __ldcs(src + i);
+    const std::uint32_t words[4] = {w.x, w.y, w.z, w.w};
+    std::uint32_t packed[8];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      float f[4];
+      decode4<FP8>(words[k], f);
+      const __nv_bfloat162 lo = __floats2bfloat162_rn(f[0] * s, f[1] * s);
+      const __nv_bfloat162 hi = __floats2bfloat162_rn(f[2] * s, f[3] * s);
+      packed[2 * k] = *reinterpret_cast<const std::uint32_t*>(&lo);
+      packed[2 * k + 1] = *reinterpret_cast<const std::uint32_t*>(&hi);
+    }
+    out[2 * i] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+    out[2 * i + 1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
   }
 }
 
@@ -220,9 +277,20 @@ void launch_dequantize_rows(dtype t, dtype qtype, const void* q, const float* sc
                             int cols, void* dst, cudaStream_t s) {
   const std::size_t total = static_cast<std::size_t>(rows) * cols;
   const unsigned threads = 256;
-  const unsigned blocks = static_cast<unsigned>(std::min<std::size_t>(blocks_for(total, threads), 132u * 16u));
   const auto* qp = static_cast<const std::uint8_t*>(q);
   const bool fp8 = qtype == dtype::f8e4m3;
+  const bool aligned = reinterpret_cast<std::uintptr_t>(q) % 16 == 0 && reinterpret_cast<std::uintptr_t>(dst) % 16 == 0;
+  if (t == dtype::bf16 && cols % 16 == 0 && aligned) {
+    const unsigned blocks = static_cast<unsigned>(std::min<std::size_t>(blocks_for(total / 16, threads), 132u * 8u));
+    if (fp8) {
+      dequantize16_kernel<true><<<blocks, threads, 0, s>>>(qp, scales, row_begin, rows, cols, static_cast<bf16*>(dst));
+    } else {
+      dequantize16_kernel<false><<<blocks, threads, 0, s>>>(qp, scales, row_begin, rows, cols, static_cast<bf16*>(dst));
+    }
+    CONVEYOR_CUDA_LAUNCHED("dequantize16_kernel");
+    return;
+  }
+  const unsigned blocks = static_cast<unsigned>(std::min<std::size_t>(blocks_for(total, threads), 132u * 16u));
   CONVEYOR_DISPATCH_T(t, {
     if (fp8) {
       dequantize_kernel<T, true><<<blocks, threads, 0, s>>>(qp, scales, row_begin, rows, cols, static_cast<T*>(dst));
