@@ -418,10 +418,11 @@ class cuda_backend final : public backend {
   }
 
   /// i8 / f8e4m3 weights. Decode (n ≤ 16, bf16): the fused kernel, weights cross HBM once as bytes.
-  /// Otherwise row tiles are dequantized into quant_scratch_ and cuBLAS multiplies them: prefill is
-  /// compute-bound, so one extra pass over the weights (1 byte read, 2 written and read back, mostly
-  /// in L2 since the tile is a few MiB) costs little next to the GEMM, and cuBLAS's tensor-core GEMM
-  /// is reused as is. TODO(perf): dequantize inside the GEMM's tile loads (Marlin-style) instead.
+  /// Otherwise row tiles are dequantized into quant_scratch_ and cuBLAS multiplies them: it reuses
+  /// cuBLAS's tensor-core GEMM as is, and prefill is compute-bound, so the extra pass costs ~15%
+  /// there (bench/NOTES.md). At batch 64 it costs 1.8x: the tile does not stay in L2 (the code
+  /// stream evicts it), so a step moves ~5 bytes per weight. TODO(perf): dequantize inside the
+  /// GEMM's tile loads (the fused kernel with more n-tiles for n ≤ 64, Marlin-style beyond).
   void quant_linear(const void* x, int n, const weight& w, const weight& bias, void* out) {
     flush();
     const int rows = static_cast<int>(w.rows), cols = static_cast<int>(w.cols);

@@ -15,8 +15,8 @@
 // normals), move the f16 exponent/mantissa into bf16 position (which reads as value · 2^-112, normal
 // for every nonzero code) and multiply by 2^112 in bf16x2.
 //
-// Prefill (and f32 compute): rows are dequantized into a scratch buffer that stays in L2 and cuBLAS
-// multiplies them (quant path in cuda_backend.cpp says why).
+// Prefill, batch > 16 and f32 compute: row tiles are dequantized into a scratch buffer and cuBLAS
+// multiplies them (cuda_backend.cpp's quant_linear says why, and what it costs).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>

@@ -17,7 +17,8 @@ struct cuda_backend_options {
   /// Rows of logits sampled per pass; the sort workspace is sized for this many rows of the vocab.
   int sample_rows_per_pass = 64;
   /// Device scratch that i8 / f8e4m3 linears with more than 16 tokens (and every one in f32 compute)
-  /// dequantize row tiles into for cuBLAS; small enough to stay in L2 between the two passes.
+  /// dequantize row tiles into for cuBLAS (bigger tiles, fewer launches; L2 residency was not kept
+  /// at batch 64 anyway, bench/NOTES.md).
   std::size_t quant_scratch_bytes = 16ull << 20;
 
   // Speed paths; each can be switched to measure it (bench/conveyor_bench) or to rule it out. The
