@@ -176,6 +176,7 @@ double gemm_rate(int size) {
 struct variant {
   std::string name;
   kernels::cuda_backend_options options;
+  engine::weight_quant_options quant;  ///< int8 / fp8 weights (issue 12); default bf16
 };
 
 std::vector<variant> all_variants() {
@@ -218,6 +219,12 @@ std::vector<variant> all_variants() {
   kernels::cuda_backend_options novec = o;
   novec.vec_decode = false;
   v.push_back({"novec", novec});
+  // Quantized weights on the default paths (issue 12): the linear layers, then the LM head too.
+  for (auto k : {kernels::weight_quant::int8, kernels::weight_quant::fp8}) {
+    const std::string name(kernels::weight_quant_name(k));
+    v.push_back({name, o, {k, false}});
+    v.push_back({name + "-head", o, {k, true}});
+  }
   return v;
 }
 
@@ -302,6 +309,7 @@ class engine_bench {
     for (int x : c_.prefill) max_prefill = std::max(max_prefill, x);
     o.kv_blocks = std::max(o.kv_blocks, (max_prefill + 15) / 16 + 8);
     o.max_step_tokens = std::max(2048, max_prefill);
+    o.quant = v_.quant;
     const auto t_load = clock_type::now();
     auto p = engine::local_pipeline::create(*backend_, c_.model, 1, o);
     if (!p) die("pipeline: " + p.err().message);
@@ -312,10 +320,11 @@ class engine_bench {
     weight_bytes_ = pipe_->stages()[0]->weight_bytes();
     kv_bytes_per_token_ = 2.0 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2.0;  // bf16 K and V
     kv_pool_bytes_ = kv_bytes_per_token_ * o.kv_blocks * o.kv_block_size;
-    // Bytes a decode step must read: every weight once, except the tied embedding (read as the LM
-    // head; the embedding lookup reads one row per token).
+    // Bytes a decode step must read: every weight once, except an embedding table that is not also
+    // the LM head (the lookup reads one row per token): untied, or tied with a quantized head copy.
     const double embed = static_cast<double>(cfg.vocab_size) * cfg.hidden_size * 2.0;
-    step_weight_bytes_ = static_cast<double>(weight_bytes_) - (cfg.tie_word_embeddings ? 0.0 : embed);
+    const bool head_copy = !cfg.tie_word_embeddings || (v_.quant.lm_head && v_.quant.kind != kernels::weight_quant::none);
+    step_weight_bytes_ = static_cast<double>(weight_bytes_) - (head_copy ? embed : 0.0);
     linear_params_ = 0.0;
     {
       const double h = cfg.hidden_size, f = cfg.intermediate_size, d = cfg.head_dim;
@@ -544,7 +553,8 @@ int main(int argc, char** argv) {
   for (std::size_t vi = 0; vi < variants.size(); ++vi) {
     const auto it = std::find_if(known.begin(), known.end(), [&](const variant& v) { return v.name == variants[vi]; });
     if (it == known.end()) die("unknown variant " + variants[vi]);
-    engine_bench(c, *it).run(it->name == "all" || it->name == "base", ablate, bw, gemm, first_tokens);
+    const bool full = it->name == "all" || it->name == "base" || it->quant.kind != kernels::weight_quant::none;
+    engine_bench(c, *it).run(full, ablate, bw, gemm, first_tokens);
   }
   // Greedy tokens of the batch-1 run per variant: the speed paths should not change them much.
   if (first_tokens.count("all") && first_tokens.count("base")) {

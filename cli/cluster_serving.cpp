@@ -108,6 +108,8 @@ result<coordinator::cluster_options> cluster_options_of(const config::deployment
   o.startup_timeout = std::chrono::seconds(static_cast<long>(d.serving.startup_timeout_s));
   o.device = std::string(config::to_string(d.model.device));
   o.dtype = std::string(config::to_string(d.model.dtype));
+  o.quant = std::string(config::to_string(d.model.quantization));
+  o.quant_lm_head = d.model.quantize_lm_head;
   o.device_ids = d.placement.device_ids;
   o.tp = d.parallel.tp;
   o.policy = serving_policy_of(d.serving);  // batching, admission control, deadlines (issue 6)

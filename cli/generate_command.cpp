@@ -80,8 +80,9 @@ status write_prompt_logits(engine::local_pipeline& pipe, const std::vector<int>&
 
 int generate_main(const args& argv) {
   auto f = flags::parse(argv, {"model", "prompt-ids", "prompt", "max-new-tokens", "temperature", "top-k", "top-p", "seed",
-                               "stages", "format", "ignore-eos", "threads", "device", "dtype", "logits-out", "tp", "batch", "timing"},
-                        {"ignore-eos", "timing"});
+                               "stages", "format", "ignore-eos", "threads", "device", "dtype", "logits-out", "tp", "batch", "timing",
+                               "quant", "quant-lm-head"},
+                        {"ignore-eos", "timing", "quant-lm-head"});
   if (!f) return fail(f.err());
   auto model = f->get("model");
   if (!model) return fail(make_error(errc::invalid_argument, "--model DIR is required"));
@@ -121,9 +122,22 @@ int generate_main(const args& argv) {
     return fail(make_error(errc::invalid_argument, "--format must be json or text, got \"" + format + "\""));
   }
 
+  // --quant int8|fp8: the linear layers' weights quantized at load (--quant-lm-head: the LM head too).
+  auto quant = engine::parse_weight_quant(f->get("quant").value_or("none"));
+  if (!quant) return fail(make_error(errc::invalid_argument, "--quant: " + quant.err().message));
+  if (*quant == kernels::weight_quant::fp8 && f->get("device").value_or("cpu") != "cuda") {
+    return fail(make_error(errc::invalid_argument,
+                           "--quant fp8 needs --device cuda (FP8 E4M3 weights are a GPU format; the CPU backend "
+                           "has only a reference emulation for tests): use --quant int8 on the CPU"));
+  }
+  if (f->has("quant-lm-head") && *quant == kernels::weight_quant::none) {
+    return fail(make_error(errc::invalid_argument, "--quant-lm-head needs --quant int8 or fp8"));
+  }
   auto backend = make_backend(*f, static_cast<int>(*threads));
   if (!backend) return fail(backend.err());
   engine::executor_options opts;
+  opts.quant.kind = *quant;
+  opts.quant.lm_head = f->has("quant-lm-head");
   const int context = static_cast<int>(ids->size() + *max_new);
   opts.kv_block_size = 16;
   // --batch N decodes N copies of the prompt together (a throughput measurement; greedy copies must

@@ -15,6 +15,7 @@ void usage(std::FILE* out) {
       "             --model DIR --prompt-ids 1,2,3 [--max-new-tokens N] [--temperature T]\n"
       "             [--top-k K] [--top-p P] [--seed S] [--stages K] [--format json|text]\n"
       "             [--ignore-eos] [--threads N] [--device cpu|cuda] [--dtype f32|bf16] [--tp N]\n"
+      "             [--quant none|int8|fp8] [--quant-lm-head]\n"
       "  serve      start a cluster (coordinator + one worker process per stage) and serve RPC\n"
       "             [--config FILE.toml] [--model DIR] [--stages K] [--chunks C] [--tp N]\n"
       "             [--listen HOST:PORT] [--http HOST:PORT]   (configs/ holds commented examples)\n"

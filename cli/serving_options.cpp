@@ -28,6 +28,8 @@ service::local_service_options local_service_options_of(const config::deployment
   o.kv_blocks = d.serving.kv_blocks > 0 ? d.serving.kv_blocks : 512;  // CPU: a fixed pool, as serve
   o.max_context = d.serving.max_context;
   o.policy = serving_policy_of(d.serving);
+  o.quant = std::string(config::to_string(d.model.quantization));
+  o.quant_lm_head = d.model.quantize_lm_head;
   return o;
 }
 

@@ -25,6 +25,8 @@ class cpu_backend final : public backend {
  public:
   explicit cpu_backend(const cpu_backend_options& options) {
     caps_.name = "cpu";
+    // FP8 here is the reference emulation the CUDA kernels are checked against (E4M3 decoded exactly).
+    caps_.int8_weights = caps_.fp8_weights = true;
     if (options.threads > 0) openblas_set_num_threads(options.threads);
   }
 
@@ -86,6 +88,11 @@ class cpu_backend final : public backend {
     for (std::size_t i = 0; i < count; ++i) a[i] += b[i];
   }
   void linear(const void* x, int n, const weight& w, const weight& bias, void* out) override {
+    if (w.type == dtype::i8 || w.type == dtype::f8e4m3) {
+      if (quant_tile_.empty()) quant_tile_.resize(quant_tile_floats);
+      return cpu::linear_quant(f(x), n, w.data, w.type, w.scales, static_cast<int>(w.rows), static_cast<int>(w.cols),
+                               bias.empty() ? nullptr : f(bias.data), f(out), quant_tile_.data(), quant_tile_.size());
+    }
     cpu::linear(f(x), n, f(w.data), static_cast<int>(w.rows), static_cast<int>(w.cols),
                 bias.empty() ? nullptr : f(bias.data), f(out));
   }
@@ -128,7 +135,11 @@ class cpu_backend final : public backend {
  private:
   static std::size_t round_up(std::size_t bytes) { return (bytes + 63) / 64 * 64; }
 
+  /// 1 MiB of dequantized rows: stays in L2 between the dequantization and the sgemm reading it.
+  static constexpr std::size_t quant_tile_floats = 1u << 18;
+
   backend_caps caps_;
+  std::vector<float> quant_tile_;
   std::vector<std::pair<float, std::int32_t>> scratch_;
 };
 

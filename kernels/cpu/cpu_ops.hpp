@@ -11,6 +11,10 @@ void rmsnorm(const float* x, int n, int width, const float* w, float eps, float*
 void add_rmsnorm(float* residual, const float* x, int n, int width, const float* w, float eps,
                  float* out);
 void linear(const float* x, int n, const float* w, int rows, int cols, const float* bias, float* out);
+/// linear with an i8 / f8e4m3 weight and per-row scales: row tiles are dequantized into `scratch`
+/// (tile_floats floats) and multiplied with OpenBLAS, so the result is that of the dequantized matrix.
+void linear_quant(const float* x, int n, const void* q, dtype type, const float* scales, int rows, int cols,
+                  const float* bias, float* out, float* scratch, std::size_t tile_floats);
 void rope(float* qkv, int n, const attn_shape& shape, const std::int32_t* positions,
           const float* inv_freq, float attention_scaling);
 void kv_write(const float* qkv, int n, const attn_shape& shape, const std::int32_t* slots,

@@ -21,6 +21,7 @@
 #include "check.hpp"
 #include "conveyor/kernels/sampling.hpp"
 #include "launch.hpp"
+#include "quant_launch.hpp"
 
 namespace conveyor::kernels {
 
@@ -66,7 +67,7 @@ class cuda_backend final : public backend {
     }
     if (counter_ != nullptr) cudaFree(counter_);
     if (cublas_ != nullptr) cublasDestroy(cublas_);
-    for (void* p : {cublas_ws_, static_cast<void*>(partials_), static_cast<void*>(params_dev_),
+    for (void* p : {cublas_ws_, quant_scratch_, static_cast<void*>(partials_), static_cast<void*>(params_dev_),
                     static_cast<void*>(tokens_dev_)}) {
       if (p != nullptr) cudaFree(p);
     }
@@ -206,6 +207,7 @@ class cuda_backend final : public backend {
   void linear(const void* x, int n, const weight& w, const weight& bias, void* out) override {
     if (n <= 0) return flush();
     set_device();
+    if (w.type == dtype::i8 || w.type == dtype::f8e4m3) return quant_linear(x, n, w, bias, out);
     if (small_gemm_ && t_ == dtype::bf16 && w.type == dtype::bf16 &&
         gemv_supported(n, static_cast<int>(w.rows), static_cast<int>(w.cols)) && aligned(x) && aligned(w.data) &&
         aligned(out)) {
@@ -416,6 +418,33 @@ class cuda_backend final : public backend {
     launch_gemv(a, pro, pdl_, num_sms_, stream_);
   }
 
+  /// i8 / f8e4m3 weights. Decode (n ≤ 16, bf16): the fused kernel, weights cross HBM once as bytes.
+  /// Otherwise row tiles are dequantized into quant_scratch_ and cuBLAS multiplies them: it reuses
+  /// cuBLAS's tensor-core GEMM as is, and prefill is compute-bound, so the extra pass costs ~15%
+  /// there (bench/NOTES.md). At batch 64 it costs 1.8x: the tile does not stay in L2 (the code
+  /// stream evicts it), so a step moves ~5 bytes per weight. TODO(perf): dequantize inside the
+  /// GEMM's tile loads (the fused kernel with more n-tiles for n ≤ 64, Marlin-style beyond).
+  void quant_linear(const void* x, int n, const weight& w, const weight& bias, void* out) {
+    flush();
+    const int rows = static_cast<int>(w.rows), cols = static_cast<int>(w.cols);
+    const float* b = bias.empty() ? nullptr : static_cast<const float*>(bias.data);
+    if (t_ == dtype::bf16 && quant_gemv_supported(n, rows, cols, x, w.data, out)) {
+      return launch_quant_gemv(w.type, x, n, w.data, w.scales, b, rows, cols, out, stream_);
+    }
+    const std::size_t esize = dtype_size(t_);
+    const int tile = static_cast<int>(std::max<std::size_t>(1, quant_scratch_bytes_ / (esize * cols)));
+    const float one = 1.0f, zero = 0.0f;
+    for (int r0 = 0; r0 < rows; r0 += tile) {
+      const int m = std::min(tile, rows - r0);
+      launch_dequantize_rows(t_, w.type, w.data, w.scales, r0, m, cols, quant_scratch_, stream_);
+      CONVEYOR_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, m, n, cols, &one, quant_scratch_,
+                                         cuda_type(t_), cols, x, cuda_type(t_), cols, &zero,
+                                         static_cast<std::uint8_t*>(out) + r0 * esize, cuda_type(t_), rows,
+                                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    }
+    if (b != nullptr) launch_add_bias(t_, out, b, n, rows, stream_);
+  }
+
   explicit cuda_backend(const cuda_backend_options& o)
       : device_(o.device), t_(o.compute_dtype), rows_per_pass_(o.sample_rows_per_pass), graphs_(o.graphs),
         small_gemm_(o.small_gemm), fuse_(o.fuse), fuse_norm_(o.fuse_norm), pdl_(o.pdl),
@@ -428,6 +457,7 @@ class cuda_backend final : public backend {
     caps_.host_memory = false;
     caps_.act_dtype = caps_.weight_dtype = caps_.kv_dtype = o.compute_dtype;
     partial_floats_ = o.attention_workspace_bytes / sizeof(float);
+    quant_scratch_bytes_ = o.quant_scratch_bytes;
   }
 
   // Everything an op could need, so ops never allocate (the sort workspace, which depends on the
@@ -462,6 +492,15 @@ class cuda_backend final : public backend {
     if (counter_ == nullptr) return make_error(errc::out_of_memory, "CUDA backend: no device memory for its workspace");
     CONVEYOR_CUDA_CHECK(cudaMemset(counter_, 0, 256));
     gemv_init();
+    quant_scratch_ = alloc(quant_scratch_bytes_);
+    if (quant_scratch_ == nullptr) return make_error(errc::out_of_memory, "CUDA backend: no device memory for its workspace");
+    {
+      int major = 0, minor = 0;
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_);
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_);
+      caps_.int8_weights = true;
+      caps_.fp8_weights = major * 10 + minor >= 89;  // the E4M3 -> f16x2 cvt (sm_89+)
+    }
     for (auto& slot : staging_) {
       if (cudaMallocHost(&slot.host, staging_bytes) != cudaSuccess ||
           cudaEventCreateWithFlags(&slot.done, cudaEventDisableTiming) != cudaSuccess) {
@@ -537,6 +576,8 @@ class cuda_backend final : public backend {
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   void* cublas_ws_ = nullptr;
+  void* quant_scratch_ = nullptr;
+  std::size_t quant_scratch_bytes_ = 0;
   float* partials_ = nullptr;
   std::size_t partial_floats_ = 0;
   device_sample_params* params_dev_ = nullptr;

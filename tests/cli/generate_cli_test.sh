@@ -39,4 +39,13 @@ check bad_format 1 'format' -- generate --model "$fx/tiny-llama" --prompt-ids 1 
 check bad_top_p 1 'top-p' -- generate --model "$fx/tiny-llama" --prompt-ids 1 --top-p 0
 check missing_model 1 'model' -- generate --prompt-ids 1
 check unknown_command 2 'unknown command' -- frobnicate
+# Quantized weights (issue 12): int8 runs on the CPU (same tokens across a stage/TP split), bad
+# values and fp8 on the CPU are one clear error.
+check quant_int8 0 '"tokens":\[[0-9]' -- generate --model "$fx/tiny-llama" --prompt-ids $ids --max-new-tokens 8 --ignore-eos --quant int8
+qa=$("$bin" generate --model "$fx/tiny-llama" --prompt-ids $ids --max-new-tokens 8 --ignore-eos --quant int8 --quant-lm-head)
+qb=$("$bin" generate --model "$fx/tiny-llama" --prompt-ids $ids --max-new-tokens 8 --ignore-eos --quant int8 --quant-lm-head --stages 2 --tp 2)
+if [ -n "$qa" ] && [ "$qa" = "$qb" ]; then echo "ok   quant_split_same_tokens"; else echo "FAIL quant split: $qa / $qb"; fail=1; fi
+check quant_bad_value 1 'unknown quantization "int4".*"int8"' -- generate --model "$fx/tiny-llama" --prompt-ids 1 --quant int4
+check quant_fp8_cpu 1 'fp8 needs --device cuda' -- generate --model "$fx/tiny-llama" --prompt-ids 1 --quant fp8
+check quant_lm_head_alone 1 'quant-lm-head needs --quant' -- generate --model "$fx/tiny-llama" --prompt-ids 1 --quant-lm-head
 exit $fail

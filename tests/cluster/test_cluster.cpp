@@ -12,8 +12,10 @@
 #include "../engine/golden.hpp"
 #include "conveyor/client/client.hpp"
 #include "conveyor/coordinator/cluster.hpp"
+#include "conveyor/engine/local_pipeline.hpp"
 #include "conveyor/frontend/rpc_server.hpp"
 #include "cluster_fixture.hpp"
+#include "conveyor/kernels/cpu_backend.hpp"
 
 namespace conveyor::coordinator {
 namespace {
@@ -85,6 +87,47 @@ TEST(cluster, tensor_parallel_stages_give_the_golden_tokens) {
   auto bad = cluster::start(o);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.err().message.find("allowed: 1, 2, 4"), std::string::npos) << bad.err().message;
+}
+
+// Quantized weights (issue 12): the stage assignment carries the quantization to every worker, so
+// 2 stages x tp 2 give the tokens of the same int8 model in one process; a bad value fails the start.
+TEST(cluster, quantized_stages_give_the_in_process_quantized_tokens) {
+  const auto golden = testing::load_golden("tiny-llama");
+  auto backend = kernels::make_cpu_backend({1});
+  engine::executor_options eo;
+  eo.kv_blocks = 64;
+  eo.quant.kind = kernels::weight_quant::int8;
+  eo.quant.lm_head = true;
+  auto pipe = engine::local_pipeline::create(*backend, golden.dir, 1, eo);
+  ASSERT_TRUE(pipe.ok()) << pipe.err().message;
+  auto o = base_options("tiny-llama", 2);
+  o.tp = 2;
+  o.quant = "int8";
+  o.quant_lm_head = true;
+  auto c = cluster::start(o);
+  ASSERT_TRUE(c.ok()) << c.err().message;
+  int differs_from_unquantized = 0;
+  for (std::size_t i = 0; i < golden.prompts.size(); ++i) {
+    engine::generation_request r;
+    r.prompt = golden.prompts[i].input_ids;
+    r.max_new_tokens = 24;
+    r.stop_at_eos = false;
+    auto want = (*pipe)->generate({r});
+    ASSERT_TRUE(want.ok()) << want.err().message;
+    auto sink = std::make_shared<collecting_sink>();
+    (*c)->service().submit(greedy(golden.prompts[i]), sink);
+    ASSERT_TRUE(sink->wait()) << "prompt " << i << " timed out";
+    ASSERT_TRUE(sink->done->ok()) << sink->done->err().message;
+    EXPECT_EQ(sink->tokens, (*want)[0].tokens) << "prompt " << i;
+    differs_from_unquantized += sink->tokens != golden.prompts[i].greedy;
+  }
+  // Otherwise a worker that ignored the quantization would pass too.
+  EXPECT_GT(differs_from_unquantized, 0);
+  auto bad_o = base_options("tiny-llama", 1);
+  bad_o.quant = "int4";
+  auto bad = cluster::start(bad_o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.err().message.find("int4"), std::string::npos) << bad.err().message;
 }
 
 TEST(cluster, concurrent_requests_equal_their_solo_results) {

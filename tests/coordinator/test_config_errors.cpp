@@ -133,6 +133,9 @@ const bad_config value_errors[] = {
     {"host_gpus",
      "[[placement.hosts]]\naddress = \"127.0.0.1\"\ngpus = -1\n",
      {"deploy.toml:3:8: placement.hosts[0].gpus = -1: must be an integer from 0 to 1024"}},
+    {"quantization",
+     "[model]\nquantization = \"int4\"\n",
+     {"deploy.toml:2:16: model.quantization", "int4", "\"none\"", "\"int8\"", "\"fp8\""}},
 };
 INSTANTIATE_TEST_SUITE_P(values, config_error, ::testing::ValuesIn(value_errors),
                          [](const auto& test) { return std::string(test.param.name); });
@@ -255,6 +258,12 @@ const bad_config contradictions[] = {
      "[frontend]\nhttp_listen = \"127.0.0.1:7600\"\n",
      {"deploy.toml:2:15: frontend.rpc_listen = \"127.0.0.1:7600\" (default) and frontend.http_listen = "
       "\"127.0.0.1:7600\" share a port"}},
+    {"fp8_on_cpu",
+     "[model]\nquantization = \"fp8\"\n",
+     {"model.quantization = \"fp8\" needs model.device = \"cuda\"", "use \"int8\" on the CPU"}},
+    {"quantize_lm_head_without_quantization",
+     "[model]\nquantize_lm_head = true\n",
+     {"deploy.toml:2:20: model.quantize_lm_head = true needs model.quantization = \"int8\" or \"fp8\""}},
     {"wildcard_shares_a_port",
      "[cluster]\nlisten = \"0.0.0.0:7600\"\n",
      {"deploy.toml:2:10: cluster.listen = \"0.0.0.0:7600\" and frontend.rpc_listen = \"127.0.0.1:7600\" "

@@ -15,6 +15,8 @@ TEST(config_defaults, empty_file_is_a_laptop_deployment_on_loopback) {
   EXPECT_EQ(d.model.dir, "");
   EXPECT_EQ(d.model.dtype, model_dtype::f32);
   EXPECT_EQ(d.model.device, device_kind::cpu);
+  EXPECT_EQ(d.model.quantization, weight_quantization::none);
+  EXPECT_FALSE(d.model.quantize_lm_head);
   EXPECT_EQ(d.parallel.type, parallel_type::pp);
   EXPECT_EQ(d.parallel.stages, 1);
   EXPECT_EQ(d.parallel.tp, 1);
@@ -87,6 +89,8 @@ constexpr std::string_view every_key = R"(
 dir = "/models/m"
 dtype = "bf16"
 device = "cuda"
+quantization = "fp8"
+quantize_lm_head = true
 
 [parallel]
 type = "custom"
@@ -165,6 +169,8 @@ TEST(config_keys, every_key_is_read) {
   EXPECT_EQ(d.model.dir, "/models/m");
   EXPECT_EQ(d.model.dtype, model_dtype::bf16);
   EXPECT_EQ(d.model.device, device_kind::cuda);
+  EXPECT_EQ(d.model.quantization, weight_quantization::fp8);
+  EXPECT_TRUE(d.model.quantize_lm_head);
   EXPECT_EQ(d.parallel.type, parallel_type::custom);
   EXPECT_EQ(d.parallel.stages, 2);
   EXPECT_EQ(d.parallel.tp, 2);

@@ -398,5 +398,44 @@ gpu_memory_gib = 80
   EXPECT_TRUE(contains(text, "80.00 GiB (0% used)")) << text;
 }
 
+// ---- quantized weights (issue 12) ----
+
+TEST(placement_memory, quantized_layers_take_a_byte_per_weight_plus_row_scales) {
+  auto model = engine::load_model_config(tiny());
+  auto tensors = read_tensor_shapes(tiny());
+  ASSERT_TRUE(model.ok() && tensors.ok());
+  // tiny-llama: per layer q 128x128, k/v 64x128, o 128x128, gate/up 352x128, down 128x352.
+  const std::uint64_t numel = 128 * 128 + 2 * 64 * 128 + 128 * 128 + 3 * 352 * 128;
+  const std::uint64_t rows = 128 + 2 * 64 + 128 + 2 * 352 + 128;
+  const std::uint64_t norms = 4 * 2 * 128;
+  for (const char* q : {"int8", "fp8"}) {
+    auto d = parse_ok(std::string("[model]\ndevice = \"cuda\"\nquantization = \"") + q + "\"\n[serving]\nkv_blocks = 8\n");
+    const auto p = place_ok(d, *model);
+    const auto m = estimate_memory(p, d, *model, *tensors);
+    // Embedding and head stay bf16 (the head is quantized only with quantize_lm_head).
+    EXPECT_EQ(m.stages[0].weight_bytes, 4 * (numel + 4 * rows + norms) + 2 * 2 * 1024 * 128 + 4 * 128) << q;
+    auto plain = parse_ok("[model]\ndevice = \"cuda\"\n[serving]\nkv_blocks = 8\n");
+    const auto m_plain = estimate_memory(place_ok(plain, *model), plain, *model, *tensors);
+    EXPECT_LT(m.stages[0].weight_bytes, m_plain.stages[0].weight_bytes) << q;
+  }
+  // With the head: 1024 x 128 codes + 1024 scales instead of 2 bytes each.
+  auto d = parse_ok("[model]\ndevice = \"cuda\"\nquantization = \"int8\"\nquantize_lm_head = true\n[serving]\nkv_blocks = 8\n");
+  const auto m = estimate_memory(place_ok(d, *model), d, *model, *tensors);
+  EXPECT_EQ(m.stages[0].weight_bytes, 4 * (numel + 4 * rows + norms) + 2 * 1024 * 128 + (1024 * 128 + 4 * 1024) + 4 * 128);
+}
+
+TEST(placement_memory, quantized_tensor_parallel_ranks_keep_whole_rows_of_row_parallel_matrices) {
+  auto model = engine::load_model_config(tiny());
+  auto tensors = read_tensor_shapes(tiny());
+  ASSERT_TRUE(model.ok() && tensors.ok());
+  auto d = parse_ok("[model]\ndevice = \"cuda\"\nquantization = \"int8\"\n[parallel]\ntp = 2\n[serving]\nkv_blocks = 8\n");
+  const auto m = estimate_memory(place_ok(d, *model), d, *model, *tensors);
+  // Half of every matrix's codes; column-parallel (q/k/v/gate/up) half the rows' scales, row-parallel
+  // (o/down) every row's scale.
+  const std::uint64_t codes = (128 * 128 + 2 * 64 * 128 + 128 * 128 + 3 * 352 * 128) / 2;
+  const std::uint64_t scales = 4 * ((128 + 2 * 64 + 2 * 352) / 2 + 128 + 128);
+  EXPECT_EQ(m.stages[0].weight_bytes, 4 * (codes + scales + 4 * 2 * 128) + 2 * 2 * 1024 * 128 + 4 * 128);
+}
+
 }  // namespace
 }  // namespace conveyor::placement

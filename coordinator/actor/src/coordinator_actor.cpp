@@ -453,6 +453,8 @@ caf::behavior coordinator_impl(coord_actor* self, coordinator_setup setup) {
         a.dtype = s.setup.options.dtype;
         a.tp = s.setup.options.tp;
         a.max_frame_bytes = static_cast<std::int64_t>(s.setup.options.max_frame_bytes);
+        a.quant = s.setup.options.quant;
+        a.quant_lm_head = s.setup.options.quant_lm_head;
         return {assign_atom::value, a};
       },
       [=](progress_atom, std::int32_t stage, std::int32_t, const std::string& text) {

@@ -18,6 +18,9 @@ std::string ucx_tls_env(const transport_section& t) {
 
 std::string_view to_string(model_dtype v) { return v == model_dtype::f32 ? "f32" : "bf16"; }
 std::string_view to_string(device_kind v) { return v == device_kind::cpu ? "cpu" : "cuda"; }
+std::string_view to_string(weight_quantization v) {
+  return v == weight_quantization::int8 ? "int8" : v == weight_quantization::fp8 ? "fp8" : "none";
+}
 
 std::string_view to_string(parallel_type v) {
   switch (v) {

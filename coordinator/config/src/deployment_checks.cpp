@@ -149,6 +149,21 @@ void check_hosts(const deployment& d, diagnostics& out) {
   }
 }
 
+void check_quantization(const deployment& d, diagnostics& out) {
+  const auto& m = d.model;
+  if (m.quantization == weight_quantization::fp8 && m.device == device_kind::cpu) {
+    about a(d, {"model.quantization", "model.device"});
+    out.add(a.line(a.kv("model.quantization", "\"fp8\"") + " needs " + a.kv("model.device", "\"cuda\"") +
+                   ": FP8 E4M3 weights are a GPU format (the CPU backend has only a reference emulation for "
+                   "tests); use \"int8\" on the CPU"));
+  }
+  if (m.quantize_lm_head && m.quantization == weight_quantization::none) {
+    about a(d, {"model.quantize_lm_head", "model.quantization"});
+    out.add(a.line(a.kv("model.quantize_lm_head", "true") + " needs " +
+                   a.kv("model.quantization", "\"int8\" or \"fp8\"") + ", but it is \"none\""));
+  }
+}
+
 void check_gpus(const deployment& d, diagnostics& out) {
   const auto& p = d.placement;
   if (d.model.device == device_kind::cpu) {
@@ -283,6 +298,7 @@ status check_deployment(const deployment& d) {
   check_parallel(d, out);
   check_hosts(d, out);
   check_gpus(d, out);
+  check_quantization(d, out);
   check_serving(d, out);
   check_ports(d, out);
   if (out.empty()) return ok_status();

@@ -61,6 +61,9 @@ void read_model(table_reader& r, model_section& m) {
   r.read("dir", m.dir);
   r.read_choice("dtype", m.dtype, {{"f32", model_dtype::f32}, {"bf16", model_dtype::bf16}});
   r.read_choice("device", m.device, {{"cpu", device_kind::cpu}, {"cuda", device_kind::cuda}});
+  r.read_choice("quantization", m.quantization,
+                {{"none", weight_quantization::none}, {"int8", weight_quantization::int8}, {"fp8", weight_quantization::fp8}});
+  r.read("quantize_lm_head", m.quantize_lm_head);
 }
 
 void read_parallel(table_reader& r, parallel_section& p) {

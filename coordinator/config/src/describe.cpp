@@ -23,6 +23,8 @@ std::string describe(const deployment& d) {
   add("model.dir", d.model.dir.empty() ? "(not set)" : sv(d.model.dir));
   add("model.dtype", sv(to_string(d.model.dtype)));
   add("model.device", sv(to_string(d.model.device)));
+  add("model.quantization", sv(to_string(d.model.quantization)));
+  add("model.quantize_lm_head", d.model.quantize_lm_head ? "true" : "false");
   add("parallel.type", sv(to_string(d.parallel.type)));
   add("parallel.stages", std::to_string(d.parallel.stages));
   add("parallel.tp", std::to_string(d.parallel.tp));

@@ -24,6 +24,7 @@ struct tensor_role {
   enum class kind { layer, embedding, head, final_norm, other } what = kind::other;
   int layer = -1;
   double share = 1.0;  ///< fraction one rank holds
+  bool row_parallel = false;  ///< o_proj / down_proj: a rank keeps every row, a slice of the columns
 };
 
 tensor_role role_of(const std::string& name, const engine::model_config& c, const engine::tp_layout& tp) {
@@ -52,6 +53,7 @@ tensor_role role_of(const std::string& name, const engine::model_config& c, cons
   else if (has("gate_proj") || has("up_proj")) r.share = ffn;
   else if (has("o_proj")) r.share = bias ? 1.0 : heads;      // row-parallel: rank 0 adds the bias
   else if (has("down_proj")) r.share = bias ? 1.0 : ffn;
+  r.row_parallel = has("o_proj") || has("down_proj");
   return r;
 }
 
@@ -114,6 +116,23 @@ memory_estimate estimate_memory(const placement_plan& plan, const config::deploy
                  std::to_string(context) + " tokens (serving.max_context)";
   }
 
+  // Quantized matrices (model.quantization): one byte per element + a float32 scale per row of a rank.
+  const bool quantized = d.model.quantization != config::weight_quantization::none;
+  const bool head_q = quantized && d.model.quantize_lm_head;
+  auto numel_of = [](const tensor_shape& t) {
+    std::uint64_t numel = 1;
+    for (auto dim : t.shape) numel *= static_cast<std::uint64_t>(std::max<std::int64_t>(dim, 0));
+    return numel;
+  };
+  auto quantized_bytes = [&](const tensor_shape& t, const tensor_role& r) {
+    const double rows = static_cast<double>(t.shape[0]) * (r.row_parallel ? 1.0 : r.share);
+    return static_cast<std::uint64_t>(static_cast<double>(numel_of(t)) * r.share + 0.5) +
+           static_cast<std::uint64_t>(rows + 0.5) * 4;
+  };
+  auto plain_bytes = [&](const tensor_shape& t, const tensor_role& r) {
+    const std::uint64_t elem = t.shape.size() >= 2 ? matrix_bytes : 4;
+    return static_cast<std::uint64_t>(static_cast<double>(numel_of(t)) * r.share + 0.5) * elem;
+  };
   const bool has_lm_head = std::any_of(tensors.begin(), tensors.end(), [](const tensor_shape& t) { return t.name == "lm_head.weight"; });
   m.stages.resize(plan.stages.size());
   for (std::size_t k = 0; k < plan.stages.size(); ++k) {
@@ -123,20 +142,31 @@ memory_estimate estimate_memory(const placement_plan& plan, const config::deploy
     std::uint64_t bytes = 0;
     for (const auto& t : tensors) {
       const auto r = role_of(t.name, c, tp);
-      bool mine = false;
+      const bool matrix = t.shape.size() >= 2;
       switch (r.what) {
-        case tensor_role::kind::layer: mine = r.layer >= sp.first_layer && r.layer < sp.last_layer; break;
-        // A tied head without lm_head.weight loads the embedding a second time on a last stage of its own.
-        case tensor_role::kind::embedding: mine = first || (last && c.tie_word_embeddings && !has_lm_head); break;
-        case tensor_role::kind::head: mine = last && !c.tie_word_embeddings; break;
-        case tensor_role::kind::final_norm: mine = last; break;
+        case tensor_role::kind::layer:
+          if (r.layer >= sp.first_layer && r.layer < sp.last_layer) {
+            bytes += quantized && matrix ? quantized_bytes(t, r) : plain_bytes(t, r);
+          }
+          break;
+        case tensor_role::kind::embedding:
+          // Never quantized. A tied head reads it too: shared on a stage that holds both (unless the
+          // head is quantized: then it is a second, quantized copy); a last stage of its own without
+          // lm_head.weight loads it again.
+          if (first) bytes += plain_bytes(t, r);
+          if (last && c.tie_word_embeddings && (head_q || !has_lm_head)) {
+            if (head_q) bytes += quantized_bytes(t, r);
+            else if (!first) bytes += plain_bytes(t, r);
+          }
+          break;
+        case tensor_role::kind::head:
+          if (last && !c.tie_word_embeddings) bytes += head_q ? quantized_bytes(t, r) : plain_bytes(t, r);
+          break;
+        case tensor_role::kind::final_norm:
+          if (last) bytes += plain_bytes(t, r);
+          break;
         case tensor_role::kind::other: break;
       }
-      if (!mine) continue;
-      std::uint64_t numel = 1;
-      for (auto dim : t.shape) numel *= static_cast<std::uint64_t>(std::max<std::int64_t>(dim, 0));
-      const std::uint64_t elem = t.shape.size() >= 2 ? matrix_bytes : 4;
-      bytes += static_cast<std::uint64_t>(static_cast<double>(numel) * r.share + 0.5) * elem;
     }
     m.stages[k].weight_bytes = bytes;
     m.stages[k].kv_bytes = 2ull * static_cast<std::uint64_t>(sp.num_layers()) * static_cast<std::uint64_t>(m.kv_tokens) *

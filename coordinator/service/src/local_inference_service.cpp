@@ -150,6 +150,9 @@ result<std::unique_ptr<inference_service>> make_local_inference_service(const st
   eo.kv_block_size = o.kv_block_size;
   eo.max_step_tokens = o.max_step_tokens;
   eo.max_seqs = o.max_seqs_per_step;
+  CONVEYOR_TRY_ASSIGN(quant, engine::parse_weight_quant(o.quant));
+  eo.quant.kind = quant;
+  eo.quant.lm_head = o.quant_lm_head;
   CONVEYOR_TRY_ASSIGN(pipe, engine::local_pipeline::create(*backend, model_dir, o.stages, eo));
   scheduler::scheduler_options so;
   so.chunks = 1;  // one process runs the stages back to back: nothing to overlap

@@ -125,6 +125,14 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, worker_optio
             o.executor.kv_block_size = a.kv_block_size;
             o.executor.max_step_tokens = a.max_step_tokens;
             o.executor.max_seqs = a.max_seqs;
+            auto quant = engine::parse_weight_quant(a.quant);
+            if (!quant) {
+              self->send(coordinator, failed_atom::value, a.stage, static_cast<std::int32_t>(options.rank),
+                         "stage assignment: " + quant.err().message);
+              return;
+            }
+            o.executor.quant.kind = *quant;
+            o.executor.quant.lm_head = a.quant_lm_head;
             o.ucx.tls = a.ucx_tls;
             o.ucx.net_devices = options.net_devices;
             // A coordinator on loopback means a one-host cluster: UCX's tcp listeners stay on lo too, not on

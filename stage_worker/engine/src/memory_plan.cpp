@@ -15,22 +15,37 @@ std::string gib(std::size_t bytes) {
 }
 }  // namespace
 
-std::size_t estimate_weight_bytes(const kernels::backend& backend, const model_config& c, stage_range range) {
-  const std::size_t w = kernels::dtype_size(backend.caps().weight_dtype);
+std::size_t estimate_weight_bytes(std::size_t w, const model_config& c, stage_range range,
+                                  const weight_quant_options& quant) {
   const std::size_t f32 = 4;
   const std::size_t h = c.hidden_size, f = c.intermediate_size, v = c.vocab_size;
   const std::size_t q = static_cast<std::size_t>(c.num_heads) * c.head_dim;
   const std::size_t kv = static_cast<std::size_t>(c.num_kv_heads) * c.head_dim;
-  std::size_t per_layer = (q + 2 * kv) * h * w + q * h * w + 2 * f * h * w + f * h * w;  // qkv, o, gate_up, down
-  per_layer += 2 * h * f32;                                                              // two norms
+  const bool quantized = quant.kind != kernels::weight_quant::none;
+  // A rows × cols matrix of the linear layers, as stage_weights stores it.
+  auto matrix = [&](std::size_t rows, std::size_t cols, bool quantize) {
+    return quantize ? kernels::quantized_matrix_bytes(rows, cols) : rows * cols * w;
+  };
+  std::size_t per_layer = matrix(q + 2 * kv, h, quantized) + matrix(h, q, quantized) + matrix(2 * f, h, quantized) +
+                          matrix(h, f, quantized);  // qkv, o, gate_up, down
+  per_layer += 2 * h * f32;                         // two norms
   if (c.qkv_bias) per_layer += (q + 2 * kv) * f32;
   if (c.o_bias) per_layer += h * f32;
   if (c.mlp_bias) per_layer += (2 * f + h) * f32;
   std::size_t bytes = per_layer * static_cast<std::size_t>(range.num_layers());
-  if (range.has_embedding) bytes += v * h * w;
-  // A tied head shares the embedding only when the same stage holds both.
-  if (range.has_head) bytes += h * f32 + ((c.tie_word_embeddings && range.has_embedding) ? 0 : v * h * w);
+  if (range.has_embedding) bytes += v * h * w;  // never quantized
+  if (range.has_head) {
+    const bool head_q = quantized && quant.lm_head;
+    // A tied head shares the embedding only when the same stage holds both and it is not quantized.
+    const bool shared = c.tie_word_embeddings && range.has_embedding && !head_q;
+    bytes += h * f32 + (shared ? 0 : matrix(v, h, head_q));
+  }
   return bytes;
+}
+
+std::size_t estimate_weight_bytes(const kernels::backend& backend, const model_config& c, stage_range range,
+                                  const weight_quant_options& quant) {
+  return estimate_weight_bytes(kernels::dtype_size(backend.caps().weight_dtype), c, range, quant);
 }
 
 std::size_t estimate_workspace_bytes(const kernels::backend& backend, const model_config& c, stage_range range,
@@ -68,7 +83,7 @@ result<memory_plan> plan_memory(kernels::backend& backend, const model_config& c
   backend.memory_info(&p.free_bytes, &p.total_bytes);
   std::size_t per_block = 0;
   for (const auto& r : ranges) {
-    p.weight_bytes += estimate_weight_bytes(backend, config, r);
+    p.weight_bytes += estimate_weight_bytes(backend, config, r, options.quant);
     p.workspace_bytes += estimate_workspace_bytes(backend, config, r, options);
     per_block += kv_pools::bytes_per_block(backend, r.num_layers(), options.kv_block_size, config.num_kv_heads,
                                            config.head_dim);

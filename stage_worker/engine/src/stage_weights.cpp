@@ -1,5 +1,7 @@
 #include "conveyor/engine/stage_weights.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
 
@@ -22,6 +24,9 @@ struct host_part {
   std::int64_t rows = 0;
   std::int64_t cols = 1;
   std::vector<std::uint8_t> owned;  ///< column slices are strided, so they are copied
+  /// Column slices: the whole rows they were cut from, so quantization takes the whole rows' scales.
+  const std::uint8_t* full_rows = nullptr;
+  std::int64_t full_cols = 0;
 };
 
 }  // namespace
@@ -74,7 +79,76 @@ class weight_loader {
       std::memcpy(p.owned.data() + static_cast<std::size_t>(r) * count * esize, src + r * full, count * esize);
     }
     p.data = p.owned.data();
+    p.full_rows = t.file->data(*t.info);
+    p.full_cols = t.info->shape[1];
     return p;
+  }
+
+  /// Uploads the row-wise concatenation of `parts` quantized as `kind`: per-row scales from each
+  /// part's rows (the whole rows for a column slice), codes and scales in two backend buffers.
+  result<kernels::weight> upload_quantized(const std::vector<host_part>& parts, kernels::weight_quant kind) {
+    const auto& caps = b_.caps();
+    if ((kind == kernels::weight_quant::int8 && !caps.int8_weights) ||
+        (kind == kernels::weight_quant::fp8 && !caps.fp8_weights)) {
+      return make_error(errc::unsupported, "quantization \"" + std::string(kernels::weight_quant_name(kind)) +
+                                               "\" is not supported by the " + caps.name + " backend" +
+                                               (kind == kernels::weight_quant::fp8 ? " (FP8 E4M3 weights need a GPU of compute capability 8.9 or newer)" : ""));
+    }
+    std::int64_t rows = 0;
+    const std::int64_t cols = parts[0].cols;
+    for (const auto& p : parts) rows += p.rows;
+    std::vector<float> values(static_cast<std::size_t>(rows) * cols);
+    std::vector<float> absmax;
+    bool any_slice = false;
+    for (const auto& p : parts) any_slice = any_slice || p.full_rows != nullptr;
+    std::size_t at = 0;
+    std::vector<float> row_buf;
+    for (const auto& p : parts) {
+      const std::size_t n = static_cast<std::size_t>(p.rows) * p.cols;
+      kernels::convert_to_f32(p.data, p.type, n, values.data() + at);
+      if (any_slice) {
+        for (std::int64_t r = 0; r < p.rows; ++r) {
+          const float* row = values.data() + at + static_cast<std::size_t>(r) * p.cols;
+          std::int64_t len = p.cols;
+          if (p.full_rows != nullptr) {
+            row_buf.resize(p.full_cols);
+            kernels::convert_to_f32(p.full_rows + static_cast<std::size_t>(r) * p.full_cols * kernels::dtype_size(p.type),
+                                    p.type, p.full_cols, row_buf.data());
+            row = row_buf.data();
+            len = p.full_cols;
+          }
+          float m = 0.0f;
+          for (std::int64_t c = 0; c < len; ++c) m = std::max(m, std::fabs(row[c]));
+          absmax.push_back(m);
+        }
+      }
+      at += n;
+    }
+    std::vector<std::uint8_t> codes(values.size());
+    std::vector<float> scales(rows);
+    kernels::quantize_rows(values.data(), rows, cols, kind, any_slice ? absmax.data() : nullptr, codes.data(),
+                           scales.data());
+    void* q = b_.alloc(codes.size());
+    void* sc = b_.alloc(scales.size() * sizeof(float));
+    if (q == nullptr || sc == nullptr) {
+      if (q != nullptr) b_.release(q);
+      if (sc != nullptr) b_.release(sc);
+      return make_error(errc::out_of_memory, "out of " + caps.name + " memory loading \"" + parts[0].name + "\"");
+    }
+    b_.upload(q, codes.data(), codes.size());
+    b_.upload(sc, scales.data(), scales.size() * sizeof(float));
+    w_.owned_.push_back(device_buffer::adopt(b_, q, codes.size()));
+    w_.owned_.push_back(device_buffer::adopt(b_, sc, scales.size() * sizeof(float)));
+    w_.bytes += kernels::quantized_matrix_bytes(rows, cols);
+    kernels::weight w{q, kernels::weight_quant_dtype(kind), rows, cols};
+    w.scales = static_cast<const float*>(sc);
+    return w;
+  }
+
+  /// A matrix of the linear layers: quantized when the stage's options say so.
+  result<kernels::weight> linear(const std::vector<host_part>& parts, kernels::weight_quant kind) {
+    if (kind == kernels::weight_quant::none) return upload(parts, false);
+    return upload_quantized(parts, kind);
   }
 
   /// Uploads the row-wise concatenation of `parts` (all with the same column count).
@@ -128,9 +202,18 @@ class weight_loader {
   stage_weights& w_;
 };
 
+result<kernels::weight_quant> parse_weight_quant(const std::string& text) {
+  for (auto k : {kernels::weight_quant::none, kernels::weight_quant::int8, kernels::weight_quant::fp8}) {
+    if (text == kernels::weight_quant_name(k)) return k;
+  }
+  return make_error(errc::invalid_argument,
+                    "unknown quantization \"" + text + "\" (allowed: \"none\", \"int8\", \"fp8\")");
+}
+
 result<std::unique_ptr<stage_weights>> stage_weights::load(kernels::backend& backend, checkpoint& ckpt,
                                                            const model_config& c, stage_range range,
-                                                           const tp_layout& tp) {
+                                                           const tp_layout& tp, const weight_quant_options& quant) {
+  const kernels::weight_quant qk = quant.kind;
   std::unique_ptr<stage_weights> w(new stage_weights(backend));
   weight_loader ld(backend, ckpt, *w);
   const std::int64_t h = c.hidden_size;
@@ -158,7 +241,7 @@ result<std::unique_ptr<stage_weights>> stage_weights::load(kernels::backend& bac
     CONVEYOR_TRY_ASSIGN(q, ld.fetch(p + "self_attn.q_proj.weight", q_rows, h));
     CONVEYOR_TRY_ASSIGN(k, ld.fetch(p + "self_attn.k_proj.weight", kv_rows, h));
     CONVEYOR_TRY_ASSIGN(v, ld.fetch(p + "self_attn.v_proj.weight", kv_rows, h));
-    CONVEYOR_TRY_ASSIGN(qkv, ld.upload({wl::rows_of(q, q0, qn), wl::rows_of(k, kv0, kvn), wl::rows_of(v, kv0, kvn)}, false));
+    CONVEYOR_TRY_ASSIGN(qkv, ld.linear({wl::rows_of(q, q0, qn), wl::rows_of(k, kv0, kvn), wl::rows_of(v, kv0, kvn)}, qk));
     lw.qkv = qkv;
     if (c.qkv_bias) {
       CONVEYOR_TRY_ASSIGN(qb, ld.fetch(p + "self_attn.q_proj.bias", q_rows, 0));
@@ -168,7 +251,7 @@ result<std::unique_ptr<stage_weights>> stage_weights::load(kernels::backend& bac
       lw.qkv_bias = qkv_b;
     }
     CONVEYOR_TRY_ASSIGN(o, ld.fetch(p + "self_attn.o_proj.weight", h, q_rows));
-    CONVEYOR_TRY_ASSIGN(o_w, ld.upload({tp.size == 1 ? wl::whole(o) : wl::cols_of(o, q0, qn)}, false));
+    CONVEYOR_TRY_ASSIGN(o_w, ld.linear({tp.size == 1 ? wl::whole(o) : wl::cols_of(o, q0, qn)}, qk));
     lw.o = o_w;
     if (c.o_bias) {
       CONVEYOR_TRY_ASSIGN(ob, ld.fetch(p + "self_attn.o_proj.bias", h, 0));
@@ -179,10 +262,10 @@ result<std::unique_ptr<stage_weights>> stage_weights::load(kernels::backend& bac
     }
     CONVEYOR_TRY_ASSIGN(g, ld.fetch(p + "mlp.gate_proj.weight", f, h));
     CONVEYOR_TRY_ASSIGN(u, ld.fetch(p + "mlp.up_proj.weight", f, h));
-    CONVEYOR_TRY_ASSIGN(gu, ld.upload({wl::rows_of(g, f0, fn), wl::rows_of(u, f0, fn)}, false));
+    CONVEYOR_TRY_ASSIGN(gu, ld.linear({wl::rows_of(g, f0, fn), wl::rows_of(u, f0, fn)}, qk));
     lw.gate_up = gu;
     CONVEYOR_TRY_ASSIGN(d, ld.fetch(p + "mlp.down_proj.weight", h, f));
-    CONVEYOR_TRY_ASSIGN(d_w, ld.upload({tp.size == 1 ? wl::whole(d) : wl::cols_of(d, f0, fn)}, false));
+    CONVEYOR_TRY_ASSIGN(d_w, ld.linear({tp.size == 1 ? wl::whole(d) : wl::cols_of(d, f0, fn)}, qk));
     lw.down = d_w;
     if (c.mlp_bias) {
       CONVEYOR_TRY_ASSIGN(gb, ld.fetch(p + "mlp.gate_proj.bias", f, 0));
@@ -201,16 +284,14 @@ result<std::unique_ptr<stage_weights>> stage_weights::load(kernels::backend& bac
     // The LM head is replicated on every rank. TODO(perf): split it by vocabulary + all-gather.
     CONVEYOR_TRY_ASSIGN(n, ld.vector("model.norm.weight", h));
     w->final_norm = n;
-    if (c.tie_word_embeddings) {
-      if (range.has_embedding) {
-        w->lm_head = w->embedding;
-      } else {
-        CONVEYOR_TRY_ASSIGN(e, ld.matrix("model.embed_tokens.weight", c.vocab_size, h));
-        w->lm_head = e;
-      }
+    const kernels::weight_quant head_q = quant.lm_head ? qk : kernels::weight_quant::none;
+    const std::string head_name = c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+    if (c.tie_word_embeddings && range.has_embedding && head_q == kernels::weight_quant::none) {
+      w->lm_head = w->embedding;
     } else {
-      CONVEYOR_TRY_ASSIGN(head, ld.matrix("lm_head.weight", c.vocab_size, h));
-      w->lm_head = head;
+      CONVEYOR_TRY_ASSIGN(head, ld.fetch(head_name, c.vocab_size, h));
+      CONVEYOR_TRY_ASSIGN(head_w, ld.linear({wl::whole(head)}, head_q));
+      w->lm_head = head_w;
     }
   }
   return w;

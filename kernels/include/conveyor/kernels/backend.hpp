@@ -29,6 +29,9 @@ struct weight {
   dtype type = dtype::f32;
   std::int64_t rows = 0;
   std::int64_t cols = 0;
+  /// i8 / f8e4m3 matrices: rows float32 scales in backend memory; element (r, c) is
+  /// q[r, c] * scales[r] (per output channel). nullptr for every other type.
+  const float* scales = nullptr;
   bool empty() const { return data == nullptr; }
 };
 
@@ -38,6 +41,8 @@ struct backend_caps {
   dtype act_dtype = dtype::f32;     ///< activations, residual stream and logits
   dtype weight_dtype = dtype::f32;  ///< what upload_weight converts to
   dtype kv_dtype = dtype::f32;      ///< K/V cache elements
+  bool int8_weights = false;  ///< `linear` takes i8 matrices with per-row scales
+  bool fp8_weights = false;   ///< `linear` takes f8e4m3 matrices with per-row scales
 };
 
 /// Head geometry of one attention layer.
@@ -113,7 +118,8 @@ class backend {
                            float eps, void* out) = 0;
   /// acc += x over `count` elements
   virtual void add(void* acc, const void* x, std::size_t count) = 0;
-  /// out[n, w.rows] = x[n, w.cols] · wᵀ + bias (bias may be empty)
+  /// out[n, w.rows] = x[n, w.cols] · wᵀ + bias (bias may be empty). w may be i8 / f8e4m3 with
+  /// per-row scales where caps() says so.
   virtual void linear(const void* x, int n, const weight& w, const weight& bias, void* out) = 0;
   /// Rotates the q and k heads of packed qkv rows in place (HF's rotate_half convention).
   /// inv_freq: [head_dim / 2] float32 in backend memory, scaling already applied.

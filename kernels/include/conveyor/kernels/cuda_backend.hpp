@@ -16,6 +16,10 @@ struct cuda_backend_options {
   std::size_t attention_workspace_bytes = 64ull << 20;
   /// Rows of logits sampled per pass; the sort workspace is sized for this many rows of the vocab.
   int sample_rows_per_pass = 64;
+  /// Device scratch that i8 / f8e4m3 linears with more than 16 tokens (and every one in f32 compute)
+  /// dequantize row tiles into for cuBLAS (bigger tiles, fewer launches; L2 residency was not kept
+  /// at batch 64 anyway, bench/NOTES.md).
+  std::size_t quant_scratch_bytes = 16ull << 20;
 
   // Speed paths; each can be switched to measure it (bench/conveyor_bench) or to rule it out. The
   // defaults are what measured fastest on the H200 (bench/NOTES.md).

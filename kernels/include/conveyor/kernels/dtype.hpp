@@ -7,7 +7,9 @@
 
 namespace conveyor::kernels {
 
-enum class dtype : std::uint8_t { f32, bf16, f16, i32 };
+/// i8 and f8e4m3 are quantized weight matrices only (kernels/include/conveyor/kernels/quant.hpp):
+/// one byte per element plus a float32 scale per row; activations never take them.
+enum class dtype : std::uint8_t { f32, bf16, f16, i32, i8, f8e4m3 };
 
 constexpr std::size_t dtype_size(dtype t) {
   switch (t) {
@@ -15,6 +17,8 @@ constexpr std::size_t dtype_size(dtype t) {
     case dtype::bf16: return 2;
     case dtype::f16: return 2;
     case dtype::i32: return 4;
+    case dtype::i8: return 1;
+    case dtype::f8e4m3: return 1;
   }
   return 0;
 }
@@ -25,6 +29,8 @@ constexpr std::string_view dtype_name(dtype t) {
     case dtype::bf16: return "bf16";
     case dtype::f16: return "f16";
     case dtype::i32: return "i32";
+    case dtype::i8: return "i8";
+    case dtype::f8e4m3: return "f8e4m3";
   }
   return "?";
 }

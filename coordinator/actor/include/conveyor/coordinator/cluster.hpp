@@ -44,6 +44,8 @@ struct cluster_options {
   std::int64_t step_delay_us = 0;             ///< test only: per-step sleep on every stage
   std::string device = "cpu";   ///< cpu | cuda
   std::string dtype = "f32";    ///< f32 | bf16 (cuda)
+  std::string quant = "none";   ///< none | int8 | fp8 (cuda): linear weights quantized at load by every worker
+  bool quant_lm_head = false;   ///< the LM head too
   /// GPUs the stages use, round-robin: stage k gets device_ids[k % size] as its only visible GPU
   /// (CUDA_VISIBLE_DEVICES). Empty = 0, 1, 2, ...
   std::vector<int> device_ids;

@@ -16,6 +16,8 @@ namespace conveyor::config {
 
 /// Weight and activation type. TOML: "f32" | "bf16".
 enum class model_dtype { f32, bf16 };
+/// How the linear layers' weights are stored (quantized at load). TOML: "none" | "int8" | "fp8".
+enum class weight_quantization { none, int8, fp8 };
 /// Where the layers run. TOML: "cpu" | "cuda".
 enum class device_kind { cpu, cuda };
 /// TorchServe's parallelType. TOML: "pp" | "tp" | "pptp" | "custom".
@@ -39,6 +41,9 @@ struct model_section {
   std::string dir;  ///< HF model directory; empty = not given yet (`--model DIR` may supply it)
   model_dtype dtype = model_dtype::f32;  ///< default: f32 on cpu, bf16 on cuda
   device_kind device = device_kind::cpu;
+  /// int8: per-output-channel int8 (CPU and CUDA); fp8: E4M3 with per-channel scales (CUDA only).
+  weight_quantization quantization = weight_quantization::none;
+  bool quantize_lm_head = false;  ///< the LM head too (needs quantization != "none")
 };
 
 /// [parallel]
@@ -154,6 +159,7 @@ std::string ucx_tls_env(const transport_section& t);
 /// TOML spellings of the enums.
 std::string_view to_string(model_dtype v);
 std::string_view to_string(device_kind v);
+std::string_view to_string(weight_quantization v);
 std::string_view to_string(parallel_type v);
 std::string_view to_string(batching_mode v);
 std::string_view to_string(launch_method v);

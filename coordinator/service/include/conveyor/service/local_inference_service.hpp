@@ -19,6 +19,8 @@ struct local_service_options {
   int kv_block_size = 16;
   int max_context = 0;  ///< 0 = the model's max_position_embeddings
   int threads = 0;      ///< CPU threads for the matrix products, 0 = all
+  std::string quant = "none";   ///< none | int8 (| fp8: refused by the CPU backend's config check)
+  bool quant_lm_head = false;   ///< the LM head quantized too
   serving_policy policy;  ///< batching mode, admission control, deadlines, prefix caching
   /// Benchmarks only: sleep this long per step, to model a device whose step time hardly depends on
   /// the batch (a GPU's memory-bound decode) with the CPU fixture, whose steps are compute-bound.

@@ -43,8 +43,8 @@ using reset_done_atom = caf::atom_constant<caf::atom("resetdone")>;
 using metrics_atom = caf::atom_constant<caf::atom("metrics")>;
 
 /// Protocol version, checked at join. 4: max_frame_bytes in the assignment, reset (stage recovery);
-/// 5: the metrics request.
-constexpr std::int32_t protocol_version = 5;
+/// 5: the metrics request; 6: stage_assignment.quant, quant_lm_head.
+constexpr std::int32_t protocol_version = 6;
 
 /// What the coordinator tells a worker to load (a plain struct, sent as a CAF message).
 struct stage_assignment {
@@ -63,12 +63,15 @@ struct stage_assignment {
   std::string dtype = "f32";       ///< f32 | bf16 (cuda only)
   std::int32_t tp = 1;             ///< tensor-parallel ranks of the stage (threads of the worker; GPUs 0..tp-1)
   std::int64_t max_frame_bytes = std::int64_t{256} << 20;  ///< transport.max_frame_bytes
+  std::string quant = "none";      ///< none | int8 | fp8: the linear layers' weights, quantized at load
+  bool quant_lm_head = false;      ///< the LM head quantized too
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, stage_assignment& x) {
   return f(caf::meta::type_name("stage_assignment"), x.model_dir, x.stage, x.num_stages, x.first_layer,
-           x.last_layer, x.kv_blocks, x.kv_block_size, x.max_step_tokens, x.max_seqs, x.ucx_tls, x.step_delay_us, x.device, x.dtype, x.tp, x.max_frame_bytes);
+           x.last_layer, x.kv_blocks, x.kv_block_size, x.max_step_tokens, x.max_seqs, x.ucx_tls, x.step_delay_us, x.device, x.dtype, x.tp, x.max_frame_bytes, x.quant,
+           x.quant_lm_head);
 }
 
 /// A worker's activation-frame counters (stage_runtime::hop_metrics, hop_meter.hpp), as a CAF message.

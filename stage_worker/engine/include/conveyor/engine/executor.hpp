@@ -24,6 +24,7 @@ struct executor_options {
   int max_seqs = 256;          ///< sequences per step
   int kv_blocks = 256;         ///< blocks in this stage's KV pools
   int kv_block_size = 16;
+  weight_quant_options quant;  ///< int8 / fp8 weights for the linear layers (default: none)
 };
 
 /// Called with the residual stream at model layer `index` (index = input of that layer; index ==

@@ -14,8 +14,13 @@
 
 namespace conveyor::engine {
 
-/// Bytes a stage's weights take in `backend` (matrices in its weight dtype, vectors in float32).
-std::size_t estimate_weight_bytes(const kernels::backend& backend, const model_config& config, stage_range range);
+/// Bytes a stage's weights take in `backend` (matrices in its weight dtype, vectors in float32;
+/// quantized matrices one byte per element + a float32 scale per row).
+std::size_t estimate_weight_bytes(const kernels::backend& backend, const model_config& config, stage_range range,
+                                  const weight_quant_options& quant = {});
+/// The same from the size of one unquantized weight element (the planner knows no backend).
+std::size_t estimate_weight_bytes(std::size_t weight_elem_bytes, const model_config& config, stage_range range,
+                                  const weight_quant_options& quant = {});
 
 /// Bytes of a stage's step workspace (activations, logits, plan arrays) for `options`.
 std::size_t estimate_workspace_bytes(const kernels::backend& backend, const model_config& config, stage_range range,

@@ -11,6 +11,7 @@
 #include "conveyor/engine/stage.hpp"
 #include "conveyor/engine/tensor_parallel.hpp"
 #include "conveyor/kernels/backend.hpp"
+#include "conveyor/kernels/quant.hpp"
 
 namespace conveyor::engine {
 
@@ -23,13 +24,26 @@ struct layer_weights {
   kernels::weight down, down_bias;
 };
 
+/// Which matrices a stage stores quantized (kernels/quant.hpp), quantized on the host at load from
+/// the checkpoint's f32 / bf16 / f16 values, after tensor-parallel slicing.
+struct weight_quant_options {
+  kernels::weight_quant kind = kernels::weight_quant::none;  ///< q/k/v/o and gate/up/down
+  /// The LM head too (a tied head then gets its own quantized copy; the embedding table is never
+  /// quantized: it is read a row per token, so it costs no bandwidth).
+  bool lm_head = false;
+};
+
+/// Parses "none" | "int8" | "fp8" (the TOML value and the CLI flag); the error names what is allowed.
+result<kernels::weight_quant> parse_weight_quant(const std::string& text);
+
 class stage_weights {
  public:
   /// Reads only the tensors of `range` from the checkpoint, and of those only the slice of tensor-
   /// parallel rank `tp` (whole tensors when tp.size == 1); names the tensor on any mismatch.
   static result<std::unique_ptr<stage_weights>> load(kernels::backend& backend, checkpoint& ckpt,
                                                      const model_config& config, stage_range range,
-                                                     const tp_layout& tp);
+                                                     const tp_layout& tp,
+                                                     const weight_quant_options& quant = {});
 
   kernels::weight embedding;   ///< set on the first stage
   kernels::weight final_norm;  ///< set on the last stage
