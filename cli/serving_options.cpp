@@ -27,6 +27,9 @@ service::local_service_options local_service_options_of(const config::deployment
   o.kv_blocks = d.serving.kv_blocks > 0 ? d.serving.kv_blocks : 512;  // CPU: a fixed pool, as serve
   o.max_context = d.serving.max_context;
   o.policy = serving_policy_of(d.serving);
+  o.draft_dir = d.model.draft;
+  o.draft_layers = d.model.draft_layers;
+  o.spec_k = d.model.spec_k;
   return o;
 }
 

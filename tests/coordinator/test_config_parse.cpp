@@ -298,5 +298,17 @@ TEST(config_endpoint, parses_and_prints) {
   EXPECT_FALSE(is_loopback("10.0.0.1"));
 }
 
+TEST(config_model, speculative_decoding_keys) {
+  const deployment off = parse_ok("");
+  EXPECT_EQ(off.model.spec_k, 0);
+  EXPECT_EQ(off.model.draft_layers, 0);
+  EXPECT_EQ(off.model.draft, "");
+  const deployment d = parse_ok("[model]\ndraft = \"/models/draft\"\ndraft_layers = 2\nspec_k = 5\n");
+  EXPECT_EQ(d.model.draft, "/models/draft");
+  EXPECT_EQ(d.model.draft_layers, 2);
+  EXPECT_EQ(d.model.spec_k, 5);
+  EXPECT_TRUE(contains(describe(d), "model.spec_k = 5"));
+}
+
 }  // namespace
 }  // namespace conveyor::config

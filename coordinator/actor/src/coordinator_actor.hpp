@@ -5,7 +5,9 @@
 
 #include "caf/all.hpp"
 #include "conveyor/coordinator/cluster.hpp"
+#include "conveyor/engine/draft_proposer.hpp"
 #include "conveyor/engine/stage.hpp"
+#include "conveyor/kernels/backend.hpp"
 #include "conveyor/service/inference_service.hpp"
 
 namespace conveyor::coordinator {
@@ -33,6 +35,13 @@ struct coordinator_setup {
   int max_context = 0;
   std::vector<std::int32_t> eos_ids;
   std::int32_t canary_token = 0;
+  /// Speculative decoding's draft model (options.spec_k > 0), in this process: the scheduler asks
+  /// it for draft tokens while it plans a step. TODO(perf): draft on its own thread or a GPU.
+  struct draft_model {
+    std::unique_ptr<kernels::backend> backend;
+    std::unique_ptr<engine::draft_proposer> proposer;
+  };
+  std::shared_ptr<draft_model> draft;
 };
 
 /// Spawns the coordinator actor; it launches nothing itself (cluster.cpp starts the processes).

@@ -61,6 +61,9 @@ void read_model(table_reader& r, model_section& m) {
   r.read("dir", m.dir);
   r.read_choice("dtype", m.dtype, {{"f32", model_dtype::f32}, {"bf16", model_dtype::bf16}});
   r.read_choice("device", m.device, {{"cpu", device_kind::cpu}, {"cuda", device_kind::cuda}});
+  r.read("draft", m.draft);
+  r.read("draft_layers", m.draft_layers, rules::draft_layers);
+  r.read("spec_k", m.spec_k, rules::spec_k);
 }
 
 void read_parallel(table_reader& r, parallel_section& p) {
@@ -301,7 +304,7 @@ result<deployment> load_deployment(const std::string& path) {
 
   // Paths in a config are relative to the config, not to wherever the command happens to run.
   const std::filesystem::path base = std::filesystem::path(path).parent_path();
-  for (std::string* p : {&d.model.dir, &d.cluster.token_file}) {
+  for (std::string* p : {&d.model.dir, &d.model.draft, &d.cluster.token_file}) {
     if (!p->empty() && std::filesystem::path(*p).is_relative()) {
       *p = (base / *p).lexically_normal().string();
     }

@@ -23,6 +23,9 @@ std::string describe(const deployment& d) {
   add("model.dir", d.model.dir.empty() ? "(not set)" : sv(d.model.dir));
   add("model.dtype", sv(to_string(d.model.dtype)));
   add("model.device", sv(to_string(d.model.device)));
+  add("model.draft", d.model.draft.empty() ? "(the model itself)" : sv(d.model.draft));
+  add("model.draft_layers", d.model.draft_layers == 0 ? "0 (all)" : std::to_string(d.model.draft_layers));
+  add("model.spec_k", d.model.spec_k == 0 ? "0 (no speculative decoding)" : std::to_string(d.model.spec_k));
   add("parallel.type", sv(to_string(d.parallel.type)));
   add("parallel.stages", std::to_string(d.parallel.stages));
   add("parallel.tp", std::to_string(d.parallel.tp));

@@ -39,6 +39,13 @@ struct model_section {
   std::string dir;  ///< HF model directory; empty = not given yet (`--model DIR` may supply it)
   model_dtype dtype = model_dtype::f32;  ///< default: f32 on cpu, bf16 on cuda
   device_kind device = device_kind::cpu;
+  /// Speculative decoding: a draft model of the same vocabulary proposes spec_k tokens per decode
+  /// step, verified by the model in one pass. It runs on the coordinator's host (serve-local: in
+  /// the process). draft = its HF directory (empty = the model itself, with draft_layers);
+  /// draft_layers > 0 keeps only its first layers + its final norm and head. spec_k = 0: off.
+  std::string draft;
+  int draft_layers = 0;
+  int spec_k = 0;
 };
 
 /// [parallel]
