@@ -245,6 +245,7 @@ void batch_scheduler::complete(int m, const std::vector<std::int32_t>& tokens) {
       s.first_token = clock::now();
     }
     s.sink->on_tokens(std::span<const std::int32_t>(emit.data(), n));
+    if (!drafts.empty()) publish_full_blocks(s);  // blocks the kept drafts completed
     if (finish != nullptr) {
       retire(s.id, summary_of(s, finish));
       continue;

@@ -107,7 +107,9 @@ bool batch_scheduler::enter(sequence& s, bool may_preempt) {
 void batch_scheduler::publish_full_blocks(sequence& s) {
   if (!pool_.caching()) return;
   const int bs = pool_.block_size();
-  const int full = std::min(s.cached / bs, static_cast<int>(s.blocks.size()));
+  // Accepted draft tokens are in the KV before they join s.tokens (complete() appends them after).
+  const int known = std::min(s.cached, static_cast<int>(s.tokens.size()));
+  const int full = std::min(known / bs, static_cast<int>(s.blocks.size()));
   for (int j = s.published; j < full; ++j) {
     std::span<const std::int32_t> block(s.tokens.data() + j * bs, bs);
     s.chain = kv_block_pool::chain_hash(s.chain, block);
