@@ -121,6 +121,15 @@ TEST_F(speculative_serving, kv_pressure_keeps_results) {
   batch_scheduler s(o);
   EXPECT_EQ(serve(s), expected);
   EXPECT_EQ(s.blocks().free_blocks(), opts_.kv_blocks);
+  // A draft that holds only 64 positions: longer sequences (the 100-token prompt) get no drafts,
+  // the others still do.
+  auto tiny = make_draft(2, 4);
+  ASSERT_TRUE(tiny);
+  o.draft = tiny.get();
+  batch_scheduler t(o);
+  EXPECT_EQ(serve(t), expected);
+  EXPECT_GT(t.counters().spec_steps, 0);
+  EXPECT_EQ(t.blocks().free_blocks(), opts_.kv_blocks);
 }
 
 TEST(speculative_local_service, reports_acceptance_in_stats) {

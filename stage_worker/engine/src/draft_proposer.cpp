@@ -21,8 +21,15 @@ std::vector<std::vector<std::int32_t>> draft_proposer::propose(const std::vector
   std::vector<std::vector<std::int32_t>> work(queries.size());
   std::vector<int> cached(queries.size(), 0);
   int rounds = 0;
+  // Positions the draft can hold: a longer sequence gets no drafts (rather than failing the pass).
+  const auto& o = draft_->options();
+  const long long limit = std::min<long long>(static_cast<long long>(o.kv_blocks) * o.kv_block_size,
+                                              std::max(draft_->config().max_position_embeddings, o.kv_block_size));
+  std::vector<int> k(queries.size(), 0);
   for (std::size_t i = 0; i < queries.size(); ++i) {
     const auto& q = queries[i];
+    if (static_cast<long long>(q.history.size()) + q.k > limit) continue;
+    k[i] = q.k;
     auto& fed = fed_[q.seq];
     // Roll back to the common prefix of what the draft has seen and the verified history.
     const auto diverge = std::mismatch(fed.begin(), fed.end(), q.history.begin(), q.history.end()).first;
@@ -31,13 +38,13 @@ std::vector<std::vector<std::int32_t>> draft_proposer::propose(const std::vector
     if (cached[i] == static_cast<int>(q.history.size())) --cached[i];  // the last token's row draws
     draft_->blocks().truncate(q.seq, cached[i]);
     work[i].assign(q.history.begin(), q.history.end());
-    rounds = std::max(rounds, q.k);
+    rounds = std::max(rounds, k[i]);
   }
   for (int j = 0; j < rounds; ++j) {
     std::vector<feed> feeds;
     std::vector<std::size_t> of;
     for (std::size_t i = 0; i < queries.size(); ++i) {
-      if (j >= queries[i].k) continue;
+      if (j >= k[i]) continue;
       feed f;
       f.seq = queries[i].seq;
       f.tokens = &work[i];
@@ -55,6 +62,7 @@ std::vector<std::vector<std::int32_t>> draft_proposer::propose(const std::vector
     for (std::size_t n = 0; n < feeds.size(); ++n) work[of[n]].push_back(feeds[n].rows[0]);
   }
   for (std::size_t i = 0; i < queries.size(); ++i) {
+    if (k[i] == 0) continue;
     const std::size_t h = queries[i].history.size();
     out[i].assign(work[i].begin() + h, work[i].end());
     fed_[queries[i].seq].assign(work[i].begin(), work[i].begin() + cached[i]);
