@@ -16,6 +16,9 @@
 #include "conveyor/engine/model_config.hpp"
 #include "conveyor/engine/tensor_parallel.hpp"
 #include "conveyor/kernels/cpu_backend.hpp"
+#ifdef CONVEYOR_HAVE_CUDA
+#include "conveyor/kernels/cuda_backend.hpp"
+#endif
 #include "conveyor/stage/protocol.hpp"
 #include "coordinator_actor.hpp"
 
@@ -267,7 +270,22 @@ result<std::unique_ptr<cluster>> cluster::start(const cluster_options& o) {
   setup.canary_token = config.bos_token_id >= 0 && config.bos_token_id < config.vocab_size ? config.bos_token_id : 0;
   if (o.spec_k > 0) {
     auto draft = std::make_shared<coordinator_setup::draft_model>();
-    draft->backend = kernels::make_cpu_backend({o.worker_threads});
+    // The draft runs in this process, on the device the stages use: a CUDA deployment drafts on
+    // the first stage's GPU (the coordinator sees every GPU), a CPU one on this host's cores.
+    if (o.device == "cuda") {
+#ifdef CONVEYOR_HAVE_CUDA
+      kernels::cuda_backend_options co;
+      co.device = o.device_ids.empty() ? 0 : o.device_ids[0];
+      co.compute_dtype = o.dtype == "f32" ? kernels::dtype::f32 : kernels::dtype::bf16;
+      auto b = kernels::make_cuda_backend(co);
+      if (!b) return make_error(b.err().code, "model.draft on cuda: " + b.err().message);
+      draft->backend = std::move(b).value();
+#else
+      return make_error(errc::unsupported, "model.spec_k on cuda: this build of conveyor has no CUDA backend");
+#endif
+    } else {
+      draft->backend = kernels::make_cpu_backend({o.worker_threads});
+    }
     engine::executor_options eo;
     eo.kv_blocks = o.kv_blocks;
     eo.kv_block_size = o.kv_block_size;

@@ -36,7 +36,8 @@ struct coordinator_setup {
   std::vector<std::int32_t> eos_ids;
   std::int32_t canary_token = 0;
   /// Speculative decoding's draft model (options.spec_k > 0), in this process: the scheduler asks
-  /// it for draft tokens while it plans a step. TODO(perf): draft on its own thread or a GPU.
+  /// it for draft tokens while it plans a step. TODO(perf): draft on its own thread, so the actor
+  /// keeps answering while the draft runs.
   struct draft_model {
     std::unique_ptr<kernels::backend> backend;
     std::unique_ptr<engine::draft_proposer> proposer;

@@ -32,8 +32,8 @@ struct cluster_options {
   int max_context = 0;  ///< 0 = the model's max_position_embeddings
   service::serving_policy policy;  ///< batching mode, admission control, deadlines, prefix caching
   /// Speculative decoding (model.draft, model.draft_layers, model.spec_k): the draft model runs in
-  /// the coordinator's process on the CPU and proposes spec_k tokens per decode step; the stages
-  /// verify them in one pass. spec_k = 0: off.
+  /// the coordinator's process (on the CPU, or with `device` cuda on the first stage's GPU) and
+  /// proposes spec_k tokens per decode step; the stages verify them in one pass. spec_k = 0: off.
   std::string draft_dir;  ///< empty = model_dir (with draft_layers)
   int draft_layers = 0;
   int spec_k = 0;

@@ -40,8 +40,8 @@ struct model_section {
   model_dtype dtype = model_dtype::f32;  ///< default: f32 on cpu, bf16 on cuda
   device_kind device = device_kind::cpu;
   /// Speculative decoding: a draft model of the same vocabulary proposes spec_k tokens per decode
-  /// step, verified by the model in one pass. It runs on the coordinator's host (serve-local: in
-  /// the process). draft = its HF directory (empty = the model itself, with draft_layers);
+  /// step, verified by the model in one pass. It runs in the coordinator's process (serve-local:
+  /// the process; with device cuda on the first stage's GPU). draft = its HF directory (empty = the model itself, with draft_layers);
   /// draft_layers > 0 keeps only its first layers + its final norm and head. spec_k = 0: off.
   std::string draft;
   int draft_layers = 0;
