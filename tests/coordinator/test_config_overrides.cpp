@@ -163,7 +163,7 @@ TEST(config_describe, one_line_per_key_with_origins_and_no_secrets) {
   EXPECT_TRUE(contains(text, "frontend.rpc_listen = \"127.0.0.1:7600\"  (default)\n")) << text;
   EXPECT_TRUE(contains(text, "cluster.token = (hidden, 14 chars)")) << text;
   EXPECT_FALSE(contains(text, "hunter2")) << "the token must never reach a log";
-  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 43) << text;
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 46) << text;
 }
 
 }  // namespace

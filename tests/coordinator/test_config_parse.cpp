@@ -86,6 +86,9 @@ constexpr std::string_view every_key = R"(
 dir = "/models/m"
 dtype = "bf16"
 device = "cuda"
+draft = "/models/d"
+draft_layers = 3
+spec_k = 6
 
 [parallel]
 type = "custom"
@@ -161,6 +164,9 @@ TEST(config_keys, every_key_is_read) {
   EXPECT_EQ(d.model.dir, "/models/m");
   EXPECT_EQ(d.model.dtype, model_dtype::bf16);
   EXPECT_EQ(d.model.device, device_kind::cuda);
+  EXPECT_EQ(d.model.draft, "/models/d");
+  EXPECT_EQ(d.model.draft_layers, 3);
+  EXPECT_EQ(d.model.spec_k, 6);
   EXPECT_EQ(d.parallel.type, parallel_type::custom);
   EXPECT_EQ(d.parallel.stages, 2);
   EXPECT_EQ(d.parallel.tp, 2);
