@@ -9,6 +9,8 @@
 //   coordinator -> worker   wire(upstream address, downstream address)     -> wired(stage)
 //   coordinator -> stage 0  step(microbatch, encoded frame header)
 //   last stage -> coordin.  done(microbatch, tokens) / step_failed(microbatch, why)
+//                           tokens: per plan sequence, one (-1 if not sampled), or sample_rows of
+//                           them for a speculative verification step (engine::flat_sampled_tokens)
 //   coordinator -> worker   ping -> pong(busy_s, idle_s, steps)            the liveness check
 //   coordinator -> worker   stop
 #include <cstdint>
@@ -33,8 +35,9 @@ using ping_atom = caf::atom_constant<caf::atom("ping")>;
 using pong_atom = caf::atom_constant<caf::atom("pong")>;
 using stop_atom = caf::atom_constant<caf::atom("stop")>;
 
-/// Protocol version, checked at join.
-constexpr std::int32_t protocol_version = 3;
+/// Protocol version, checked at join. 4: frames carry sampleRows and `done` may hold several tokens
+/// per sequence (speculative decoding).
+constexpr std::int32_t protocol_version = 4;
 
 /// What the coordinator tells a worker to load (a plain struct, sent as a CAF message).
 struct stage_assignment {

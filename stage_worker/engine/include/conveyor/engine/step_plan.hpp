@@ -13,7 +13,8 @@ enum class logits_mode : std::uint8_t {
   none,  ///< only the sampled token is needed
   last,  ///< logits of the last new position
   all,   ///< logits of every new position (tests, scoring)
-  sampled,  ///< logits of the `sample_rows` positions that are sampled (speculative verification)
+  sampled,  ///< logits of the `sample_rows` positions that are sampled (speculative verification;
+            ///< in-process drivers only, frames do not carry it)
 };
 
 struct sequence_step {
