@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "conveyor/engine/speculative_sampling.hpp"
+#include "conveyor/kernels/sampling.hpp"
 #include "pipeline_feed.hpp"
 
 namespace conveyor::engine {
@@ -75,6 +76,7 @@ result<std::vector<generation_result>> speculative_decoder::generate(const std::
       work[a] = s.tokens;
       rounds = std::max(rounds, kk[a]);
     }
+    std::vector<std::pair<float, std::int32_t>> scratch;
     for (int j = 0; j < rounds; ++j) {
       std::vector<feed> feeds;
       std::vector<std::size_t> of;
@@ -97,10 +99,16 @@ result<std::vector<generation_result>> speculative_decoder::generate(const std::
       if (auto st = advance(draft_, feeds, &stats_.draft_steps, &stats_.draft_seconds); !st) return fail(st.err());
       for (std::size_t i = 0; i < feeds.size(); ++i) {
         const std::size_t a = of[i];
-        work[a].push_back(feeds[i].rows[0]);
         if (feeds[i].want_logits) {
           q[a].emplace_back();
           warped_probs(feeds[i].logits.data(), draft_.config().vocab_size, feeds[i].params, q[a].back());
+          // Rejection sampling needs the draft drawn from exactly q: draw it here from the same
+          // logits (the device's draw could fall differently at a top-k/top-p boundary tie).
+          kernels::sample_params p = feeds[i].params;
+          p.step = work[a].size();
+          work[a].push_back(kernels::sample_row(feeds[i].logits.data(), draft_.config().vocab_size, p, scratch));
+        } else {
+          work[a].push_back(feeds[i].rows[0]);
         }
       }
     }
