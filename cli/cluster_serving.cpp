@@ -113,6 +113,9 @@ result<coordinator::cluster_options> cluster_options_of(const config::deployment
   o.device_ids = d.placement.device_ids;
   o.tp = d.parallel.tp;
   o.policy = serving_policy_of(d.serving);  // batching, admission control, deadlines (issue 6)
+  o.draft_dir = d.model.draft;
+  o.draft_layers = d.model.draft_layers;
+  o.spec_k = d.model.spec_k;
   return o;
 }
 

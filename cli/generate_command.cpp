@@ -8,6 +8,7 @@
 #include "command.hpp"
 #include "conveyor/engine/local_pipeline.hpp"
 #include "conveyor/engine/memory_plan.hpp"
+#include "conveyor/engine/speculative_decoder.hpp"
 #include "conveyor/kernels/cpu_backend.hpp"
 #include "conveyor/transport/cpu_collective.hpp"
 #include "conveyor/transport/nccl_collective.hpp"
@@ -81,8 +82,8 @@ status write_prompt_logits(engine::local_pipeline& pipe, const std::vector<int>&
 int generate_main(const args& argv) {
   auto f = flags::parse(argv, {"model", "prompt-ids", "prompt", "max-new-tokens", "temperature", "top-k", "top-p", "seed",
                                "stages", "format", "ignore-eos", "threads", "device", "dtype", "logits-out", "tp", "batch", "timing",
-                               "quant", "quant-lm-head"},
-                        {"ignore-eos", "timing", "quant-lm-head"});
+                               "quant", "quant-lm-head", "draft", "draft-layers", "spec-k", "spec-exact"},
+                        {"ignore-eos", "timing", "quant-lm-head", "spec-exact"});
   if (!f) return fail(f.err());
   auto model = f->get("model");
   if (!model) return fail(make_error(errc::invalid_argument, "--model DIR is required"));
@@ -117,6 +118,17 @@ int generate_main(const args& argv) {
   for (const auto* r : {&temperature, &top_p}) {
     if (!*r) return fail(r->err());
   }
+  // Speculative decoding: --draft DIR and/or --draft-layers N (the first N layers of the draft
+  // directory, by default the model itself, with its final norm and head) propose --spec-k tokens.
+  const bool speculative = f->has("draft") || f->has("draft-layers") || f->has("spec-k");
+  auto draft_layers = f->get_int("draft-layers", 0, 1, 1 << 16);
+  if (!draft_layers) return fail(draft_layers.err());
+  auto spec_k = f->get_int("spec-k", 4, 1, 64);
+  if (!spec_k) return fail(spec_k.err());
+  if (speculative && !f->has("draft") && !f->has("draft-layers")) {
+    return fail(make_error(errc::invalid_argument, "--spec-k needs a draft: --draft DIR or --draft-layers N"));
+  }
+  const std::string draft_dir = f->get("draft").value_or(*model);
   const std::string format = f->get("format").value_or("json");
   if (format != "json" && format != "text") {
     return fail(make_error(errc::invalid_argument, "--format must be json or text, got \"" + format + "\""));
@@ -146,6 +158,7 @@ int generate_main(const args& argv) {
   opts.kv_blocks = std::max(1, n * ((context + 15) / 16));
   opts.max_step_tokens = std::max(n, std::min(n * static_cast<int>(ids->size()), 16384));
   opts.max_seqs = n;
+  if (speculative) opts.max_step_tokens = std::max(opts.max_step_tokens, n * static_cast<int>(*spec_k + 1));
   {
     // Check up front that weights, workspace and this request's KV blocks fit.
     auto config = engine::load_model_config(*model);
@@ -201,7 +214,22 @@ int generate_main(const args& argv) {
   req.sampling.top_p = static_cast<float>(*top_p);
   req.sampling.seed = static_cast<std::uint64_t>(*seed);
   req.stop_at_eos = !f->has("ignore-eos");
-  auto res = (*pipe)->generate(std::vector<engine::generation_request>(n, req));
+  std::unique_ptr<engine::local_pipeline> draft;
+  std::unique_ptr<engine::speculative_decoder> spec;
+  if (speculative) {
+    // The draft runs on the first rank's backend, as one stage.
+    auto d = engine::local_pipeline::create(*backend->get(), draft_dir, 1, opts, static_cast<int>(*draft_layers));
+    if (!d) return fail(make_error(d.err().code, "--draft: " + d.err().message));
+    draft = std::move(d).value();
+    engine::speculative_options so;
+    so.k = static_cast<int>(*spec_k);
+    so.rejection_sampling = !f->has("spec-exact");
+    auto sd = engine::speculative_decoder::create(**pipe, *draft, so);
+    if (!sd) return fail(sd.err());
+    spec = std::move(sd).value();
+  }
+  auto res = spec ? spec->generate(std::vector<engine::generation_request>(n, req))
+                  : (*pipe)->generate(std::vector<engine::generation_request>(n, req));
   if (!res) return fail(res.err());
   const auto& toks = (*res)[0].tokens;
   if (req.sampling.temperature <= 0.0f) {
@@ -212,7 +240,16 @@ int generate_main(const args& argv) {
       }
     }
   }
-  if (f->has("timing")) {
+  if (spec && f->has("timing")) {
+    const auto& st = spec->stats();
+    std::fprintf(stderr,
+                 "timing: speculative k %d: %lld target steps %.3f ms, %lld draft steps %.3f ms, %lld tokens, "
+                 "%.1f tok/s; acceptance %.3f, %.2f tokens per target step\n",
+                 static_cast<int>(*spec_k), static_cast<long long>(st.target_steps), st.target_seconds * 1e3,
+                 static_cast<long long>(st.draft_steps), st.draft_seconds * 1e3, static_cast<long long>(st.emitted),
+                 st.emitted / std::max(st.target_seconds + st.draft_seconds, 1e-9), st.acceptance_rate(),
+                 st.tokens_per_target_step());
+  } else if (f->has("timing")) {
     // Steps that carried prompt tokens are prefill; the rest decode one token per sequence.
     const auto& steps = (*pipe)->last_step_seconds();
     const std::size_t prefill_steps =
@@ -231,6 +268,13 @@ int generate_main(const args& argv) {
     for (std::size_t i = 0; i < toks.size(); ++i) std::printf("%s%d", i ? "," : "", toks[i]);
     std::printf("],\"finish_reason\":\"%s\"", (*res)[0].finish_reason.c_str());
     if (text) std::printf(",\"text\":%s", nlohmann::json(text->tok->decode(toks)).dump().c_str());
+    if (spec) {
+      const auto& st = spec->stats();
+      std::printf(",\"speculative\":{\"k\":%d,\"proposed\":%lld,\"accepted\":%lld,\"acceptance_rate\":%.4f,"
+                  "\"tokens_per_target_step\":%.4f,\"target_steps\":%lld}",
+                  static_cast<int>(*spec_k), static_cast<long long>(st.proposed), static_cast<long long>(st.accepted),
+                  st.acceptance_rate(), st.tokens_per_target_step(), static_cast<long long>(st.target_steps));
+    }
     std::printf("}\n");
   } else if (text) {
     std::printf("%s\n", text->tok->decode(toks).c_str());  // the completion, without the prompt

@@ -30,6 +30,9 @@ service::local_service_options local_service_options_of(const config::deployment
   o.policy = serving_policy_of(d.serving);
   o.quant = std::string(config::to_string(d.model.quantization));
   o.quant_lm_head = d.model.quantize_lm_head;
+  o.draft_dir = d.model.draft;
+  o.draft_layers = d.model.draft_layers;
+  o.spec_k = d.model.spec_k;
   return o;
 }
 

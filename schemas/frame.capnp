@@ -69,6 +69,9 @@ struct SequenceStep {
   # Whether the last stage draws the next token.
   sampling @6 :SamplingParams;
   # How the last stage draws it.
+  sampleRows @7 :Int32 = 1;
+  # Speculative decoding: the last stage draws after each of the last sampleRows tokens (the last
+  # accepted token and the drafts), `sampling.step` being that of the last row; 1 = a plain step.
 }
 
 struct TensorDesc {

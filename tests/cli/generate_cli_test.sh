@@ -30,6 +30,20 @@ a=$("$bin" generate --model "$fx/tiny-qwen2" --prompt-ids 1,2,3 --max-new-tokens
 b=$("$bin" generate --model "$fx/tiny-qwen2" --prompt-ids 1,2,3 --max-new-tokens 8 --temperature 0.8 --top-p 0.9 --seed 7 --ignore-eos --stages 3)
 c=$("$bin" generate --model "$fx/tiny-qwen2" --prompt-ids 1,2,3 --max-new-tokens 8 --temperature 0.8 --top-p 0.9 --seed 8 --ignore-eos)
 if [ "$a" = "$b" ] && [ "$a" != "$c" ]; then echo "ok   seed_fixes_samples_across_splits"; else echo "FAIL seed: $a / $b / $c"; fail=1; fi
+# Speculative decoding: greedy output is the model's own, whatever the draft; stats in the JSON.
+check spec_draft_layers 0 "$want.*\"speculative\":\{\"k\":3" -- generate --model "$fx/tiny-llama" --prompt-ids $ids --max-new-tokens 24 --ignore-eos --draft-layers 2 --spec-k 3
+check spec_other_draft_2_stages 0 "$want" -- generate --model "$fx/tiny-llama" --prompt-ids $ids --max-new-tokens 24 --ignore-eos --stages 2 --draft "$fx/tiny-qwen2" --spec-k 4
+check spec_self_draft_accepts_all 0 '"acceptance_rate":1.0000' -- generate --model "$fx/tiny-llama" --prompt-ids $ids --max-new-tokens 24 --ignore-eos --draft-layers 4
+a_tokens=$(sed -E 's/.*"tokens":\[([^]]*)\].*/\1/' <<<"$a")
+check spec_exact_sampling 0 "\"tokens\":\[$a_tokens\]" -- generate --model "$fx/tiny-qwen2" --prompt-ids 1,2,3 --max-new-tokens 8 --temperature 0.8 --top-p 0.9 --seed 7 --ignore-eos --draft-layers 3 --spec-exact
+# Rejection sampling is seeded too: the same seed gives the same tokens, another seed others.
+r1=$("$bin" generate --model "$fx/tiny-qwen2" --prompt-ids 1,2,3 --max-new-tokens 12 --temperature 0.8 --seed 7 --ignore-eos --draft-layers 3 --spec-k 3)
+r2=$("$bin" generate --model "$fx/tiny-qwen2" --prompt-ids 1,2,3 --max-new-tokens 12 --temperature 0.8 --seed 7 --ignore-eos --draft-layers 3 --spec-k 3 --stages 2)
+r3=$("$bin" generate --model "$fx/tiny-qwen2" --prompt-ids 1,2,3 --max-new-tokens 12 --temperature 0.8 --seed 8 --ignore-eos --draft-layers 3 --spec-k 3)
+if [ -n "$r1" ] && [ "$r1" = "$r2" ] && [ "$r1" != "$r3" ]; then echo "ok   spec_rejection_sampling_is_seeded"; else echo "FAIL spec seeded: $r1 / $r2 / $r3"; fail=1; fi
+check spec_other_vocab 1 'vocabulary' -- generate --model "$fx/tiny-llama" --prompt-ids 1 --draft "$fx/llama3-scaled"
+check spec_k_without_draft 1 'needs a draft' -- generate --model "$fx/tiny-llama" --prompt-ids 1 --spec-k 2
+check spec_too_many_layers 1 'layers' -- generate --model "$fx/tiny-llama" --prompt-ids 1 --draft-layers 9
 check missing_dir 1 '/nonexistent/dir' -- generate --model /nonexistent/dir --prompt-ids 1
 check bad_ids 1 'prompt-ids.*"x"' -- generate --model "$fx/tiny-llama" --prompt-ids 1,x,3
 check id_out_of_vocab 1 'vocabulary' -- generate --model "$fx/tiny-llama" --prompt-ids 1,99999

@@ -57,7 +57,9 @@ TEST(config_examples, laptop_is_the_reference_and_sets_every_key) {
   // These are exclusive with keys it sets, or need a GPU; it explains them in comments.
   const std::set<std::string> commented{"placement.nproc_per_node", "placement.parallel_level",
                                         "placement.device_ids",     "cluster.token",
-                                        "cluster.token_file",       "serving.kv_memory_fraction"};
+                                        "cluster.token_file",       "serving.kv_memory_fraction",
+                                        "model.draft",              "model.draft_layers",
+                                        "model.spec_k"};
   EXPECT_EQ(defaulted, commented);
   std::ifstream in(std::string(CONVEYOR_CONFIGS_DIR) + "/laptop.toml");
   std::stringstream text;

@@ -91,6 +91,9 @@ dtype = "bf16"
 device = "cuda"
 quantization = "fp8"
 quantize_lm_head = true
+draft = "/models/d"
+draft_layers = 3
+spec_k = 6
 
 [parallel]
 type = "custom"
@@ -171,6 +174,9 @@ TEST(config_keys, every_key_is_read) {
   EXPECT_EQ(d.model.device, device_kind::cuda);
   EXPECT_EQ(d.model.quantization, weight_quantization::fp8);
   EXPECT_TRUE(d.model.quantize_lm_head);
+  EXPECT_EQ(d.model.draft, "/models/d");
+  EXPECT_EQ(d.model.draft_layers, 3);
+  EXPECT_EQ(d.model.spec_k, 6);
   EXPECT_EQ(d.parallel.type, parallel_type::custom);
   EXPECT_EQ(d.parallel.stages, 2);
   EXPECT_EQ(d.parallel.tp, 2);
@@ -309,6 +315,18 @@ TEST(config_endpoint, parses_and_prints) {
   EXPECT_TRUE(is_loopback("localhost"));
   EXPECT_FALSE(is_loopback("0.0.0.0"));
   EXPECT_FALSE(is_loopback("10.0.0.1"));
+}
+
+TEST(config_model, speculative_decoding_keys) {
+  const deployment off = parse_ok("");
+  EXPECT_EQ(off.model.spec_k, 0);
+  EXPECT_EQ(off.model.draft_layers, 0);
+  EXPECT_EQ(off.model.draft, "");
+  const deployment d = parse_ok("[model]\ndraft = \"/models/draft\"\ndraft_layers = 2\nspec_k = 5\n");
+  EXPECT_EQ(d.model.draft, "/models/draft");
+  EXPECT_EQ(d.model.draft_layers, 2);
+  EXPECT_EQ(d.model.spec_k, 5);
+  EXPECT_TRUE(contains(describe(d), "model.spec_k = 5"));
 }
 
 }  // namespace

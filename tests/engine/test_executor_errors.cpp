@@ -55,6 +55,19 @@ TEST_F(executor_errors, rejects_bad_plans_with_reasons) {
   three.seqs.push_back(three.seqs[0]);
   three.seqs.push_back(three.seqs[0]);
   EXPECT_NE(error_of(three).find("sequences"), std::string::npos);
+  // Speculative verification: sample_rows must fit the new tokens and go with sampling.
+  auto rows = one({1, 2, 3}, {0});
+  rows.seqs[0].sampling.step = 3;
+  rows.seqs[0].sample_rows = 4;
+  EXPECT_NE(error_of(rows).find("samples 4 rows of 3"), std::string::npos);
+  rows.seqs[0].sample_rows = 0;
+  EXPECT_NE(error_of(rows).find("samples 0 rows"), std::string::npos);
+  rows.seqs[0].sample_rows = 2;
+  rows.seqs[0].logits = logits_mode::all;
+  EXPECT_NE(error_of(rows).find("sample_rows > 1"), std::string::npos);
+  rows.seqs[0].logits = logits_mode::none;
+  rows.seqs[0].sample = false;
+  EXPECT_NE(error_of(rows).find("sample_rows > 1"), std::string::npos);
   // Still works after the errors.
   auto ok = pipe_->step(one({1, 2, 3}, {0}));
   ASSERT_TRUE(ok.ok()) << ok.err().message;

@@ -24,6 +24,21 @@ TEST(kv_block_manager, grows_tables_and_frees_blocks) {
   EXPECT_FALSE(m.has(1));
 }
 
+TEST(kv_block_manager, truncate_returns_blocks_past_the_kept_tokens) {
+  kv_block_manager m(8, 4);
+  ASSERT_TRUE(m.reserve(1, 14).ok());  // 4 blocks
+  const auto before = m.table(1);
+  m.truncate(1, 9);  // rejected drafts: keep 9 tokens = 3 blocks
+  EXPECT_EQ(m.table(1), std::vector<std::int32_t>(before.begin(), before.begin() + 3));
+  EXPECT_EQ(m.free_blocks(), 5);
+  m.truncate(1, 12);  // a block boundary: still 3
+  EXPECT_EQ(m.table(1).size(), 3u);
+  m.truncate(7, 1);  // unknown sequence: nothing
+  EXPECT_EQ(m.free_blocks(), 5);
+  ASSERT_TRUE(m.reserve(1, 14).ok());
+  EXPECT_EQ(m.table(1).size(), 4u);
+}
+
 TEST(kv_block_manager, running_out_is_an_error_and_changes_nothing) {
   kv_block_manager m(2, 4);
   ASSERT_TRUE(m.reserve(1, 4).ok());

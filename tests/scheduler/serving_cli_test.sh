@@ -66,6 +66,17 @@ if timeout 60 "$bin" batch --config "$dir/cluster-static.toml" --input "$dir/in.
   ok "cluster_static_batches_finish"
 else bad "cluster static: $(cat "$dir/err5" "$dir/cs.jsonl")"; fi
 
+# Speculative decoding ([model] spec_k, draft = the model's first 2 layers), in process and in a
+# two-stage cluster (drafts in the step plans, rollback by the scheduler): the same tokens, seeded too.
+for st in 1 2; do
+  config "$dir/spec$st.toml" $st continuous
+  sed -i 's|^\[parallel\]|draft_layers = 2\nspec_k = 3\n[parallel]|' "$dir/spec$st.toml"
+  timeout 60 "$bin" batch --config "$dir/spec$st.toml" --input "$dir/in.jsonl" --output "$dir/spec$st.jsonl" --quiet 2>"$dir/err6"
+  if [ -s "$dir/out.jsonl" ] && diff <(tokens_of "$dir/out.jsonl") <(tokens_of "$dir/spec$st.jsonl") >/dev/null; then
+    ok "speculative_equals_plain_stages_$st"
+  else bad "speculative ($st stages): $(cat "$dir/err6" "$dir/spec$st.jsonl")"; fi
+done
+
 "$bin" batch --config "$dir/static.toml" --input "$dir/missing.jsonl" --output "$dir/x.jsonl" 2>"$dir/err4"
 rc=$?
 [ $rc = 1 ] && grep -q "cannot read the input" "$dir/err4" && ok "missing_input" || bad "missing input: rc=$rc $(cat "$dir/err4")"

@@ -144,6 +144,7 @@ result<frame_header> read_header(schema::FrameHeader::Reader r, const codec_limi
     CONVEYOR_TRY_ASSIGN(mode, from_wire(s.getLogits()));
     p.logits = mode;
     p.sample = s.getSample();
+    p.sample_rows = s.getSampleRows();
     auto sp = s.getSampling();
     p.sampling = sampling_params{sp.getTemperature(), sp.getTopK(), sp.getTopP(), sp.getSeed(), sp.getStep()};
     std::string where = "frame header: seqs[" + std::to_string(i) + "]";
@@ -231,6 +232,7 @@ result<std::vector<std::byte>> encode_header(const frame_header& h) {
       for (std::size_t j = 0; j < p.block_table.size(); ++j) blocks.set(j, p.block_table[j]);
       s.setLogits(to_wire(p.logits));
       s.setSample(p.sample);
+      s.setSampleRows(p.sample_rows);
       auto sp = s.initSampling();
       sp.setTemperature(p.sampling.temperature);
       sp.setTopK(p.sampling.top_k);

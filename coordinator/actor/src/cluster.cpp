@@ -17,6 +17,10 @@
 #include "conveyor/coordinator/worker_launcher.hpp"
 #include "conveyor/engine/model_config.hpp"
 #include "conveyor/engine/tensor_parallel.hpp"
+#include "conveyor/kernels/cpu_backend.hpp"
+#ifdef CONVEYOR_HAVE_CUDA
+#include "conveyor/kernels/cuda_backend.hpp"
+#endif
 #include "conveyor/stage/protocol.hpp"
 #include "coordinator_actor.hpp"
 
@@ -307,6 +311,40 @@ result<std::unique_ptr<cluster>> cluster::start(const cluster_options& o) {
   setup.max_context = std::min(model_ctx, o.kv_blocks * o.kv_block_size);
   setup.eos_ids = config.eos_token_ids;
   setup.canary_token = config.bos_token_id >= 0 && config.bos_token_id < config.vocab_size ? config.bos_token_id : 0;
+  if (o.spec_k > 0) {
+    auto draft = std::make_shared<coordinator_setup::draft_model>();
+    // The draft runs in this process, on the device the stages use: a CUDA deployment drafts on
+    // the first stage's GPU (the coordinator sees every GPU), a CPU one on this host's cores.
+    if (o.device == "cuda") {
+#ifdef CONVEYOR_HAVE_CUDA
+      kernels::cuda_backend_options co;
+      co.device = o.device_ids.empty() ? 0 : o.device_ids[0];
+      co.compute_dtype = o.dtype == "f32" ? kernels::dtype::f32 : kernels::dtype::bf16;
+      auto b = kernels::make_cuda_backend(co);
+      if (!b) return make_error(b.err().code, "model.draft on cuda: " + b.err().message);
+      draft->backend = std::move(b).value();
+#else
+      return make_error(errc::unsupported, "model.spec_k on cuda: this build of conveyor has no CUDA backend");
+#endif
+    } else {
+      draft->backend = kernels::make_cpu_backend({o.worker_threads});
+    }
+    engine::executor_options eo;
+    eo.kv_blocks = o.kv_blocks;
+    eo.kv_block_size = o.kv_block_size;
+    eo.max_step_tokens = o.max_step_tokens;
+    eo.max_seqs = o.max_seqs_per_step;
+    auto pipe = engine::local_pipeline::create(*draft->backend, o.draft_dir.empty() ? o.model_dir : o.draft_dir, 1,
+                                               eo, o.draft_layers);
+    if (!pipe) return make_error(pipe.err().code, "model.draft: " + pipe.err().message);
+    if ((*pipe)->config().vocab_size != config.vocab_size) {
+      return make_error(errc::invalid_argument, "model.draft has a vocabulary of " +
+                                                    std::to_string((*pipe)->config().vocab_size) +
+                                                    " tokens, the model " + std::to_string(config.vocab_size));
+    }
+    draft->proposer = std::make_unique<engine::draft_proposer>(std::move(pipe).value());
+    setup.draft = std::move(draft);
+  }
   service::model_info info{o.model_dir, config.model_type, config.vocab_size, config.num_layers, config.hidden_size,
                            static_cast<int>(ranges->size()), std::max(1, o.tp), o.chunks, setup.max_context};
   // Resolve /proc/self/exe so `ps` shows the workers as conveyor, not as a link name.

@@ -409,6 +409,10 @@ caf::behavior coordinator_impl(coord_actor* self, coordinator_setup setup) {
   so.vocab_size = st.setup.vocab_size;
   so.eos_ids = st.setup.eos_ids;
   so.policy = o.policy;
+  if (st.setup.draft) {
+    so.draft = st.setup.draft->proposer.get();
+    so.spec_k = o.spec_k;
+  }
   st.sched = std::make_unique<scheduler::batch_scheduler>(so);
   self->set_down_handler([=](caf::down_msg& dm) {
     auto& s = self->state;

@@ -5,7 +5,9 @@
 
 #include "caf/all.hpp"
 #include "conveyor/coordinator/cluster.hpp"
+#include "conveyor/engine/draft_proposer.hpp"
 #include "conveyor/engine/stage.hpp"
+#include "conveyor/kernels/backend.hpp"
 #include "conveyor/service/inference_service.hpp"
 
 namespace conveyor::coordinator {
@@ -36,6 +38,14 @@ struct coordinator_setup {
   /// Starts a new worker process for stage k (after stopping what is left of the old one); its pid.
   /// Called inside the actor. Empty = stages cannot be restarted.
   std::function<result<int>(int)> restart_stage;
+  /// Speculative decoding's draft model (options.spec_k > 0), in this process: the scheduler asks
+  /// it for draft tokens while it plans a step. TODO(perf): draft on its own thread, so the actor
+  /// keeps answering while the draft runs.
+  struct draft_model {
+    std::unique_ptr<kernels::backend> backend;
+    std::unique_ptr<engine::draft_proposer> proposer;
+  };
+  std::shared_ptr<draft_model> draft;
 };
 
 /// Spawns the coordinator actor; it launches nothing itself (cluster.cpp starts the processes).

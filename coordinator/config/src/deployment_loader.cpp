@@ -64,6 +64,9 @@ void read_model(table_reader& r, model_section& m) {
   r.read_choice("quantization", m.quantization,
                 {{"none", weight_quantization::none}, {"int8", weight_quantization::int8}, {"fp8", weight_quantization::fp8}});
   r.read("quantize_lm_head", m.quantize_lm_head);
+  r.read("draft", m.draft);
+  r.read("draft_layers", m.draft_layers, rules::draft_layers);
+  r.read("spec_k", m.spec_k, rules::spec_k);
 }
 
 void read_parallel(table_reader& r, parallel_section& p) {
@@ -308,7 +311,7 @@ result<deployment> load_deployment(const std::string& path) {
 
   // Paths in a config are relative to the config, not to wherever the command happens to run.
   const std::filesystem::path base = std::filesystem::path(path).parent_path();
-  for (std::string* p : {&d.model.dir, &d.cluster.token_file}) {
+  for (std::string* p : {&d.model.dir, &d.model.draft, &d.cluster.token_file}) {
     if (!p->empty() && std::filesystem::path(*p).is_relative()) {
       *p = (base / *p).lexically_normal().string();
     }

@@ -25,6 +25,9 @@ std::string describe(const deployment& d) {
   add("model.device", sv(to_string(d.model.device)));
   add("model.quantization", sv(to_string(d.model.quantization)));
   add("model.quantize_lm_head", d.model.quantize_lm_head ? "true" : "false");
+  add("model.draft", d.model.draft.empty() ? "(the model itself)" : sv(d.model.draft));
+  add("model.draft_layers", d.model.draft_layers == 0 ? "0 (all)" : std::to_string(d.model.draft_layers));
+  add("model.spec_k", d.model.spec_k == 0 ? "0 (no speculative decoding)" : std::to_string(d.model.spec_k));
   add("parallel.type", sv(to_string(d.parallel.type)));
   add("parallel.stages", std::to_string(d.parallel.stages));
   add("parallel.tp", std::to_string(d.parallel.tp));

@@ -264,6 +264,17 @@ std::string gateway_metrics::render(const std::optional<service::stats_report>& 
   p.family("conveyor_kv_cache_usage_ratio", "gauge", "Share of KV-cache blocks in use (0..1).");
   p.sample("conveyor_kv_cache_usage_ratio",
            s.kv_blocks_total > 0 ? 1.0 - static_cast<double>(s.kv_blocks_free) / s.kv_blocks_total : 0.0);
+  p.family("conveyor_spec_draft_tokens_total", "counter", "Speculative decoding: draft tokens the model verified.");
+  p.sample("conveyor_spec_draft_tokens_total", static_cast<double>(s.spec_draft_tokens));
+  p.family("conveyor_spec_accepted_tokens_total", "counter", "Speculative decoding: draft tokens kept.");
+  p.sample("conveyor_spec_accepted_tokens_total", static_cast<double>(s.spec_accepted_tokens));
+  p.family("conveyor_spec_acceptance_ratio", "gauge", "Speculative decoding: kept / verified draft tokens (0..1).");
+  p.sample("conveyor_spec_acceptance_ratio",
+           s.spec_draft_tokens > 0 ? static_cast<double>(s.spec_accepted_tokens) / s.spec_draft_tokens : 0.0);
+  p.family("conveyor_spec_tokens_per_step", "gauge",
+           "Speculative decoding: tokens a sequence gains per step that carried drafts (plain decoding: 1).");
+  p.sample("conveyor_spec_tokens_per_step",
+           s.spec_steps > 0 ? static_cast<double>(s.spec_emitted_tokens) / s.spec_steps : 0.0);
   p.family("conveyor_stage_busy_seconds_total", "counter", "Time each pipeline stage spent computing.");
   for (std::size_t i = 0; i < s.stage_busy_s.size(); ++i) {
     p.sample("conveyor_stage_busy_seconds_total", s.stage_busy_s[i], "stage=\"" + std::to_string(i) + "\"");

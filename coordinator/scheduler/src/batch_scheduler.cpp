@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <string>
 
+#include "conveyor/engine/speculative_sampling.hpp"
+
 namespace conveyor::scheduler {
 
 namespace {
@@ -190,12 +192,25 @@ void batch_scheduler::complete(int m, const std::vector<std::int32_t>& tokens) {
   const auto entries = std::move(step_seqs_[m]);
   step_seqs_[m].clear();
   in_flight_[m] = false;
+  std::size_t next_row = 0;  // tokens holds sample_rows values for a sequence with drafts, else one
   for (std::size_t k = 0; k < entries.size(); ++k) {
+    const auto& drafts = entries[k].drafts;
+    const std::size_t rows = drafts.size() + 1;
+    const std::size_t row0 = next_row;
+    next_row += rows;
+    const bool sampled = row0 + rows <= tokens.size() && tokens[row0 + rows - 1] >= 0;
     auto it = seqs_.find(entries[k].id);
     if (it == seqs_.end()) continue;
     sequence& s = it->second;
     s.in_step = false;
-    s.cached += entries[k].tokens;
+    // Keep the drafts equal to what the target drew after each position, then the target's token.
+    engine::verify_outcome v;
+    if (sampled) {
+      v = engine::verify_exact(drafts, std::span<const std::int32_t>(tokens.data() + row0, rows));
+    }
+    // The KV of rejected drafts is stale: the next step overwrites it (every stage addresses the
+    // sequence's KV through this block table and the plan's positions alone).
+    s.cached += entries[k].tokens - static_cast<int>(drafts.size()) + v.accepted;
     publish_full_blocks(s);
     if (s.fate == doom::cancelled) {
       retire(s.id, summary_of(s, "cancelled"));
@@ -206,24 +221,45 @@ void batch_scheduler::complete(int m, const std::vector<std::int32_t>& tokens) {
       retire(s.id, deadline_error(s, clock::now()));
       continue;
     }
-    const bool sampled = k < tokens.size() && tokens[k] >= 0;
     if (!sampled) continue;
-    const std::int32_t tok = tokens[k];
-    s.tokens.push_back(tok);
-    ++tokens_generated_;
+    std::vector<std::int32_t> emit(drafts.begin(), drafts.begin() + v.accepted);
+    emit.push_back(v.next);
+    if (!drafts.empty()) {
+      ++spec_steps_;
+      spec_proposed_ += static_cast<std::int64_t>(drafts.size());
+      spec_accepted_ += v.accepted;
+    }
+    const auto& r = s.request;
+    const char* finish = nullptr;
+    std::size_t n = 0;
+    while (n < emit.size() && finish == nullptr) {
+      const std::int32_t tok = emit[n++];
+      s.tokens.push_back(tok);
+      const bool eos = !r.ignore_eos && std::find(options_.eos_ids.begin(), options_.eos_ids.end(), tok) != options_.eos_ids.end();
+      const bool stop = std::find(r.stop_ids.begin(), r.stop_ids.end(), tok) != r.stop_ids.end();
+      const int generated = static_cast<int>(s.tokens.size()) - s.prompt_len;
+      if (eos || stop) {
+        finish = "stop";
+      } else if (generated >= r.max_new_tokens || static_cast<int>(s.tokens.size()) >= options_.max_context) {
+        finish = "length";
+      }
+    }
+    tokens_generated_ += static_cast<std::int64_t>(n);
+    if (!drafts.empty()) spec_emitted_ += static_cast<std::int64_t>(n);
     if (!s.has_first_token) {
       s.has_first_token = true;
       s.first_token = clock::now();
     }
-    s.sink->on_tokens(std::span<const std::int32_t>(&tok, 1));
-    const auto& r = s.request;
-    const bool eos = !r.ignore_eos && std::find(options_.eos_ids.begin(), options_.eos_ids.end(), tok) != options_.eos_ids.end();
-    const bool stop = std::find(r.stop_ids.begin(), r.stop_ids.end(), tok) != r.stop_ids.end();
-    const int generated = static_cast<int>(s.tokens.size()) - s.prompt_len;
-    if (eos || stop) {
-      retire(s.id, summary_of(s, "stop"));
-    } else if (generated >= r.max_new_tokens || static_cast<int>(s.tokens.size()) >= options_.max_context) {
-      retire(s.id, summary_of(s, "length"));
+    s.sink->on_tokens(std::span<const std::int32_t>(emit.data(), n));
+    if (!drafts.empty()) publish_full_blocks(s);  // blocks the kept drafts completed
+    if (finish != nullptr) {
+      retire(s.id, summary_of(s, finish));
+      continue;
+    }
+    // Blocks taken for rejected drafts go back (those past the next position to write).
+    while (static_cast<int>(s.blocks.size()) > std::max(pool_.blocks_for(static_cast<int>(s.tokens.size())), s.published)) {
+      pool_.release(s.blocks.back());
+      s.blocks.pop_back();
     }
   }
 }
@@ -299,6 +335,7 @@ void batch_scheduler::retire(std::uint64_t id, result<service::generate_summary>
   sequence s = std::move(it->second);
   seqs_.erase(it);
   drop_blocks(s);
+  if (options_.draft != nullptr) options_.draft->forget(static_cast<std::int64_t>(id));
   if (s.preempted) --preempted_now_;
   if (s.microbatch >= 0) {
     auto& mem = members_[s.microbatch];
@@ -334,6 +371,10 @@ scheduler_counters batch_scheduler::counters() const {
   c.kv_blocks_free = pool_.free_blocks();
   c.kv_blocks_cached = pool_.cached_blocks();
   c.prefix = pool_.counters();
+  c.spec_steps = spec_steps_;
+  c.spec_proposed = spec_proposed_;
+  c.spec_accepted = spec_accepted_;
+  c.spec_emitted = spec_emitted_;
   return c;
 }
 
@@ -355,6 +396,10 @@ void batch_scheduler::report(service::stats_report& r) const {
   for (const auto& [code, n] : errors_) r.errors_by_kind[std::string(service::errc_name(code))] += n;
   r.microbatches = options_.chunks;
   r.microbatches_in_flight = static_cast<int>(std::count(in_flight_.begin(), in_flight_.end(), true));
+  r.spec_steps = c.spec_steps;
+  r.spec_draft_tokens = c.spec_proposed;
+  r.spec_accepted_tokens = c.spec_accepted;
+  r.spec_emitted_tokens = c.spec_emitted;
 }
 
 }  // namespace conveyor::scheduler

@@ -107,7 +107,9 @@ bool batch_scheduler::enter(sequence& s, bool may_preempt) {
 void batch_scheduler::publish_full_blocks(sequence& s) {
   if (!pool_.caching()) return;
   const int bs = pool_.block_size();
-  const int full = std::min(s.cached / bs, static_cast<int>(s.blocks.size()));
+  // Accepted draft tokens are in the KV before they join s.tokens (complete() appends them after).
+  const int known = std::min(s.cached, static_cast<int>(s.tokens.size()));
+  const int full = std::min(known / bs, static_cast<int>(s.blocks.size()));
   for (int j = s.published; j < full; ++j) {
     std::span<const std::int32_t> block(s.tokens.data() + j * bs, bs);
     s.chain = kv_block_pool::chain_hash(s.chain, block);
@@ -130,10 +132,48 @@ bool batch_scheduler::plan_sequence(int m, sequence& s, int& budget, engine::ste
   step.sampling = s.request.sampling;
   step.sampling.step = s.tokens.size();
   plan.seqs.push_back(std::move(step));
-  step_seqs_[m].push_back({s.id, take});
+  step_seqs_[m].push_back({s.id, take, {}});
   s.in_step = true;
   budget -= take;
   return true;
+}
+
+void batch_scheduler::add_drafts(int m, int& budget, engine::step_plan& plan) {
+  if (options_.draft == nullptr || options_.spec_k <= 0) return;
+  std::vector<engine::draft_query> queries;
+  std::vector<std::size_t> at;
+  for (std::size_t i = 0; i < plan.seqs.size() && budget > 0; ++i) {
+    const engine::sequence_step& step = plan.seqs[i];
+    if (!step.sample || step.tokens.size() != 1) continue;  // prefill chunks carry no drafts
+    sequence& s = seqs_.at(step_seqs_[m][i].id);
+    const int len = static_cast<int>(s.tokens.size());
+    // A step emits up to k + 1 tokens: stay within max_new_tokens and the context.
+    int k = std::min({options_.spec_k, s.request.max_new_tokens - (len - s.prompt_len) - 1,
+                      options_.max_context - len - 1, budget});
+    if (k <= 0) continue;
+    // Blocks for the drafts only where free: drafts never preempt anyone.
+    grow(s, len + k, false);
+    k = std::min(k, static_cast<int>(s.blocks.size()) * pool_.block_size() - len);
+    if (k <= 0) continue;
+    queries.push_back({static_cast<std::int64_t>(s.id), s.tokens, s.request.sampling, k});
+    at.push_back(i);
+    budget -= k;
+  }
+  if (queries.empty()) return;
+  const auto proposals = options_.draft->propose(queries);
+  for (std::size_t q = 0; q < queries.size(); ++q) {
+    const auto& d = proposals[q];
+    if (d.empty()) continue;
+    engine::sequence_step& step = plan.seqs[at[q]];
+    step_entry& entry = step_seqs_[m][at[q]];
+    const sequence& s = seqs_.at(entry.id);
+    step.tokens.insert(step.tokens.end(), d.begin(), d.end());
+    step.sample_rows = 1 + static_cast<int>(d.size());
+    step.sampling.step = s.tokens.size() + d.size();  // the last row's draw; row i draws position len + i
+    step.block_table = s.blocks;
+    entry.tokens += static_cast<int>(d.size());
+    entry.drafts = d;
+  }
 }
 
 std::optional<engine::step_plan> batch_scheduler::next_step(int m, clock::time_point now) {
@@ -171,6 +211,7 @@ std::optional<engine::step_plan> batch_scheduler::next_step(int m, clock::time_p
       plan_sequence(m, s, budget, plan);
     }
   }
+  add_drafts(m, budget, plan);
   if (plan.seqs.empty()) return std::nullopt;
   in_flight_[m] = true;
   return plan;

@@ -5,7 +5,9 @@
 #include <mutex>
 #include <thread>
 
+#include "conveyor/engine/draft_proposer.hpp"
 #include "conveyor/engine/local_pipeline.hpp"
+#include "conveyor/engine/speculative_sampling.hpp"
 #include "conveyor/kernels/cpu_backend.hpp"
 #include "conveyor/scheduler/batch_scheduler.hpp"
 
@@ -16,8 +18,10 @@ namespace {
 class local_inference_service final : public inference_service {
  public:
   local_inference_service(std::unique_ptr<kernels::backend> backend, std::unique_ptr<engine::local_pipeline> pipe,
-                          const scheduler::scheduler_options& sopts, model_info info, std::int64_t step_delay_us)
-      : backend_(std::move(backend)), pipe_(std::move(pipe)), scheduler_(sopts), info_(std::move(info)),
+                          std::unique_ptr<engine::draft_proposer> draft, scheduler::scheduler_options sopts,
+                          model_info info, std::int64_t step_delay_us)
+      : backend_(std::move(backend)), pipe_(std::move(pipe)), draft_(std::move(draft)),
+        scheduler_(with_draft(std::move(sopts), draft_.get())), info_(std::move(info)),
         step_delay_us_(step_delay_us), thread_([this] { loop(); }) {}
 
   ~local_inference_service() override {
@@ -76,6 +80,11 @@ class local_inference_service final : public inference_service {
   }
 
  private:
+  static scheduler::scheduler_options with_draft(scheduler::scheduler_options o, engine::draft_proposer* d) {
+    o.draft = d;
+    return o;
+  }
+
   void post(std::function<void()> fn) {
     {
       std::lock_guard lock(mu_);
@@ -113,7 +122,7 @@ class local_inference_service final : public inference_service {
       if (step_delay_us_ > 0) std::this_thread::sleep_for(std::chrono::microseconds(step_delay_us_));
       busy_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (out) {
-        scheduler_.complete(0, out->tokens);
+        scheduler_.complete(0, engine::flat_sampled_tokens(*plan, *out));
       } else {
         scheduler_.fail_step(0, out.err());
       }
@@ -125,6 +134,7 @@ class local_inference_service final : public inference_service {
 
   std::unique_ptr<kernels::backend> backend_;
   std::unique_ptr<engine::local_pipeline> pipe_;
+  std::unique_ptr<engine::draft_proposer> draft_;  // before scheduler_, which points at it
   scheduler::batch_scheduler scheduler_;  // touched only on thread_
   model_info info_;
   std::unordered_map<std::uint64_t, std::uint64_t> ids_;  // ticket -> scheduler id, on thread_
@@ -164,10 +174,24 @@ result<std::unique_ptr<inference_service>> make_local_inference_service(const st
   so.vocab_size = config.vocab_size;
   so.eos_ids = config.eos_token_ids;
   so.policy = o.policy;
+  std::unique_ptr<engine::draft_proposer> draft;
+  if (o.spec_k > 0) {
+    // The draft's KV holds as many sequences as the target's, each up to the same context.
+    CONVEYOR_TRY_ASSIGN(dpipe, engine::local_pipeline::create(*backend, o.draft_dir.empty() ? model_dir : o.draft_dir,
+                                                              1, eo, o.draft_layers));
+    if (dpipe->config().vocab_size != config.vocab_size) {
+      return make_error(errc::invalid_argument, "model.draft has a vocabulary of " +
+                                                    std::to_string(dpipe->config().vocab_size) + " tokens, the model " +
+                                                    std::to_string(config.vocab_size));
+    }
+    draft = std::make_unique<engine::draft_proposer>(std::move(dpipe));
+    so.spec_k = o.spec_k;
+  }
   model_info info{model_dir, config.model_type, config.vocab_size, config.num_layers, config.hidden_size,
                   o.stages, 1, 1, so.max_context};
   return std::unique_ptr<inference_service>(
-      new local_inference_service(std::move(backend), std::move(pipe), so, std::move(info), o.step_delay_us));
+      new local_inference_service(std::move(backend), std::move(pipe), std::move(draft), so, std::move(info),
+                                  o.step_delay_us));
 }
 
 }  // namespace conveyor::service

@@ -15,6 +15,7 @@ transport::frame_header to_frame_header(const engine::step_plan& plan, std::uint
     p.block_table = s.block_table;
     p.logits = static_cast<transport::logits_mode>(s.logits);
     p.sample = s.sample;
+    p.sample_rows = s.sample_rows;
     p.sampling = {s.sampling.temperature, s.sampling.top_k, s.sampling.top_p, s.sampling.seed, s.sampling.step};
     h.seqs.push_back(std::move(p));
   }
@@ -31,6 +32,7 @@ engine::step_plan to_step_plan(const transport::frame_header& h) {
     s.block_table = p.block_table;
     s.logits = static_cast<engine::logits_mode>(p.logits);
     s.sample = p.sample;
+    s.sample_rows = p.sample_rows;
     s.sampling = {p.sampling.temperature, p.sampling.top_k, p.sampling.top_p, p.sampling.seed, p.sampling.step};
     plan.seqs.push_back(std::move(s));
   }

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "conveyor/engine/checkpoint.hpp"
+#include "conveyor/engine/speculative_sampling.hpp"
 #include "conveyor/stage/plan_convert.hpp"
 #include "conveyor/transport/frame_codec.hpp"
 
@@ -149,7 +150,8 @@ status stage_runtime::run_step(transport::frame& in) {
   ++steps_;
   if (!out) return out.err();
   if (options_.range.has_head) {
-    on_tokens_(in.header.microbatch_id, in.header.step, std::move(out->tokens));
+    // One token per sequence, or sample_rows of them for a speculative verification step.
+    on_tokens_(in.header.microbatch_id, in.header.step, engine::flat_sampled_tokens(plan, *out));
     return ok_status();
   }
   // Keep at most max_sends_in_flight activation buffers alive until the next stage took them.

@@ -115,6 +115,16 @@ status stage_executor::validate(const step_plan& plan, std::span<const float> hi
       }
     }
     if (s.sample && s.sampling.top_p <= 0.0f) return bad(seq_name(s) + ": top_p must be in (0, 1]");
+    if (s.sample_rows < 1 || s.sample_rows > n) {
+      return bad(seq_name(s) + " samples " + std::to_string(s.sample_rows) + " rows of " + std::to_string(n) +
+                 " new tokens");
+    }
+    if (s.sample_rows > 1 && (!s.sample || s.logits == logits_mode::all)) {
+      return bad(seq_name(s) + ": sample_rows > 1 needs sample and no logits_mode::all");
+    }
+    if (s.sample_rows > 1 && s.sampling.step < static_cast<std::uint64_t>(n - 1)) {
+      return bad(seq_name(s) + ": sampling step " + std::to_string(s.sampling.step) + " is before its first row");
+    }
   }
   if (range_.has_embedding && !hidden_in.empty()) return bad("the first stage takes token ids, not activations");
   if (!range_.has_embedding && hidden_in.size() != static_cast<std::size_t>(total) * config_.hidden_size) {
@@ -175,6 +185,15 @@ void stage_executor::upload_plan(const step_plan& plan, bool fixed_shape) {
     if (s.sample || s.logits != logits_mode::none) v.push_back(row0 + n - 1);
     row0 += n;
   }
+  // Then the earlier sampled rows of verification steps (sampled together with the first block),
+  row0 = 0;
+  for (const auto& s : plan.seqs) {
+    const int n = static_cast<int>(s.tokens.size());
+    if (s.sample)
+      for (int i = n - s.sample_rows; i + 1 < n; ++i) v.push_back(row0 + i);
+    row0 += n;
+  }
+  // then the rows only read back as logits.
   row0 = 0;
   for (const auto& s : plan.seqs) {
     const int n = static_cast<int>(s.tokens.size());
@@ -306,6 +325,7 @@ result<step_output> stage_executor::run(const step_plan& plan, std::span<const f
   const int vocab = config_.vocab_size;
   out.tokens.assign(plan.seqs.size(), -1);
   out.logits_offset.assign(plan.seqs.size(), -1);
+  out.row_tokens_offset.assign(plan.seqs.size(), -1);
   if (rows == 0) return out;
 
   // Rows [0, last_rows) are each sampled sequence's last position, in plan order.
@@ -322,17 +342,41 @@ result<step_output> stage_executor::run(const step_plan& plan, std::span<const f
     }
     any_logits = any_logits || s.logits != logits_mode::none;
   }
+  // Earlier rows of verification steps, in upload_plan's order; each draws with its own step.
+  std::vector<int> early_row_of(plan.seqs.size(), -1);
+  for (std::size_t i = 0; i < plan.seqs.size(); ++i) {
+    const auto& s = plan.seqs[i];
+    if (!s.sample || s.sample_rows == 1) continue;
+    early_row_of[i] = static_cast<int>(params.size());
+    for (int back = s.sample_rows - 1; back >= 1; --back) {
+      kernels::sample_params p = s.sampling;
+      p.step -= static_cast<std::uint64_t>(back);
+      params.push_back(p);
+    }
+  }
   std::vector<std::int32_t> drawn(params.size());
   b.sample(logits_.get(), static_cast<int>(params.size()), vocab, params.data(), drawn.data());
   for (std::size_t i = 0; i < plan.seqs.size(); ++i) {
-    if (plan.seqs[i].sample) out.tokens[i] = drawn[last_row_of[i]];
+    const auto& s = plan.seqs[i];
+    if (!s.sample) continue;
+    out.tokens[i] = drawn[last_row_of[i]];
+    out.row_tokens_offset[i] = static_cast<int>(out.row_tokens.size());
+    if (early_row_of[i] >= 0) {
+      out.row_tokens.insert(out.row_tokens.end(), drawn.begin() + early_row_of[i],
+                            drawn.begin() + early_row_of[i] + s.sample_rows - 1);
+    }
+    out.row_tokens.push_back(out.tokens[i]);
   }
   if (!any_logits) return out;
 
   std::vector<float> all(static_cast<std::size_t>(rows) * vocab);
   b.read_f32(logits_.get(), all.size(), all.data());
   // Reorder to plan order with each sequence's rows by position.
-  int extra = static_cast<int>(params.size());
+  int extra = static_cast<int>(params.size());  // the logits_mode::all rows follow the sampled ones
+  auto copy_row = [&](int row) {
+    const std::size_t at = static_cast<std::size_t>(row) * vocab;
+    out.logits.insert(out.logits.end(), all.begin() + at, all.begin() + at + vocab);
+  };
   for (std::size_t i = 0; i < plan.seqs.size(); ++i) {
     const auto& s = plan.seqs[i];
     const int n_seq = static_cast<int>(s.tokens.size());
@@ -341,13 +385,12 @@ result<step_output> stage_executor::run(const step_plan& plan, std::span<const f
     }
     out.logits_offset[i] = static_cast<int>(out.logits.size() / vocab);
     if (s.logits == logits_mode::all) {
-      for (int r = 0; r + 1 < n_seq; ++r, ++extra) {
-        out.logits.insert(out.logits.end(), all.begin() + static_cast<std::size_t>(extra) * vocab,
-                          all.begin() + static_cast<std::size_t>(extra + 1) * vocab);
-      }
+      for (int r = 0; r + 1 < n_seq; ++r) copy_row(extra++);
     }
-    const std::size_t last = static_cast<std::size_t>(last_row_of[i]) * vocab;
-    out.logits.insert(out.logits.end(), all.begin() + last, all.begin() + last + vocab);
+    if (s.logits == logits_mode::sampled && early_row_of[i] >= 0) {
+      for (int r = 0; r + 1 < s.sample_rows; ++r) copy_row(early_row_of[i] + r);
+    }
+    copy_row(last_row_of[i]);
   }
   return out;
 }

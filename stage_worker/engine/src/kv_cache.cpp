@@ -1,5 +1,6 @@
 #include "conveyor/engine/kv_cache.hpp"
 
+#include <algorithm>
 #include <cassert>
 #include <string>
 
@@ -28,6 +29,17 @@ status kv_block_manager::reserve(std::int64_t seq, int tokens) {
     free_.pop_back();
   }
   return ok_status();
+}
+
+void kv_block_manager::truncate(std::int64_t seq, int tokens) {
+  auto it = tables_.find(seq);
+  if (it == tables_.end()) return;
+  const std::size_t keep = static_cast<std::size_t>(blocks_for(std::max(tokens, 0)));
+  auto& table = it->second;
+  while (table.size() > keep) {
+    free_.push_back(table.back());
+    table.pop_back();
+  }
 }
 
 void kv_block_manager::release(std::int64_t seq) {

@@ -6,15 +6,24 @@
 namespace conveyor::engine {
 
 result<std::unique_ptr<local_pipeline>> local_pipeline::create(kernels::backend& backend, const std::string& model_dir,
-                                                               int stages, const executor_options& options) {
-  return create(std::vector<kernels::backend*>{&backend}, model_dir, stages, options, {});
+                                                               int stages, const executor_options& options,
+                                                               int keep_layers) {
+  return create(std::vector<kernels::backend*>{&backend}, model_dir, stages, options, {}, keep_layers);
 }
 
 result<std::unique_ptr<local_pipeline>> local_pipeline::create(const std::vector<kernels::backend*>& rank_backends,
                                                                const std::string& model_dir, int stages,
                                                                const executor_options& options,
-                                                               const tp_group_factory& make_group) {
+                                                               const tp_group_factory& make_group, int keep_layers) {
   CONVEYOR_TRY_ASSIGN(config, load_model_config(model_dir));
+  if (keep_layers < 0 || keep_layers > config.num_layers) {
+    return make_error(errc::invalid_argument, "cannot keep the first " + std::to_string(keep_layers) + " layers of " +
+                                                  model_dir + ": it has " + std::to_string(config.num_layers));
+  }
+  if (keep_layers > 0) {
+    config.num_layers = keep_layers;
+    config.sliding_window.resize(keep_layers);
+  }
   CONVEYOR_TRY_ASSIGN(ranges, split_even(config, stages));
   CONVEYOR_TRY_ASSIGN(ckpt, checkpoint::open(model_dir));
   std::unique_ptr<local_pipeline> p(new local_pipeline(config, options));

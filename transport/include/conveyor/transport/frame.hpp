@@ -39,6 +39,7 @@ struct sequence_plan {
   logits_mode logits = logits_mode::none;
   bool sample = true;
   sampling_params sampling;
+  std::int32_t sample_rows = 1;  ///< speculative verification: rows drawn (engine::sequence_step)
   bool operator==(const sequence_plan&) const = default;
 };
 

@@ -31,6 +31,12 @@ struct cluster_options {
   int max_seqs_per_step = 64;
   int max_context = 0;  ///< 0 = the model's max_position_embeddings
   service::serving_policy policy;  ///< batching mode, admission control, deadlines, prefix caching
+  /// Speculative decoding (model.draft, model.draft_layers, model.spec_k): the draft model runs in
+  /// the coordinator's process (on the CPU, or with `device` cuda on the first stage's GPU) and
+  /// proposes spec_k tokens per decode step; the stages verify them in one pass. spec_k = 0: off.
+  std::string draft_dir;  ///< empty = model_dir (with draft_layers)
+  int draft_layers = 0;
+  int spec_k = 0;
   int worker_threads = 0;
   std::chrono::milliseconds heartbeat{500};          ///< how often workers are pinged
   std::chrono::milliseconds heartbeat_timeout{1500}; ///< a worker silent this long has failed

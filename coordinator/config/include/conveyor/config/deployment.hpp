@@ -44,6 +44,13 @@ struct model_section {
   /// int8: per-output-channel int8 (CPU and CUDA); fp8: E4M3 with per-channel scales (CUDA only).
   weight_quantization quantization = weight_quantization::none;
   bool quantize_lm_head = false;  ///< the LM head too (needs quantization != "none")
+  /// Speculative decoding: a draft model of the same vocabulary proposes spec_k tokens per decode
+  /// step, verified by the model in one pass. It runs in the coordinator's process (serve-local:
+  /// the process; with device cuda on the first stage's GPU). draft = its HF directory (empty = the model itself, with draft_layers);
+  /// draft_layers > 0 keeps only its first layers + its final norm and head. spec_k = 0: off.
+  std::string draft;
+  int draft_layers = 0;
+  int spec_k = 0;
 };
 
 /// [parallel]

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "conveyor/base/result.hpp"
+#include "conveyor/engine/draft_proposer.hpp"
 #include "conveyor/engine/step_plan.hpp"
 #include "conveyor/scheduler/kv_block_pool.hpp"
 #include "conveyor/service/inference_service.hpp"
@@ -37,6 +38,12 @@ struct scheduler_options {
   int vocab_size = 0;
   std::vector<std::int32_t> eos_ids;
   service::serving_policy policy;
+  /// Speculative decoding: a decode step of a sequence carries up to spec_k tokens the draft
+  /// proposes, and the last stage draws after each of them; the scheduler keeps the prefix equal to
+  /// the target's own draws (so results never change, greedy or seeded) plus the target's next
+  /// token, and rolls back the rest. Off when spec_k is 0 or there is no draft. Not owned.
+  engine::draft_proposer* draft = nullptr;
+  int spec_k = 0;
 };
 
 struct scheduler_counters {
@@ -52,6 +59,10 @@ struct scheduler_counters {
   int kv_blocks_free = 0;     ///< free or evictable
   int kv_blocks_cached = 0;   ///< naming a shared prefix
   prefix_cache_counters prefix;
+  std::int64_t spec_steps = 0;     ///< sequence steps that carried draft tokens
+  std::int64_t spec_proposed = 0;  ///< draft tokens verified
+  std::int64_t spec_accepted = 0;  ///< of them kept
+  std::int64_t spec_emitted = 0;   ///< tokens those steps produced (accepted + the target's own)
 };
 
 class batch_scheduler {
@@ -85,7 +96,8 @@ class batch_scheduler {
   std::optional<engine::step_plan> next_step(int m) { return next_step(m, clock::now()); }
   std::optional<engine::step_plan> next_step(int m, clock::time_point now);
   /// Applies the sampled tokens of microbatch `m`'s step (one per plan sequence, -1 where none was
-  /// drawn): streams them, retires finished sequences and frees their blocks.
+  /// drawn; a sequence with draft tokens has sample_rows of them: engine::flat_sampled_tokens):
+  /// streams them, retires finished sequences and frees their blocks.
   void complete(int m, const std::vector<std::int32_t>& tokens);
   /// Fails microbatch `m`'s step: its sequences get `why` and are retired.
   void fail_step(int m, const error& why);
@@ -143,6 +155,8 @@ class batch_scheduler {
   void drop_blocks(sequence& s);
   void publish_full_blocks(sequence& s);
   bool plan_sequence(int m, sequence& s, int& budget, engine::step_plan& plan);
+  /// Speculative decoding: asks the draft for tokens for the plan's decode steps and appends them.
+  void add_drafts(int m, int& budget, engine::step_plan& plan);
 
   void retire(std::uint64_t id, result<service::generate_summary> outcome);
   error deadline_error(const sequence& s, clock::time_point now) const;
@@ -156,7 +170,8 @@ class batch_scheduler {
   std::vector<std::vector<std::uint64_t>> members_;    ///< sequences of each microbatch
   struct step_entry {
     std::uint64_t id;
-    int tokens;  ///< new tokens the step carries for this sequence
+    int tokens;  ///< new tokens the step carries for this sequence (draft tokens included)
+    std::vector<std::int32_t> drafts;  ///< draft tokens among them (the last ones)
   };
   std::vector<std::vector<step_entry>> step_seqs_;  ///< the sequences of the step in flight
   std::vector<bool> in_flight_;
@@ -166,6 +181,7 @@ class batch_scheduler {
   std::int64_t finished_ = 0, failed_ = 0, cancelled_ = 0, rejected_ = 0, expired_ = 0, preemptions_ = 0;
   std::int64_t tokens_generated_ = 0;
   std::map<errc, std::int64_t> errors_;  ///< every error a request was answered with, by kind
+  std::int64_t spec_steps_ = 0, spec_proposed_ = 0, spec_accepted_ = 0, spec_emitted_ = 0;
 };
 
 }  // namespace conveyor::scheduler

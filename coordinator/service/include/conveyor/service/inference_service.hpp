@@ -102,6 +102,10 @@ struct stats_report {
   int kv_blocks_cached = 0;            ///< blocks naming a prompt prefix that later prompts can share
   std::int64_t prefix_cache_queried_tokens = 0;  ///< prompt tokens looked up in the prefix cache
   std::int64_t prefix_cache_hit_tokens = 0;      ///< of those, found cached: their prefill was skipped
+  std::int64_t spec_steps = 0;            ///< speculative decoding: sequence steps that carried drafts
+  std::int64_t spec_draft_tokens = 0;     ///< draft tokens verified
+  std::int64_t spec_accepted_tokens = 0;  ///< of them kept (acceptance rate = accepted / draft)
+  std::int64_t spec_emitted_tokens = 0;   ///< tokens those steps produced (per step: the speed-up bound)
   std::vector<double> stage_busy_s;  ///< per stage: time spent computing
   std::vector<double> stage_idle_s;  ///< per stage: time waiting for work (the pipeline bubble)
   /// Every error the service answered a request with, by kind (errc_name): admission control's

@@ -25,6 +25,11 @@ struct local_service_options {
   /// Benchmarks only: sleep this long per step, to model a device whose step time hardly depends on
   /// the batch (a GPU's memory-bound decode) with the CPU fixture, whose steps are compute-bound.
   std::int64_t step_delay_us = 0;
+  /// Speculative decoding (model.draft / model.draft_layers / model.spec_k): the draft model runs in
+  /// this process next to the target; spec_k = 0 turns it off.
+  std::string draft_dir;  ///< empty = the model itself (with draft_layers)
+  int draft_layers = 0;   ///< > 0: only the draft's first layers + its final norm and head
+  int spec_k = 0;
 };
 
 result<std::unique_ptr<inference_service>> make_local_inference_service(const std::string& model_dir,

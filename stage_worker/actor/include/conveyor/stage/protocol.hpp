@@ -9,6 +9,8 @@
 //   coordinator -> worker   wire(upstream address, downstream address)     -> wired(stage)
 //   coordinator -> stage 0  step(microbatch, encoded frame header)
 //   last stage -> coordin.  done(microbatch, step, tokens) / step_failed(microbatch, step, why)
+//                           tokens: per plan sequence, one (-1 if not sampled), or sample_rows of
+//                           them for a speculative verification step (engine::flat_sampled_tokens)
 //   coordinator -> worker   ping -> pong(busy_s, idle_s, steps)            the liveness check
 //   coordinator -> worker   reset(n, drop upstream, drop downstream)      -> reset_done(stage, n)
 //                           a neighbour died: stop the compute thread, drop its channel
@@ -43,8 +45,9 @@ using reset_done_atom = caf::atom_constant<caf::atom("resetdone")>;
 using metrics_atom = caf::atom_constant<caf::atom("metrics")>;
 
 /// Protocol version, checked at join. 4: max_frame_bytes in the assignment, reset (stage recovery);
-/// 5: the metrics request; 6: stage_assignment.quant, quant_lm_head.
-constexpr std::int32_t protocol_version = 6;
+/// 5: the metrics request; 6: stage_assignment.quant, quant_lm_head; 7: frames carry sampleRows and
+/// `done` may hold several tokens per sequence (speculative decoding).
+constexpr std::int32_t protocol_version = 7;
 
 /// What the coordinator tells a worker to load (a plain struct, sent as a CAF message).
 struct stage_assignment {

@@ -25,6 +25,10 @@ class kv_block_manager {
 
   /// Grows sequence `seq`'s table to cover `tokens` tokens; out_of_memory leaves it unchanged.
   status reserve(std::int64_t seq, int tokens);
+  /// Rolls sequence `seq` back to its first `tokens` tokens (speculative decoding drops the KV of
+  /// rejected draft tokens): blocks past them return to the free list. The KV inside a kept block
+  /// needs no clearing: attention reads only [0, context) and the next step overwrites the rest.
+  void truncate(std::int64_t seq, int tokens);
   /// Returns the sequence's blocks to the free list (no-op for an unknown sequence).
   void release(std::int64_t seq);
   const std::vector<std::int32_t>& table(std::int64_t seq) const;

@@ -27,15 +27,18 @@ struct generation_result {
 
 class local_pipeline {
  public:
-  /// Loads the model in `model_dir` split into `stages` even layer ranges.
+  /// Loads the model in `model_dir` split into `stages` even layer ranges. `keep_layers` > 0 loads
+  /// only the first keep_layers layers, then the model's own final norm and LM head: a draft model
+  /// for speculative decoding made of the target itself (same vocabulary, often the same top token).
   static result<std::unique_ptr<local_pipeline>> create(kernels::backend& backend, const std::string& model_dir,
-                                                        int stages, const executor_options& options);
+                                                        int stages, const executor_options& options,
+                                                        int keep_layers = 0);
   /// The same with every stage a tensor-parallel group of rank_backends.size() ranks (rank r runs on
   /// rank_backends[r], in its own thread); `make_group` provides each stage's collectives.
   static result<std::unique_ptr<local_pipeline>> create(const std::vector<kernels::backend*>& rank_backends,
                                                         const std::string& model_dir, int stages,
                                                         const executor_options& options,
-                                                        const tp_group_factory& make_group);
+                                                        const tp_group_factory& make_group, int keep_layers = 0);
 
   /// Runs one step through every stage.
   result<step_output> step(const step_plan& plan);
@@ -45,6 +48,7 @@ class local_pipeline {
   result<std::vector<generation_result>> generate(const std::vector<generation_request>& requests);
 
   const model_config& config() const { return config_; }
+  const executor_options& options() const { return options_; }
   /// Wall time of every step of the last generate() call, in order (the first ones are prefill).
   const std::vector<double>& last_step_seconds() const { return step_seconds_; }
   kv_block_manager& blocks() { return blocks_; }
