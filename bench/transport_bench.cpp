@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "conveyor/transport/cpu_collective.hpp"
+#include "conveyor/transport/frame_codec.hpp"
 #include "conveyor/transport/ucx_context.hpp"
 
 using namespace conveyor;
@@ -197,16 +198,25 @@ double frame_bandwidth_mibs(channel& ch, std::size_t bytes, int frames, int wind
     auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < n; ++i) {
       if (static_cast<int>(pending.size()) == window) {
-        if (!pending.front().wait(after(60s)).ok()) return -1;
+        if (auto st = pending.front().wait(after(60s)); !st.ok()) {
+          std::fprintf(stderr, "bandwidth: %s\n", st.err().message.c_str());
+          return -1;
+        }
         pending.pop_front();
       }
       auto& b = bufs[i % window];
       auto s = ch.send(bench_header(i, bytes), {b.data(), b.size()});
-      if (!s.ok()) return -1;
+      if (!s.ok()) {
+        std::fprintf(stderr, "bandwidth: %s\n", s.err().message.c_str());
+        return -1;
+      }
       pending.push_back(*s);
     }
     while (!pending.empty()) {
-      if (!pending.front().wait(after(60s)).ok()) return -1;
+      if (auto st = pending.front().wait(after(60s)); !st.ok()) {
+        std::fprintf(stderr, "bandwidth: %s\n", st.err().message.c_str());
+        return -1;
+      }
       pending.pop_front();
     }
     double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -214,6 +224,25 @@ double frame_bandwidth_mibs(channel& ch, std::size_t bytes, int frames, int wind
   };
   run(std::max(2, frames / 8));  // warm-up: registration cache, page faults of the peer's buffers
   return run(frames);
+}
+
+/// Nanoseconds to encode and to decode the latency test's header, in this process: a ping-pong round
+/// trip pays one encode and two decodes (the echo forwards the encoded header), so this splits the
+/// frame latency into header codec and transport.
+std::pair<double, double> codec_ns(int iters) {
+  auto h = bench_header(1, 8);
+  auto bytes = encode_header(h);
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) {
+    if (!encode_header(h).ok()) return {-1, -1};
+  }
+  auto t1 = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) {
+    if (!decode_header(*bytes).ok()) return {-1, -1};
+  }
+  auto t2 = std::chrono::steady_clock::now();
+  return {std::chrono::duration<double, std::nano>(t1 - t0).count() / iters,
+          std::chrono::duration<double, std::nano>(t2 - t1).count() / iters};
 }
 
 // ---------------------------------------------------------------- CPU all-reduce
@@ -277,6 +306,12 @@ int main(int argc, char** argv) {
     }
     std::printf("latency 8 B      : frame %.2f us | perftest ucp_am_lat %.2f us | ratio %.2fx (goal <= 2x)\n", lat,
                 p_lat.median_lat_us, p_lat.ok ? lat / p_lat.median_lat_us : 0.0);
+    auto [enc_ns, dec_ns] = codec_ns(lat_iters * 10);
+    double codec_one_way_us = (enc_ns + 2 * dec_ns) / 2 / 1000;
+    std::printf("  header codec   : encode %.0f ns, decode %.0f ns -> %.2f us of the one-way latency; "
+                "transport alone %.2f us = %.2fx perftest\n",
+                enc_ns, dec_ns, codec_one_way_us, lat - codec_one_way_us,
+                p_lat.ok ? (lat - codec_one_way_us) / p_lat.median_lat_us : 0.0);
     std::printf("latency 4 KiB    : frame %.2f us\n", lat4k);
     for (auto [mib, bw] : bws) {
       if (mib == 64) {
