@@ -31,6 +31,7 @@ void channel_core::fail(error why) {
     std::lock_guard lock(mu_);
     if (failure_) return;
     failure_ = std::move(why);
+    update_deliverable();
   }
   cv_.notify_all();
 }
@@ -62,19 +63,22 @@ status channel_core::wait_open(deadline until) {
   return *failure_;
 }
 
-bool channel_core::frame_ready() const {
-  std::lock_guard lock(mu_);
-  return (!ready_.empty() && ready_.begin()->first == next_deliver_) || failure_.has_value();
+bool channel_core::frame_ready() const { return deliverable_.load(std::memory_order_acquire); }
+
+void channel_core::update_deliverable() {
+  // With mu_ held.
+  deliverable_.store((!ready_.empty() && ready_.begin()->first == next_deliver_) || failure_.has_value(),
+                     std::memory_order_release);
 }
 
 void channel_core::spin(const std::function<bool()>& done, deadline until) {
   auto spin_until = std::min(until, clock::now() + worker_->config().busy_poll);
   {
     ucx_worker::spin_scope spinning(*worker_);
-    for (;;) {
+    for (unsigned pass = 1;; ++pass) {
       worker_->progress_from_caller();
       if (done()) return;
-      if (clock::now() >= spin_until) break;
+      if ((pass & 7) == 0 && clock::now() >= spin_until) break;  // the clock costs as much as a pass
     }
   }
   worker_->spinner_gave_up();
@@ -91,6 +95,7 @@ result<frame> channel_core::receive(deadline until) {
     if (!ready_.empty() && ready_.begin()->first == next_deliver_) {
       auto node = ready_.extract(ready_.begin());
       ++next_deliver_;
+      update_deliverable();
       result<frame> f = std::move(node.mapped());
       if (f.ok()) buffered_bytes_ -= f->payload.size();
       lock.unlock();
@@ -234,6 +239,19 @@ ucs_status_t channel_core::on_frame(const wire::preamble& p, const void* header,
     reject(p.seq, make_error(errc::bad_format, where() + ": " + std::to_string(length) + " payload bytes arrived, " +
                                                    std::to_string(p.payload_bytes) + " announced (truncated)"));
     return rndv ? UCS_ERR_MESSAGE_TRUNCATED : UCS_OK;
+  }
+  if (!rndv && (p.flags & wire::flag_header_separate) == 0 && header_length - sizeof(wire::preamble) == p.header_bytes &&
+      partial_.find(p.seq) == partial_.end()) {
+    // The common small frame: header and payload both here, nothing to pair up (no partial entry).
+    auto* h = static_cast<const std::byte*>(header) + sizeof(wire::preamble);
+    payload_buffer payload(worker_->pool(), length);
+    if (length != 0) std::memcpy(payload.data(), data, length);
+    {
+      std::lock_guard lock(mu_);
+      buffered_bytes_ += length;
+    }
+    finish(p.seq, std::vector<std::byte>(h, h + p.header_bytes), std::move(payload));
+    return UCS_OK;
   }
   auto& pf = partial(p);
   pf.pre = p;
@@ -386,22 +404,27 @@ void channel_core::try_finish(std::uint64_t seq) {
     deliver(seq, *done.err);
     return;
   }
+  finish(seq, std::move(done.header_bytes), std::move(done.payload));
+}
+
+void channel_core::finish(std::uint64_t seq, std::vector<std::byte> header_bytes, payload_buffer payload) {
   auto where = [&] { return name(id()) + ", frame " + std::to_string(seq) + ": "; };
-  auto header = decode_header(done.header_bytes, options_.header_limits);
-  status size_ok = header.ok() ? check_payload_size(*header, done.payload.size()) : status(header.err());
+  auto header = decode_header(header_bytes, options_.header_limits);
+  status size_ok = header.ok() ? check_payload_size(*header, payload.size()) : status(header.err());
   std::lock_guard lock(mu_);
   if (!size_ok.ok()) {
-    buffered_bytes_ -= done.payload.size();
+    buffered_bytes_ -= payload.size();
     deliver(seq, make_error(size_ok.err().code, where() + size_ok.err().message));
     return;
   }
-  deliver(seq, frame{std::move(header).value(), std::move(done.header_bytes), std::move(done.payload)});
+  deliver(seq, frame{std::move(header).value(), std::move(header_bytes), std::move(payload)});
 }
 
 void channel_core::deliver(std::uint64_t seq, result<frame> f) {
   // Called with mu_ held.
   bool wake = seq == next_deliver_;
   ready_.emplace(seq, std::move(f));
+  if (wake) update_deliverable();
   if (wake) cv_.notify_all();
 }
 

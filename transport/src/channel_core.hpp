@@ -89,10 +89,13 @@ class channel_core : public std::enable_shared_from_this<channel_core> {
   void start_rndv_header(std::uint64_t seq, void* desc, std::size_t length);
   void reject(std::uint64_t seq, error why);
   void try_finish(std::uint64_t seq);
+  /// Decodes and checks a complete frame and queues it (or its error) for receive().
+  void finish(std::uint64_t seq, std::vector<std::byte> header_bytes, payload_buffer payload);
   void deliver(std::uint64_t seq, result<frame> f);
   bool from_current_peer(const wire::preamble& p) const;
-  /// The next frame (or the failure) can be delivered.
+  /// The next frame (or the failure) can be delivered; one atomic load (spinning receivers poll it).
   bool frame_ready() const;
+  void update_deliverable();
   void post_am(unsigned id, std::vector<std::byte>* header, const void* data, std::size_t length,
                std::shared_ptr<send_handle::state> s);
   static void on_recv_done(void* request, ucs_status_t st, std::size_t length, void* user_data);
@@ -128,6 +131,7 @@ class channel_core : public std::enable_shared_from_this<channel_core> {
   std::map<std::uint64_t, result<frame>> ready_;
   std::uint64_t next_deliver_ = 0;
   std::uint64_t buffered_bytes_ = 0;  // payload bytes received or being received, not yet taken
+  std::atomic<bool> deliverable_{false};  // mirrors "ready_ holds next_deliver_, or failure_", set under mu_
 };
 
 }  // namespace conveyor::transport

@@ -191,6 +191,7 @@ void ucx_worker::post(std::function<void()> fn) {
   {
     std::lock_guard lock(commands_mu_);
     commands_.push_back(std::move(fn));
+    has_commands_.store(true, std::memory_order_release);
   }
   // While the thread spins it sees the queue anyway; the eventfd write (a syscall) only when it sleeps.
   if (sleeping_.load()) wake();
@@ -227,7 +228,8 @@ void ucx_worker::maybe_tick() {
 unsigned ucx_worker::progress_from_caller() {
   std::lock_guard lock(ucx_mu_);
   // Callers that spin back to back keep the progress thread aside; heartbeats must not stop then.
-  maybe_tick();
+  // Looked at every 64th pass only: reading the clock is a good part of a spinning pass.
+  if ((++caller_passes_ & 63) == 0) maybe_tick();
   unsigned n = ucp_worker_progress(worker_);
   if (outstanding_ > 0 && sleeping_.load()) wake();
   return n;
@@ -245,12 +247,15 @@ void ucx_worker::run_sync(std::function<void()> fn) {
 }
 
 void ucx_worker::drain_commands() {
-  std::deque<std::function<void()>> batch;
+  // Checked without the mutex: the spinning loop calls this every turn, and mostly there is nothing.
+  if (!has_commands_.load(std::memory_order_acquire)) return;
   {
     std::lock_guard lock(commands_mu_);
-    batch.swap(commands_);
+    drained_.swap(commands_);
+    has_commands_.store(false, std::memory_order_relaxed);
   }
-  for (auto& fn : batch) fn();
+  for (auto& fn : drained_) fn();
+  drained_.clear();
 }
 
 void ucx_worker::run(std::promise<status>* started) {

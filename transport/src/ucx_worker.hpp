@@ -125,6 +125,8 @@ class ucx_worker {
 
   std::mutex commands_mu_;
   std::deque<std::function<void()>> commands_;
+  std::atomic<bool> has_commands_{false};
+  std::deque<std::function<void()>> drained_;  // progress side of the swap (keeps its memory)
   std::atomic<bool> stop_{false};
   std::atomic<bool> sleeping_{false};  // the thread is (about to be) in epoll_wait: post() must wake it
   std::thread thread_;
@@ -135,6 +137,7 @@ class ucx_worker {
   int outstanding_ = 0;
   std::chrono::milliseconds tick_interval_{100};
   std::chrono::steady_clock::time_point last_tick_{};
+  unsigned caller_passes_ = 0;
   std::map<std::uint64_t, std::shared_ptr<channel_core>> channels_;
   /// Hellos that arrived before the local connect() registered their channel (bounded).
   std::map<std::uint64_t, std::pair<wire::preamble, std::vector<std::byte>>> early_hellos_;
