@@ -230,6 +230,9 @@ unsigned ucx_worker::progress_from_caller() {
   // Callers that spin back to back keep the progress thread aside; heartbeats must not stop then.
   // Looked at every 64th pass only: reading the clock is a good part of a spinning pass.
   if ((++caller_passes_ & 63) == 0) maybe_tick();
+  // Posted commands (a connect, a close) must not wait for a spinning caller to stop: while callers
+  // spin back to back the progress thread stays aside, so they run them.
+  drain_commands();
   unsigned n = ucp_worker_progress(worker_);
   if (outstanding_ > 0 && sleeping_.load()) wake();
   return n;

@@ -47,7 +47,8 @@ class ucx_worker {
   /// error and refuse the endpoint.
   bool peer_failure_detectable() const;
 
-  /// Runs `fn` on the progress thread, soon. Safe from any thread.
+  /// Runs `fn` under the worker lock soon: on the progress thread, or on a caller that spins on the
+  /// worker meanwhile. Safe from any thread.
   void post(std::function<void()> fn);
   /// Holds the worker for a caller thread (never the progress thread, never nested): the progress
   /// thread steps aside at its next loop turn, so the wait is at most one progress pass. While it is
@@ -82,7 +83,7 @@ class ucx_worker {
   /// A spinning caller gives up and is about to block: the progress thread must take over now, not
   /// after its step-aside timeout. Costs a syscall, so only on that slow path.
   void spinner_gave_up();
-  /// Runs `fn` on the progress thread and waits for it. Never call from the progress thread.
+  /// Runs `fn` as post() does and waits for it. Never call under the worker lock.
   void run_sync(std::function<void()> fn);
 
   // --- under ucx_mu_ (the progress thread, or a caller holding a worker_lock) ---
