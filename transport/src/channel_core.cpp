@@ -31,6 +31,7 @@ void channel_core::fail(error why) {
     std::lock_guard lock(mu_);
     if (failure_) return;
     failure_ = std::move(why);
+    failed_.store(true, std::memory_order_release);
     update_deliverable();
   }
   cv_.notify_all();
@@ -47,8 +48,7 @@ std::optional<error> channel_core::failure() const {
 }
 
 std::uint64_t channel_core::peer_max_payload() const {
-  std::lock_guard lock(mu_);
-  return peer_max_payload_;
+  return peer_max_payload_atomic_.load(std::memory_order_acquire);
 }
 
 status channel_core::wait_open(deadline until) {
@@ -151,7 +151,7 @@ status channel_core::open(const worker_address& peer) {
   s->am_header = preamble_bytes(p, *bytes);
   s->channel = weak_from_this();
   s->expect(1);
-  post_am(wire::am_hello, &s->am_header, nullptr, 0, s);
+  post_am(wire::am_hello, s->am_header.data(), s->am_header.size(), nullptr, 0, s);
   last_heard_ = last_sent_ = clock::now();
   return ok_status();
 }
@@ -172,7 +172,7 @@ void channel_core::tick(clock::time_point now) {
     auto s = std::make_shared<send_handle::state>();
     s->am_header = preamble_bytes(p, {});
     s->expect(1);
-    post_am(wire::am_heartbeat, &s->am_header, nullptr, 0, s);
+    post_am(wire::am_heartbeat, s->am_header.data(), s->am_header.size(), nullptr, 0, s);
   }
 }
 
@@ -195,6 +195,7 @@ void channel_core::on_hello(const wire::preamble& p, std::span<const std::byte> 
     std::lock_guard lock(mu_);
     open_ = true;
     peer_max_payload_ = hello->max_payload_bytes;
+    peer_max_payload_atomic_.store(hello->max_payload_bytes, std::memory_order_release);
   }
   cv_.notify_all();
 }
@@ -448,8 +449,8 @@ struct send_ctx {
 };
 }  // namespace
 
-void channel_core::post_am(unsigned id, std::vector<std::byte>* header, const void* data, std::size_t length,
-                           std::shared_ptr<send_handle::state> s) {
+void channel_core::post_am(unsigned id, const void* header, std::size_t header_length, const void* data,
+                           std::size_t length, std::shared_ptr<send_handle::state> s) {
   ucp_request_param_t rp{};
   rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   rp.cb.send = &channel_core::on_send_done;
@@ -457,7 +458,7 @@ void channel_core::post_am(unsigned id, std::vector<std::byte>* header, const vo
   auto* ctx = new send_ctx{worker_, std::move(s), false};
   rp.user_data = ctx;
   last_sent_ = clock::now();
-  ucs_status_ptr_t req = ucp_am_send_nbx(ep_, id, header->data(), header->size(), data, length, &rp);
+  ucs_status_ptr_t req = ucp_am_send_nbx(ep_, id, header, header_length, data, length, &rp);
   if (req == nullptr) {
     on_send_done(nullptr, UCS_OK, ctx);
   } else if (UCS_PTR_IS_ERR(req)) {
@@ -491,7 +492,8 @@ void channel_core::on_send_done(void* request, ucs_status_t st, void* user_data)
 }
 
 void channel_core::start_send(std::shared_ptr<send_handle::state> s) {
-  if (auto why = failure(); why || ep_ == nullptr || closed_) {
+  if (failed() || ep_ == nullptr || closed_) {
+    auto why = failure();
     s->expect(1);
     s->complete_one(why ? *why : make_error(errc::io, name(id()) + ": closed"));
     return;
@@ -501,11 +503,19 @@ void channel_core::start_send(std::shared_ptr<send_handle::state> s) {
   p.instance = worker_->instance();
   p.seq = next_send_seq_++;
   p.payload_bytes = s->payload.size;
-  p.header_bytes = static_cast<std::uint32_t>(s->separate_header.size());
-  if (sizeof p + s->separate_header.size() <= worker_->max_am_header()) {
-    s->am_header = preamble_bytes(p, s->separate_header);
+  assert(s->header_offset <= s->separate_header.size());
+  const std::size_t header_size = s->separate_header.size() - s->header_offset;
+  p.header_bytes = static_cast<std::uint32_t>(header_size);
+  if (sizeof p + header_size <= worker_->max_am_header()) {
+    if (s->header_offset == sizeof p) {
+      std::memcpy(s->separate_header.data(), &p, sizeof p);  // into the room left in front
+      s->expect(1);
+      post_am(wire::am_frame, s->separate_header.data(), s->separate_header.size(), s->payload.data, s->payload.size, s);
+      return;
+    }
+    s->am_header = preamble_bytes(p, std::span(s->separate_header).subspan(s->header_offset));
     s->expect(1);
-    post_am(wire::am_frame, &s->am_header, s->payload.data, s->payload.size, s);
+    post_am(wire::am_frame, s->am_header.data(), s->am_header.size(), s->payload.data, s->payload.size, s);
     return;
   }
   // Too big for a UCX AM header: the header goes first as its own message (same ep, so it is
@@ -514,8 +524,9 @@ void channel_core::start_send(std::shared_ptr<send_handle::state> s) {
   s->separate_preamble = preamble_bytes(p, {});
   s->am_header = s->separate_preamble;
   s->expect(2);
-  post_am(wire::am_header, &s->separate_preamble, s->separate_header.data(), s->separate_header.size(), s);
-  post_am(wire::am_frame, &s->am_header, s->payload.data, s->payload.size, s);
+  post_am(wire::am_header, s->separate_preamble.data(), s->separate_preamble.size(),
+          s->separate_header.data() + s->header_offset, header_size, s);
+  post_am(wire::am_frame, s->am_header.data(), s->am_header.size(), s->payload.data, s->payload.size, s);
 }
 
 void channel_core::close() {
@@ -534,7 +545,7 @@ void channel_core::close() {
       auto s = std::make_shared<send_handle::state>();
       s->am_header = preamble_bytes(p, {});
       s->expect(1);
-      post_am(wire::am_bye, &s->am_header, nullptr, 0, s);
+      post_am(wire::am_bye, s->am_header.data(), s->am_header.size(), nullptr, 0, s);
     }
     // Without UCX error handling a flush would wait forever on a dead peer: force it then.
     worker_->close_ep(ep_, failed || !peer_mode_, shared_from_this());

@@ -36,6 +36,8 @@ class channel_core : public std::enable_shared_from_this<channel_core> {
   /// Fails the channel (first reason wins) and wakes every waiter.
   void fail(error why);
   std::optional<error> failure() const;
+  /// failure().has_value(), without the lock (checked on every send).
+  bool failed() const { return failed_.load(std::memory_order_acquire); }
   /// Waits for the peer's hello; the error says why the channel could not open.
   status wait_open(deadline until);
   result<frame> receive(deadline until);
@@ -96,7 +98,7 @@ class channel_core : public std::enable_shared_from_this<channel_core> {
   /// The next frame (or the failure) can be delivered; one atomic load (spinning receivers poll it).
   bool frame_ready() const;
   void update_deliverable();
-  void post_am(unsigned id, std::vector<std::byte>* header, const void* data, std::size_t length,
+  void post_am(unsigned id, const void* header, std::size_t header_length, const void* data, std::size_t length,
                std::shared_ptr<send_handle::state> s);
   static void on_recv_done(void* request, ucs_status_t st, std::size_t length, void* user_data);
   static void on_send_done(void* request, ucs_status_t st, void* user_data);
@@ -131,7 +133,9 @@ class channel_core : public std::enable_shared_from_this<channel_core> {
   std::map<std::uint64_t, result<frame>> ready_;
   std::uint64_t next_deliver_ = 0;
   std::uint64_t buffered_bytes_ = 0;  // payload bytes received or being received, not yet taken
-  std::atomic<bool> deliverable_{false};  // mirrors "ready_ holds next_deliver_, or failure_", set under mu_
+  std::atomic<bool> deliverable_{false};
+  std::atomic<bool> failed_{false};               // mirrors failure_.has_value()
+  std::atomic<std::uint64_t> peer_max_payload_atomic_{0};  // mirrors peer_max_payload_  // mirrors "ready_ holds next_deliver_, or failure_", set under mu_
 };
 
 }  // namespace conveyor::transport
