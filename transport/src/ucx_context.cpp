@@ -48,7 +48,7 @@ class ucx_channel final : public channel {
       if (auto why = core_->failure()) return *why;
     }
     if (payload.memory != memory_type::host) {
-      // Debian's UCX cannot read device memory: callers stage through host memory (pinned_staging)
+      // Debian's UCX cannot read device memory: callers stage through host memory (staging_pool)
       // until a CUDA-aware UCX reports the memory type.
       return make_error(errc::unsupported, where() + "device-memory payloads are not supported by this UCX (host only)");
     }
