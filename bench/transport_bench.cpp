@@ -2,7 +2,7 @@
 // run in the same invocation, plus the CPU all-reduce bus bandwidth. Prints ratios (DESIGN.md: numbers
 // come with their reference). Loopback only.
 //
-//   transport_bench [--tls tcp,shm] [--quick] [--busy-poll-us N]
+//   transport_bench [--tls tcp,shm] [--quick] [--busy-poll-us N] [--latency-only]
 //
 // The peer process is a fork of this one (forked before this process starts any UCX thread).
 #include <signal.h>
@@ -20,6 +20,8 @@
 #include <vector>
 
 #include "conveyor/transport/cpu_collective.hpp"
+#include "conveyor/transport/frame_codec.hpp"
+#include "conveyor/transport/shm_collective.hpp"
 #include "conveyor/transport/ucx_context.hpp"
 
 using namespace conveyor;
@@ -197,16 +199,25 @@ double frame_bandwidth_mibs(channel& ch, std::size_t bytes, int frames, int wind
     auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < n; ++i) {
       if (static_cast<int>(pending.size()) == window) {
-        if (!pending.front().wait(after(60s)).ok()) return -1;
+        if (auto st = pending.front().wait(after(60s)); !st.ok()) {
+          std::fprintf(stderr, "bandwidth: %s\n", st.err().message.c_str());
+          return -1;
+        }
         pending.pop_front();
       }
       auto& b = bufs[i % window];
       auto s = ch.send(bench_header(i, bytes), {b.data(), b.size()});
-      if (!s.ok()) return -1;
+      if (!s.ok()) {
+        std::fprintf(stderr, "bandwidth: %s\n", s.err().message.c_str());
+        return -1;
+      }
       pending.push_back(*s);
     }
     while (!pending.empty()) {
-      if (!pending.front().wait(after(60s)).ok()) return -1;
+      if (auto st = pending.front().wait(after(60s)); !st.ok()) {
+        std::fprintf(stderr, "bandwidth: %s\n", st.err().message.c_str());
+        return -1;
+      }
       pending.pop_front();
     }
     double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -214,6 +225,25 @@ double frame_bandwidth_mibs(channel& ch, std::size_t bytes, int frames, int wind
   };
   run(std::max(2, frames / 8));  // warm-up: registration cache, page faults of the peer's buffers
   return run(frames);
+}
+
+/// Nanoseconds to encode and to decode the latency test's header, in this process: a ping-pong round
+/// trip pays one encode and two decodes (the echo forwards the encoded header), so this splits the
+/// frame latency into header codec and transport.
+std::pair<double, double> codec_ns(int iters) {
+  auto h = bench_header(1, 8);
+  auto bytes = encode_header(h);
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) {
+    if (!encode_header(h).ok()) return {-1, -1};
+  }
+  auto t1 = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) {
+    if (!decode_header(*bytes).ok()) return {-1, -1};
+  }
+  auto t2 = std::chrono::steady_clock::now();
+  return {std::chrono::duration<double, std::nano>(t1 - t0).count() / iters,
+          std::chrono::duration<double, std::nano>(t2 - t1).count() / iters};
 }
 
 // ---------------------------------------------------------------- CPU all-reduce
@@ -235,14 +265,46 @@ double cpu_allreduce_busbw_gbs(int ranks, std::size_t count, int iters) {
   return count * 4.0 / sec * 2.0 * (ranks - 1) / ranks / 1e9;
 }
 
+/// The same all-reduce with the ranks as forked processes (shm_group). Rank 0 times it after a
+/// warm-up pass and writes the seconds per operation to a pipe.
+double shm_allreduce_busbw_gbs(int ranks, std::size_t count, int iters) {
+  auto id = make_shm_group_id();
+  int fds[2];
+  if (::pipe(fds) != 0) return -1;
+  std::fflush(stdout);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < ranks; ++r) {
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      auto c = join_shm_group(id, ranks, r);
+      if (!c.ok()) _exit(2);
+      std::vector<float> data(count, 1.0f);
+      (void)(*c)->all_reduce_sum(data.data(), count, kernels::dtype::f32);
+      auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < iters; ++i) (void)(*c)->all_reduce_sum(data.data(), count, kernels::dtype::f32);
+      double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
+      if (r == 0) [[maybe_unused]] auto w = ::write(fds[1], &sec, sizeof sec);
+      _exit(0);
+    }
+    pids.push_back(pid);
+  }
+  double sec = -1;
+  [[maybe_unused]] auto n = ::read(fds[0], &sec, sizeof sec);
+  for (pid_t pid : pids) ::waitpid(pid, nullptr, 0);
+  ::close(fds[0]);
+  ::close(fds[1]);
+  return sec > 0 ? count * 4.0 / sec * 2.0 * (ranks - 1) / ranks / 1e9 : -1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<std::string> tls_list = {"tcp", "shm"};
-  bool quick = false;
+  bool quick = false, latency_only = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--quick") quick = true;
+    if (a == "--latency-only") latency_only = true;  // for profiling the small-frame path
     if (a == "--busy-poll-us" && i + 1 < argc) g_busy_poll = std::chrono::microseconds(std::atoi(argv[++i]));
     if (a == "--tls" && i + 1 < argc) {
       tls_list.clear();
@@ -260,8 +322,11 @@ int main(int argc, char** argv) {
     std::printf("\n## tls=%s (UCX_TLS=%s)\n", tls.c_str(), ucx_tls_env(tls).c_str());
     std::fflush(stdout);
     auto p_lat = run_perftest(tls, "ucp_am_lat", 8, lat_iters * 4);
-    auto p_bw = run_perftest(tls, "ucp_am_bw", 64u << 20, bw_frames);
-    auto p_tag = run_perftest(tls, "tag_bw", 64u << 20, bw_frames);
+    perftest_result p_bw, p_tag;
+    if (!latency_only) {
+      p_bw = run_perftest(tls, "ucp_am_bw", 64u << 20, bw_frames);
+      p_tag = run_perftest(tls, "tag_bw", 64u << 20, bw_frames);
+    }
     double lat = -1, lat4k = -1;
     {
       peer p;
@@ -270,13 +335,19 @@ int main(int argc, char** argv) {
       lat4k = frame_latency_us(*p.ch, 4096, lat_iters);
     }
     std::vector<std::pair<std::size_t, double>> bws;
-    {
+    if (!latency_only) {
       peer p;
       if (!start_peer(p, tls, false)) return 1;
       for (std::size_t mib : {1, 8, 64}) bws.push_back({mib, frame_bandwidth_mibs(*p.ch, mib << 20, bw_frames * (mib == 64 ? 1 : 4), 4)});
     }
     std::printf("latency 8 B      : frame %.2f us | perftest ucp_am_lat %.2f us | ratio %.2fx (goal <= 2x)\n", lat,
                 p_lat.median_lat_us, p_lat.ok ? lat / p_lat.median_lat_us : 0.0);
+    auto [enc_ns, dec_ns] = codec_ns(lat_iters * 10);
+    double codec_one_way_us = (enc_ns + 2 * dec_ns) / 2 / 1000;
+    std::printf("  header codec   : encode %.0f ns, decode %.0f ns -> %.2f us of the one-way latency; "
+                "transport alone %.2f us = %.2fx perftest\n",
+                enc_ns, dec_ns, codec_one_way_us, lat - codec_one_way_us,
+                p_lat.ok ? (lat - codec_one_way_us) / p_lat.median_lat_us : 0.0);
     std::printf("latency 4 KiB    : frame %.2f us\n", lat4k);
     for (auto [mib, bw] : bws) {
       if (mib == 64) {
@@ -287,9 +358,13 @@ int main(int argc, char** argv) {
       }
     }
   }
-  std::printf("\n## CPU all-reduce (threads, f32, 16 MiB per rank)\n");
+  if (latency_only) return 0;
+  std::printf("\n## CPU all-reduce (f32, 16 MiB per rank): ranks as threads (cpu_group) | as processes (shm_group)\n");
+  std::fflush(stdout);
   for (int ranks : {2, 4}) {
-    std::printf("ranks %d: bus bandwidth %.2f GB/s\n", ranks, cpu_allreduce_busbw_gbs(ranks, 4u << 20, quick ? 5 : 20));
+    double threads = cpu_allreduce_busbw_gbs(ranks, 4u << 20, quick ? 5 : 20);
+    double procs = shm_allreduce_busbw_gbs(ranks, 4u << 20, quick ? 5 : 20);
+    std::printf("ranks %d: bus bandwidth %.2f GB/s | %.2f GB/s\n", ranks, threads, procs);
   }
   return 0;
 }

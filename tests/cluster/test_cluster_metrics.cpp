@@ -155,7 +155,11 @@ TEST(cluster_metrics, prometheus_page_moves_with_traffic_through_two_stages) {
       std::string("conveyor_activation_frame_send_seconds").size(), "_count");
   for (int i = 0; i < 100; ++i) {
     after = scrape();
-    if (at(after, sent) > at(before, sent) && at(after, sent) == at(after, received) && at(after, sent) == at(after, timed)) break;
+    // Steps come with the ping's pong, frames with the metrics reply: two answers, maybe two heartbeats.
+    const std::string steps1 = "conveyor_stage_steps_total{stage=\"1\"}";
+    if (at(after, sent) > at(before, sent) && at(after, sent) == at(after, received) && at(after, sent) == at(after, timed) &&
+        at(after, steps1) > at(before, steps1))
+      break;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   EXPECT_GT(at(after, sent), at(before, sent));

@@ -1,6 +1,7 @@
 // UCX channels between this test process and transport_peer processes, over tcp and shared memory.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <deque>
@@ -278,6 +279,68 @@ TEST_P(UcxChannel, TwoChannelsOnOneWorkerNeedDistinctIds) {
   auto dup = ctx_->connect(ctx_->address(), o7);
   ASSERT_FALSE(dup.ok());
   EXPECT_NE(dup.err().message.find("already open"), std::string::npos) << dup.err().message;
+}
+
+TEST_P(UcxChannel, ASenderAThreadSpinningOnReceiveAndAConnectShareTheWorker) {
+  // Callers send and progress the worker themselves (the progress thread steps aside while one
+  // spins): a receiving thread in long spins must not stall sends from another thread, rendezvous
+  // frames, or a connect (whose hello goes through the worker's posted commands).
+  ucx_config cfg;
+  cfg.tls = GetParam();
+  cfg.net_devices = "lo";
+  cfg.busy_poll = std::chrono::microseconds(5000);
+  auto spinning_ctx = ucx_context::create(cfg);
+  ASSERT_TRUE(spinning_ctx.ok()) << spinning_ctx.err().message;
+  ctx_ = std::move(*spinning_ctx);
+  peer_process peer(args("echo", {"channel=3"}));
+  channel_options o3;
+  o3.channel_id = 3;
+  auto ch = open(peer, o3);
+  ASSERT_TRUE(ch);
+  constexpr int frames = 120;
+  auto size_of = [](int i) { return i % 10 == 9 ? std::size_t{1} << 20 : std::size_t{64}; };  // eager and rendezvous
+  std::vector<std::vector<std::byte>> payloads;
+  for (int i = 0; i < frames; ++i) payloads.push_back(test::pattern(size_of(i), i));
+  std::atomic<int> received{0};
+  std::string receive_error;
+  std::thread receiver([&] {
+    for (int i = 0; i < frames; ++i) {
+      auto f = ch->receive(after(60s));
+      if (!f.ok()) {
+        receive_error = f.err().message;
+        return;
+      }
+      if (f->header.microbatch_id != static_cast<std::uint64_t>(i) || f->payload.size() != size_of(i) ||
+          std::memcmp(f->payload.data(), payloads[i].data(), size_of(i)) != 0) {
+        receive_error = "frame " + std::to_string(i) + " out of order or corrupted";
+        return;
+      }
+      ++received;
+    }
+  });
+  std::deque<send_handle> pending;
+  for (int i = 0; i < frames; ++i) {
+    auto s = ch->send(test::test_header(i, size_of(i)), {payloads[i].data(), payloads[i].size()});
+    ASSERT_TRUE(s.ok()) << s.err().message;
+    pending.push_back(*s);
+    if (pending.size() > 8) {
+      ASSERT_TRUE(pending.front().wait(after(30s)).ok());
+      pending.pop_front();
+    }
+    if (i == frames / 2) {
+      // A second channel opened while the receiver spins on the same worker.
+      peer_process other(args("echo", {"channel=4"}));
+      channel_options o4;
+      o4.channel_id = 4;
+      auto ch4 = open(other, o4);
+      ASSERT_TRUE(ch4);
+      echo_once(*ch4, 1, 4096);
+    }
+  }
+  for (auto& s : pending) ASSERT_TRUE(s.wait(after(30s)).ok());
+  receiver.join();
+  EXPECT_EQ(receive_error, "");
+  EXPECT_EQ(received.load(), frames);
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, UcxChannel, ::testing::Values("tcp", "shm"),

@@ -31,6 +31,8 @@ void channel_core::fail(error why) {
     std::lock_guard lock(mu_);
     if (failure_) return;
     failure_ = std::move(why);
+    failed_.store(true, std::memory_order_release);
+    update_deliverable();
   }
   cv_.notify_all();
 }
@@ -46,8 +48,7 @@ std::optional<error> channel_core::failure() const {
 }
 
 std::uint64_t channel_core::peer_max_payload() const {
-  std::lock_guard lock(mu_);
-  return peer_max_payload_;
+  return peer_max_payload_atomic_.load(std::memory_order_acquire);
 }
 
 status channel_core::wait_open(deadline until) {
@@ -62,30 +63,48 @@ status channel_core::wait_open(deadline until) {
   return *failure_;
 }
 
-result<frame> channel_core::receive(deadline until) {
-  // Spin a little first (ucx_config::busy_poll): a condition-variable sleep and wake-up costs tens of
-  // microseconds, more than a small frame's whole trip over shared memory.
+bool channel_core::frame_ready() const { return deliverable_.load(std::memory_order_acquire); }
+
+void channel_core::update_deliverable() {
+  // With mu_ held.
+  deliverable_.store((!ready_.empty() && ready_.begin()->first == next_deliver_) || failure_.has_value(),
+                     std::memory_order_release);
+}
+
+void channel_core::spin(const std::function<bool()>& done, deadline until) {
   auto spin_until = std::min(until, clock::now() + worker_->config().busy_poll);
-  for (;;) {
-    {
-      std::lock_guard lock(mu_);
-      if ((!ready_.empty() && ready_.begin()->first == next_deliver_) || failure_) break;
+  {
+    ucx_worker::spin_scope spinning(*worker_);
+    for (unsigned pass = 1;; ++pass) {
+      worker_->progress_from_caller();
+      if (done()) return;
+      if ((pass & 7) == 0 && clock::now() >= spin_until) break;  // the clock costs as much as a pass
     }
-    if (clock::now() >= spin_until) break;
   }
+  worker_->spinner_gave_up();
+}
+
+result<frame> channel_core::receive(deadline until) {
+  // Spin first (ucx_config::busy_poll), progressing the worker from this thread: a frame then goes
+  // from UCX's callback to this caller with no thread hand-off, and a condition-variable sleep and
+  // wake-up (tens of microseconds, more than a small frame's whole trip over shared memory) is paid
+  // only when nothing came within the spin. After it, the progress thread takes over.
+  if (!frame_ready()) spin([this] { return frame_ready(); }, until);
   std::unique_lock lock(mu_);
   for (;;) {
     if (!ready_.empty() && ready_.begin()->first == next_deliver_) {
       auto node = ready_.extract(ready_.begin());
       ++next_deliver_;
+      update_deliverable();
       result<frame> f = std::move(node.mapped());
-      bool wake = false;
-      if (f.ok()) {
-        buffered_bytes_ -= f->payload.size();
-        wake = true;
-      }
+      if (f.ok()) buffered_bytes_ -= f->payload.size();
       lock.unlock();
-      if (wake) worker_->post([self = shared_from_this()] { self->pump_deferred(); });
+      // Rendezvous frames may wait for the room this one frees (flow control); only then is the
+      // worker needed here.
+      if (f.ok() && has_deferred_.load(std::memory_order_acquire)) {
+        ucx_worker::worker_lock w(*worker_);
+        pump_deferred();
+      }
       return f;
     }
     // Frames that arrived whole before a failure are still delivered; after them, the failure.
@@ -97,7 +116,7 @@ result<frame> channel_core::receive(deadline until) {
   }
 }
 
-// ---------------------------------------------------------------- progress thread
+// ---------------------------------------------------------------- under the worker lock
 
 status channel_core::open(const worker_address& peer) {
   ucp_ep_params_t ep{};
@@ -132,7 +151,7 @@ status channel_core::open(const worker_address& peer) {
   s->am_header = preamble_bytes(p, *bytes);
   s->channel = weak_from_this();
   s->expect(1);
-  post_am(wire::am_hello, &s->am_header, nullptr, 0, s);
+  post_am(wire::am_hello, s->am_header.data(), s->am_header.size(), nullptr, 0, s);
   last_heard_ = last_sent_ = clock::now();
   return ok_status();
 }
@@ -153,7 +172,7 @@ void channel_core::tick(clock::time_point now) {
     auto s = std::make_shared<send_handle::state>();
     s->am_header = preamble_bytes(p, {});
     s->expect(1);
-    post_am(wire::am_heartbeat, &s->am_header, nullptr, 0, s);
+    post_am(wire::am_heartbeat, s->am_header.data(), s->am_header.size(), nullptr, 0, s);
   }
 }
 
@@ -176,6 +195,7 @@ void channel_core::on_hello(const wire::preamble& p, std::span<const std::byte> 
     std::lock_guard lock(mu_);
     open_ = true;
     peer_max_payload_ = hello->max_payload_bytes;
+    peer_max_payload_atomic_.store(hello->max_payload_bytes, std::memory_order_release);
   }
   cv_.notify_all();
 }
@@ -202,30 +222,44 @@ ucs_status_t channel_core::on_frame(const wire::preamble& p, const void* header,
   bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
   if (!from_current_peer(p)) return rndv ? UCS_ERR_NOT_CONNECTED : UCS_OK;
   last_heard_ = clock::now();
-  std::string where = name(id()) + ", frame " + std::to_string(p.seq);
+  // Built only on the error paths: a string per frame is measurable at small-frame latencies.
+  auto where = [&] { return name(id()) + ", frame " + std::to_string(p.seq); };
   if (p.payload_bytes > options_.max_payload_bytes) {
-    reject(p.seq, make_error(errc::bad_format, where + ": payload of " + std::to_string(p.payload_bytes) +
+    reject(p.seq, make_error(errc::bad_format, where() + ": payload of " + std::to_string(p.payload_bytes) +
                                                    " bytes is over this end's limit of " +
                                                    std::to_string(options_.max_payload_bytes)));
     return rndv ? UCS_ERR_EXCEEDS_LIMIT : UCS_OK;  // the sender's send fails too
   }
   if (p.header_bytes > options_.header_limits.max_header_bytes) {
-    reject(p.seq, make_error(errc::bad_format, where + ": header of " + std::to_string(p.header_bytes) +
+    reject(p.seq, make_error(errc::bad_format, where() + ": header of " + std::to_string(p.header_bytes) +
                                                    " bytes is over the limit of " +
                                                    std::to_string(options_.header_limits.max_header_bytes)));
     return rndv ? UCS_ERR_EXCEEDS_LIMIT : UCS_OK;
   }
   if (length != p.payload_bytes) {
-    reject(p.seq, make_error(errc::bad_format, where + ": " + std::to_string(length) + " payload bytes arrived, " +
+    reject(p.seq, make_error(errc::bad_format, where() + ": " + std::to_string(length) + " payload bytes arrived, " +
                                                    std::to_string(p.payload_bytes) + " announced (truncated)"));
     return rndv ? UCS_ERR_MESSAGE_TRUNCATED : UCS_OK;
+  }
+  if (!rndv && (p.flags & wire::flag_header_separate) == 0 && header_length - sizeof(wire::preamble) == p.header_bytes &&
+      partial_.find(p.seq) == partial_.end()) {
+    // The common small frame: header and payload both here, nothing to pair up (no partial entry).
+    auto* h = static_cast<const std::byte*>(header) + sizeof(wire::preamble);
+    payload_buffer payload(worker_->pool(), length);
+    if (length != 0) std::memcpy(payload.data(), data, length);
+    {
+      std::lock_guard lock(mu_);
+      buffered_bytes_ += length;
+    }
+    finish(p.seq, std::vector<std::byte>(h, h + p.header_bytes), std::move(payload));
+    return UCS_OK;
   }
   auto& pf = partial(p);
   pf.pre = p;
   if ((p.flags & wire::flag_header_separate) == 0) {
     std::size_t inline_len = header_length - sizeof(wire::preamble);
     if (inline_len != p.header_bytes) {
-      reject(p.seq, make_error(errc::bad_format, where + ": inline header is " + std::to_string(inline_len) +
+      reject(p.seq, make_error(errc::bad_format, where() + ": inline header is " + std::to_string(inline_len) +
                                                      " bytes, " + std::to_string(p.header_bytes) + " announced"));
       return rndv ? UCS_ERR_MESSAGE_TRUNCATED : UCS_OK;
     }
@@ -253,6 +287,7 @@ ucs_status_t channel_core::on_frame(const wire::preamble& p, const void* header,
   }
   if (defer || !deferred_.empty()) {
     deferred_.push_back({p.seq, data, length});
+    has_deferred_.store(true, std::memory_order_release);
     return UCS_INPROGRESS;
   }
   start_rndv(p.seq, data, length);
@@ -264,9 +299,10 @@ ucs_status_t channel_core::on_separate_header(const wire::preamble& p, void* dat
   bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
   if (!from_current_peer(p)) return rndv ? UCS_ERR_NOT_CONNECTED : UCS_OK;
   last_heard_ = clock::now();
-  std::string where = name(id()) + ", frame " + std::to_string(p.seq);
+  // Built only on the error paths: a string per frame is measurable at small-frame latencies.
+  auto where = [&] { return name(id()) + ", frame " + std::to_string(p.seq); };
   if (length != p.header_bytes || length > options_.header_limits.max_header_bytes) {
-    reject(p.seq, make_error(errc::bad_format, where + ": separate header of " + std::to_string(length) +
+    reject(p.seq, make_error(errc::bad_format, where() + ": separate header of " + std::to_string(length) +
                                                    " bytes (announced " + std::to_string(p.header_bytes) +
                                                    ", limit " + std::to_string(options_.header_limits.max_header_bytes) + ")"));
     return rndv ? UCS_ERR_EXCEEDS_LIMIT : UCS_OK;
@@ -289,6 +325,8 @@ ucs_status_t channel_core::on_separate_header(const wire::preamble& p, void* dat
     on_recv_done(nullptr, UCS_OK, length, ctx);
   } else if (UCS_PTR_IS_ERR(req)) {
     on_recv_done(nullptr, UCS_PTR_STATUS(req), 0, ctx);
+  } else {
+    worker_->request_started();
   }
   return UCS_INPROGRESS;
 }
@@ -316,13 +354,18 @@ void channel_core::start_rndv(std::uint64_t seq, void* desc, std::size_t length)
     on_recv_done(nullptr, UCS_OK, length, ctx);
   } else if (UCS_PTR_IS_ERR(req)) {
     on_recv_done(nullptr, UCS_PTR_STATUS(req), 0, ctx);
+  } else {
+    worker_->request_started();
   }
 }
 
 void channel_core::on_recv_done(void* request, ucs_status_t st, std::size_t, void* user_data) {
   auto* ctx = static_cast<recv_context*>(user_data);
   auto& self = *ctx->core;
-  if (request != nullptr) ucp_request_free(request);
+  if (request != nullptr) {
+    ucp_request_free(request);
+    self.worker_->request_done();
+  }
   auto it = self.partial_.find(ctx->seq);
   if (it != self.partial_.end()) {
     if (st != UCS_OK) {
@@ -344,6 +387,7 @@ void channel_core::pump_deferred() {
       if (buffered_bytes_ != 0 && buffered_bytes_ + d.length > options_.max_buffered_bytes) return;
     }
     deferred_.pop_front();
+    if (deferred_.empty()) has_deferred_.store(false, std::memory_order_release);
     start_rndv(d.seq, d.desc, d.length);
   }
 }
@@ -361,22 +405,27 @@ void channel_core::try_finish(std::uint64_t seq) {
     deliver(seq, *done.err);
     return;
   }
-  std::string where = name(id()) + ", frame " + std::to_string(seq) + ": ";
-  auto header = decode_header(done.header_bytes, options_.header_limits);
-  status size_ok = header.ok() ? check_payload_size(*header, done.payload.size()) : status(header.err());
+  finish(seq, std::move(done.header_bytes), std::move(done.payload));
+}
+
+void channel_core::finish(std::uint64_t seq, std::vector<std::byte> header_bytes, payload_buffer payload) {
+  auto where = [&] { return name(id()) + ", frame " + std::to_string(seq) + ": "; };
+  auto header = decode_header(header_bytes, options_.header_limits);
+  status size_ok = header.ok() ? check_payload_size(*header, payload.size()) : status(header.err());
   std::lock_guard lock(mu_);
   if (!size_ok.ok()) {
-    buffered_bytes_ -= done.payload.size();
-    deliver(seq, make_error(size_ok.err().code, where + size_ok.err().message));
+    buffered_bytes_ -= payload.size();
+    deliver(seq, make_error(size_ok.err().code, where() + size_ok.err().message));
     return;
   }
-  deliver(seq, frame{std::move(header).value(), std::move(done.header_bytes), std::move(done.payload)});
+  deliver(seq, frame{std::move(header).value(), std::move(header_bytes), std::move(payload)});
 }
 
 void channel_core::deliver(std::uint64_t seq, result<frame> f) {
   // Called with mu_ held.
   bool wake = seq == next_deliver_;
   ready_.emplace(seq, std::move(f));
+  if (wake) update_deliverable();
   if (wake) cv_.notify_all();
 }
 
@@ -391,29 +440,45 @@ void channel_core::on_ep_error(void* arg, ucp_ep_h, ucs_status_t st) {
   self->worker_->post([core = self->shared_from_this()] { core->close(); });
 }
 
-void channel_core::post_am(unsigned id, std::vector<std::byte>* header, const void* data, std::size_t length,
-                           std::shared_ptr<send_handle::state> s) {
+namespace {
+/// What a pending send request carries to its completion callback.
+struct send_ctx {
+  ucx_worker* worker;
+  std::shared_ptr<send_handle::state> state;
+  bool pending;  // UCX returned a request (counted in the worker's outstanding requests)
+};
+}  // namespace
+
+void channel_core::post_am(unsigned id, const void* header, std::size_t header_length, const void* data,
+                           std::size_t length, std::shared_ptr<send_handle::state> s) {
   ucp_request_param_t rp{};
   rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   rp.cb.send = &channel_core::on_send_done;
   s->channel = weak_from_this();
-  in_flight_[s.get()] = s;
-  auto* holder = new std::shared_ptr<send_handle::state>(std::move(s));
-  rp.user_data = holder;
+  auto* ctx = new send_ctx{worker_, std::move(s), false};
+  rp.user_data = ctx;
   last_sent_ = clock::now();
-  ucs_status_ptr_t req = ucp_am_send_nbx(ep_, id, header->data(), header->size(), data, length, &rp);
+  ucs_status_ptr_t req = ucp_am_send_nbx(ep_, id, header, header_length, data, length, &rp);
   if (req == nullptr) {
-    on_send_done(nullptr, UCS_OK, holder);
+    on_send_done(nullptr, UCS_OK, ctx);
   } else if (UCS_PTR_IS_ERR(req)) {
-    on_send_done(nullptr, UCS_PTR_STATUS(req), holder);
+    on_send_done(nullptr, UCS_PTR_STATUS(req), ctx);
+  } else {
+    // Only sends UCX still owns are tracked (a small eager send usually completes in the call).
+    ctx->pending = true;
+    worker_->request_started();
+    in_flight_[ctx->state.get()] = ctx->state;
   }
 }
 
 void channel_core::on_send_done(void* request, ucs_status_t st, void* user_data) {
-  auto* holder = static_cast<std::shared_ptr<send_handle::state>*>(user_data);
+  auto* ctx = static_cast<send_ctx*>(user_data);
   if (request != nullptr) ucp_request_free(request);
-  auto& s = **holder;
-  if (auto core = s.channel.lock()) core->in_flight_.erase(&s);
+  if (ctx->pending) ctx->worker->request_done();
+  auto& s = *ctx->state;
+  if (ctx->pending) {
+    if (auto core = s.channel.lock()) core->in_flight_.erase(&s);
+  }
   if (st == UCS_OK) {
     s.complete_one(ok_status());
   } else {
@@ -423,11 +488,12 @@ void channel_core::on_send_done(void* request, ucs_status_t st, void* user_data)
     s.complete_one(make_error(errc::io, who + ": send failed: " + ucs_status_string(st) +
                                             (why ? " (" + why->message + ")" : std::string())));
   }
-  delete holder;
+  delete ctx;
 }
 
 void channel_core::start_send(std::shared_ptr<send_handle::state> s) {
-  if (auto why = failure(); why || ep_ == nullptr || closed_) {
+  if (failed() || ep_ == nullptr || closed_) {
+    auto why = failure();
     s->expect(1);
     s->complete_one(why ? *why : make_error(errc::io, name(id()) + ": closed"));
     return;
@@ -437,11 +503,19 @@ void channel_core::start_send(std::shared_ptr<send_handle::state> s) {
   p.instance = worker_->instance();
   p.seq = next_send_seq_++;
   p.payload_bytes = s->payload.size;
-  p.header_bytes = static_cast<std::uint32_t>(s->separate_header.size());
-  if (sizeof p + s->separate_header.size() <= worker_->max_am_header()) {
-    s->am_header = preamble_bytes(p, s->separate_header);
+  assert(s->header_offset <= s->separate_header.size());
+  const std::size_t header_size = s->separate_header.size() - s->header_offset;
+  p.header_bytes = static_cast<std::uint32_t>(header_size);
+  if (sizeof p + header_size <= worker_->max_am_header()) {
+    if (s->header_offset == sizeof p) {
+      std::memcpy(s->separate_header.data(), &p, sizeof p);  // into the room left in front
+      s->expect(1);
+      post_am(wire::am_frame, s->separate_header.data(), s->separate_header.size(), s->payload.data, s->payload.size, s);
+      return;
+    }
+    s->am_header = preamble_bytes(p, std::span(s->separate_header).subspan(s->header_offset));
     s->expect(1);
-    post_am(wire::am_frame, &s->am_header, s->payload.data, s->payload.size, s);
+    post_am(wire::am_frame, s->am_header.data(), s->am_header.size(), s->payload.data, s->payload.size, s);
     return;
   }
   // Too big for a UCX AM header: the header goes first as its own message (same ep, so it is
@@ -450,8 +524,9 @@ void channel_core::start_send(std::shared_ptr<send_handle::state> s) {
   s->separate_preamble = preamble_bytes(p, {});
   s->am_header = s->separate_preamble;
   s->expect(2);
-  post_am(wire::am_header, &s->separate_preamble, s->separate_header.data(), s->separate_header.size(), s);
-  post_am(wire::am_frame, &s->am_header, s->payload.data, s->payload.size, s);
+  post_am(wire::am_header, s->separate_preamble.data(), s->separate_preamble.size(),
+          s->separate_header.data() + s->header_offset, header_size, s);
+  post_am(wire::am_frame, s->am_header.data(), s->am_header.size(), s->payload.data, s->payload.size, s);
 }
 
 void channel_core::close() {
@@ -459,6 +534,7 @@ void channel_core::close() {
   closed_ = true;
   for (auto& d : deferred_) ucp_am_data_release(worker_->handle(), d.desc);
   deferred_.clear();
+  has_deferred_.store(false, std::memory_order_release);
   if (ep_ != nullptr) {
     bool failed = failure().has_value();
     if (!failed) {
@@ -469,7 +545,7 @@ void channel_core::close() {
       auto s = std::make_shared<send_handle::state>();
       s->am_header = preamble_bytes(p, {});
       s->expect(1);
-      post_am(wire::am_bye, &s->am_header, nullptr, 0, s);
+      post_am(wire::am_bye, s->am_header.data(), s->am_header.size(), nullptr, 0, s);
     }
     // Without UCX error handling a flush would wait forever on a dead peer: force it then.
     worker_->close_ep(ep_, failed || !peer_mode_, shared_from_this());

@@ -3,9 +3,11 @@
 // (private to transport/). Fields are grouped by which thread may touch them.
 #include <ucp/api/ucp.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -34,13 +36,18 @@ class channel_core : public std::enable_shared_from_this<channel_core> {
   /// Fails the channel (first reason wins) and wakes every waiter.
   void fail(error why);
   std::optional<error> failure() const;
+  /// failure().has_value(), without the lock (checked on every send).
+  bool failed() const { return failed_.load(std::memory_order_acquire); }
   /// Waits for the peer's hello; the error says why the channel could not open.
   status wait_open(deadline until);
   result<frame> receive(deadline until);
+  /// Progresses the worker from this thread until `done()` holds or ucx_config::busy_poll (or
+  /// `until`) passes: a waiter that spins needs no wake-up from the progress thread.
+  void spin(const std::function<bool()>& done, deadline until);
   /// The peer's payload limit from its hello (0 before the hello).
   std::uint64_t peer_max_payload() const;
 
-  // --- progress thread only ---
+  // --- under the worker's ucx_mu_ (progress thread, or a caller holding a worker_lock) ---
   status open(const worker_address& peer);
   void on_hello(const wire::preamble& p, std::span<const std::byte> hello_bytes);
   ucs_status_t on_frame(const wire::preamble& p, const void* header, std::size_t header_length, void* data,
@@ -84,9 +91,14 @@ class channel_core : public std::enable_shared_from_this<channel_core> {
   void start_rndv_header(std::uint64_t seq, void* desc, std::size_t length);
   void reject(std::uint64_t seq, error why);
   void try_finish(std::uint64_t seq);
+  /// Decodes and checks a complete frame and queues it (or its error) for receive().
+  void finish(std::uint64_t seq, std::vector<std::byte> header_bytes, payload_buffer payload);
   void deliver(std::uint64_t seq, result<frame> f);
   bool from_current_peer(const wire::preamble& p) const;
-  void post_am(unsigned id, std::vector<std::byte>* header, const void* data, std::size_t length,
+  /// The next frame (or the failure) can be delivered; one atomic load (spinning receivers poll it).
+  bool frame_ready() const;
+  void update_deliverable();
+  void post_am(unsigned id, const void* header, std::size_t header_length, const void* data, std::size_t length,
                std::shared_ptr<send_handle::state> s);
   static void on_recv_done(void* request, ucs_status_t st, std::size_t length, void* user_data);
   static void on_send_done(void* request, ucs_status_t st, void* user_data);
@@ -95,7 +107,7 @@ class channel_core : public std::enable_shared_from_this<channel_core> {
   ucx_worker* worker_;
   const channel_options options_;
 
-  // progress thread only
+  // under the worker's ucx_mu_
   ucp_ep_h ep_ = nullptr;
   bool closed_ = false;
   /// UCX watches the peer (UCP_ERR_HANDLING_MODE_PEER); false on transports that cannot, where the
@@ -107,6 +119,8 @@ class channel_core : public std::enable_shared_from_this<channel_core> {
   std::uint64_t peer_instance_ = 0;
   std::map<std::uint64_t, partial_frame> partial_;
   std::deque<deferred_rndv> deferred_;
+  /// deferred_ is not empty; read without the worker lock, so receive() takes it only when needed.
+  std::atomic<bool> has_deferred_{false};
   /// Sends UCX still owns, so a force close without UCX error handling can fail them itself.
   std::map<send_handle::state*, std::weak_ptr<send_handle::state>> in_flight_;
 
@@ -119,6 +133,9 @@ class channel_core : public std::enable_shared_from_this<channel_core> {
   std::map<std::uint64_t, result<frame>> ready_;
   std::uint64_t next_deliver_ = 0;
   std::uint64_t buffered_bytes_ = 0;  // payload bytes received or being received, not yet taken
+  std::atomic<bool> deliverable_{false};
+  std::atomic<bool> failed_{false};               // mirrors failure_.has_value()
+  std::atomic<std::uint64_t> peer_max_payload_atomic_{0};  // mirrors peer_max_payload_  // mirrors "ready_ holds next_deliver_, or failure_", set under mu_
 };
 
 }  // namespace conveyor::transport

@@ -4,7 +4,9 @@
 #include <capnp/message.h>
 #include <capnp/serialize.h>
 #include <kj/exception.h>
+#include <kj/io.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -75,11 +77,12 @@ schema::LogitsMode to_wire(logits_mode m) {
   return schema::LogitsMode::NONE;
 }
 
-std::vector<std::byte> flatten(capnp::MessageBuilder& message) {
-  kj::Array<capnp::word> words = capnp::messageToFlatArray(message);
-  kj::ArrayPtr<const kj::byte> bytes = words.asBytes();
-  std::vector<std::byte> out(bytes.size());
-  std::memcpy(out.data(), bytes.begin(), bytes.size());
+std::vector<std::byte> flatten(capnp::MessageBuilder& message, std::size_t headroom = 0) {
+  // Straight into the vector (no intermediate kj::Array).
+  auto segments = message.getSegmentsForOutput();
+  std::vector<std::byte> out(headroom + capnp::computeSerializedSizeInWords(segments) * sizeof(capnp::word));
+  kj::ArrayOutputStream stream(kj::arrayPtr(reinterpret_cast<kj::byte*>(out.data()) + headroom, out.size() - headroom));
+  capnp::writeMessage(stream, segments);
   return out;
 }
 
@@ -112,12 +115,13 @@ result<aligned_words> as_words(std::span<const std::byte> bytes, std::size_t max
 }
 
 status check_sampling(const sampling_params& s, std::size_t i) {
-  std::string where = "frame header: seqs[" + std::to_string(i) + "].sampling: ";
+  // The message is built only when a check fails: a string per sequence shows in small-frame latency.
+  auto where = [i] { return "frame header: seqs[" + std::to_string(i) + "].sampling: "; };
   if (!std::isfinite(s.temperature) || s.temperature < 0.0f) {
-    return make_error(errc::bad_format, where + "temperature must be finite and >= 0");
+    return make_error(errc::bad_format, where() + "temperature must be finite and >= 0");
   }
-  if (s.top_k < 0) return make_error(errc::bad_format, where + "top_k must be >= 0");
-  if (!(s.top_p > 0.0f && s.top_p <= 1.0f)) return make_error(errc::bad_format, where + "top_p must be in (0, 1]");
+  if (s.top_k < 0) return make_error(errc::bad_format, where() + "top_k must be >= 0");
+  if (!(s.top_p > 0.0f && s.top_p <= 1.0f)) return make_error(errc::bad_format, where() + "top_p must be in (0, 1]");
   return ok_status();
 }
 
@@ -138,22 +142,26 @@ result<frame_header> read_header(schema::FrameHeader::Reader r, const codec_limi
     auto s = seqs[i];
     sequence_plan p;
     p.seq_id = s.getSeqId();
-    for (auto t : s.getTokens()) p.tokens.push_back(t);
+    auto tokens = s.getTokens();
+    p.tokens.reserve(tokens.size());
+    for (auto t : tokens) p.tokens.push_back(t);
     p.start_pos = s.getStartPos();
-    for (auto b : s.getBlockTable()) p.block_table.push_back(b);
+    auto blocks = s.getBlockTable();
+    p.block_table.reserve(blocks.size());
+    for (auto b : blocks) p.block_table.push_back(b);
     CONVEYOR_TRY_ASSIGN(mode, from_wire(s.getLogits()));
     p.logits = mode;
     p.sample = s.getSample();
     p.sample_rows = s.getSampleRows();
     auto sp = s.getSampling();
     p.sampling = sampling_params{sp.getTemperature(), sp.getTopK(), sp.getTopP(), sp.getSeed(), sp.getStep()};
-    std::string where = "frame header: seqs[" + std::to_string(i) + "]";
-    if (p.start_pos < 0) return make_error(errc::bad_format, where + ": negative start_pos");
+    auto where = [i] { return "frame header: seqs[" + std::to_string(i) + "]"; };
+    if (p.start_pos < 0) return make_error(errc::bad_format, where() + ": negative start_pos");
     for (auto b : p.block_table) {
-      if (b < 0) return make_error(errc::bad_format, where + ": negative block id in block_table");
+      if (b < 0) return make_error(errc::bad_format, where() + ": negative block id in block_table");
     }
     if (p.block_table.empty() && (p.start_pos > 0 || !p.tokens.empty())) {
-      return make_error(errc::bad_format, where + ": empty block_table for a sequence with positions");
+      return make_error(errc::bad_format, where() + ": empty block_table for a sequence with positions");
     }
     CONVEYOR_TRY(check_sampling(p.sampling, i));
     total_tokens += p.tokens.size();
@@ -167,6 +175,7 @@ result<frame_header> read_header(schema::FrameHeader::Reader r, const codec_limi
     return make_error(errc::bad_format, "frame header: tensor rank " + std::to_string(shape.size()) +
                                             " over the limit of " + std::to_string(limits.max_dims));
   }
+  h.tensor.shape.reserve(shape.size());
   for (auto d : shape) h.tensor.shape.push_back(d);
   CONVEYOR_TRY_ASSIGN(tensor_bytes, payload_bytes(h.tensor));  // rejects negative or overflowing shapes
   (void)tensor_bytes;
@@ -213,9 +222,19 @@ status check_payload_size(const frame_header& header, std::uint64_t size) {
   return ok_status();
 }
 
-result<std::vector<std::byte>> encode_header(const frame_header& h) {
+result<std::vector<std::byte>> encode_header(const frame_header& h, std::size_t headroom) {
   try {
-    capnp::MallocMessageBuilder message;
+    // A first segment on the stack, sized for the usual header: MallocMessageBuilder's default
+    // first segment is an 8 KiB calloc per message, a good part of a small frame's cost.
+    std::size_t estimate = 16;
+    for (const auto& p : h.seqs) estimate += 12 + (p.tokens.size() + p.block_table.size()) / 2 + 2;
+    estimate += h.tensor.shape.size();
+    constexpr std::size_t stack_words = 256;
+    alignas(capnp::word) std::byte scratch[stack_words * sizeof(capnp::word)];
+    std::size_t first_words = std::min(estimate, stack_words);
+    std::memset(scratch, 0, first_words * sizeof(capnp::word));  // the builder requires zeroed memory
+    capnp::MallocMessageBuilder message(
+        kj::arrayPtr(reinterpret_cast<capnp::word*>(scratch), first_words));
     auto b = message.initRoot<schema::FrameHeader>();
     b.setKind(to_wire(h.kind));
     b.setMicrobatchId(h.microbatch_id);
@@ -244,7 +263,7 @@ result<std::vector<std::byte>> encode_header(const frame_header& h) {
     t.setDtype(to_wire(h.tensor.type));
     auto shape = t.initShape(static_cast<unsigned>(h.tensor.shape.size()));
     for (std::size_t j = 0; j < h.tensor.shape.size(); ++j) shape.set(j, h.tensor.shape[j]);
-    return flatten(message);
+    return flatten(message, headroom);
   } catch (const kj::Exception& e) {
     // Only a list over Cap'n Proto's 2^29-element limit gets here: a caller bug, but report it as a value.
     return make_error(errc::invalid_argument, std::string("frame header: cannot encode: ") + e.getDescription().cStr());

@@ -67,6 +67,11 @@ bool send_handle::done() const { return !state_ || state_->done(); }
 
 status send_handle::wait(deadline until) {
   if (!state_) return make_error(errc::invalid_argument, "send_handle: waiting on an empty handle");
+  if (!state_->done()) {
+    // Spin on the worker first, as receive() does: a send UCX could not finish in the call
+    // completes here without a wake-up from the progress thread.
+    if (auto core = state_->channel.lock()) core->spin([s = state_.get()] { return s->done(); }, until);
+  }
   if (state_->wait_until(until)) return state_->result_status();
   // A peer that takes no data before the deadline is treated as dead: failing the channel makes UCX
   // complete (cancel) every request on it, after which the payload is no longer read.

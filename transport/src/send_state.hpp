@@ -16,8 +16,11 @@ class send_handle::state {
  public:
   /// AM header bytes (preamble [+ inline header]); UCX 1.13 reads them until the send completes.
   std::vector<std::byte> am_header;
-  /// The frame header when it travels separately, kept alive for the same reason.
+  /// The encoded frame header, after `header_offset` bytes of room where start_send writes the
+  /// preamble, so a header that fits in a UCX AM header is sent from here with no copy; kept alive
+  /// for the same reason.
   std::vector<std::byte> separate_header;
+  std::size_t header_offset = 0;
   std::vector<std::byte> separate_preamble;
   payload_view payload;
   std::weak_ptr<channel_core> channel;

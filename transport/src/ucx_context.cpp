@@ -1,6 +1,8 @@
 // The caller-facing side: ucx_context and the channel implementation that forwards to channel_core.
 #include "conveyor/transport/ucx_context.hpp"
 
+#include <cstring>
+
 #include "channel_core.hpp"
 #include "send_state.hpp"
 #include "ucx_worker.hpp"
@@ -19,12 +21,14 @@ class ucx_channel final : public channel {
 
   result<send_handle> send(const frame_header& header, payload_view payload) override {
     CONVEYOR_TRY(check_payload_size(header, payload.size));
-    CONVEYOR_TRY_ASSIGN(bytes, encode_header(header));
+    CONVEYOR_TRY_ASSIGN(bytes, encode_header(header, sizeof(wire::preamble)));
     return send_owned(std::move(bytes), payload);
   }
 
   result<send_handle> send_encoded(std::span<const std::byte> header_bytes, payload_view payload) override {
-    return send_owned(std::vector<std::byte>(header_bytes.begin(), header_bytes.end()), payload);
+    std::vector<std::byte> bytes(sizeof(wire::preamble) + header_bytes.size());
+    if (!header_bytes.empty()) std::memcpy(bytes.data() + sizeof(wire::preamble), header_bytes.data(), header_bytes.size());
+    return send_owned(std::move(bytes), payload);
   }
 
   result<frame> receive(deadline until) override { return core_->receive(until); }
@@ -35,35 +39,46 @@ class ucx_channel final : public channel {
   }
 
  private:
+  /// `header_bytes`: the encoded header after sizeof(wire::preamble) bytes of room.
   result<send_handle> send_owned(std::vector<std::byte> header_bytes, payload_view payload) {
-    std::string where = "channel " + std::to_string(core_->id()) + ": ";
-    if (auto why = core_->failure()) return *why;
+    const std::size_t header_size = header_bytes.size() - sizeof(wire::preamble);
+    // Error messages are built on the error paths only (a string per frame shows at small sizes).
+    auto where = [&] { return "channel " + std::to_string(core_->id()) + ": "; };
+    if (core_->failed()) {
+      if (auto why = core_->failure()) return *why;
+    }
     if (payload.memory != memory_type::host) {
-      // TODO(perf): stage device payloads through reused pinned host buffers, overlapping the copy
-      // with the send; pass them straight through once UCX reports CUDA memory support.
-      return make_error(errc::unsupported, where + "device-memory payloads are not supported yet (host only)");
+      // Debian's UCX cannot read device memory: callers stage through host memory (staging_pool)
+      // until a CUDA-aware UCX reports the memory type.
+      return make_error(errc::unsupported, where() + "device-memory payloads are not supported by this UCX (host only)");
     }
     if (payload.size != 0 && payload.data == nullptr) {
-      return make_error(errc::invalid_argument, where + "payload has a size but no data");
+      return make_error(errc::invalid_argument, where() + "payload has a size but no data");
     }
     const auto& opts = core_->options();
     std::uint64_t limit = opts.max_payload_bytes;
     if (opts.respect_peer_limit) limit = std::min(limit, core_->peer_max_payload());
     if (payload.size > limit) {
-      return make_error(errc::invalid_argument, where + "payload of " + std::to_string(payload.size) +
+      return make_error(errc::invalid_argument, where() + "payload of " + std::to_string(payload.size) +
                                                     " bytes is over the limit of " + std::to_string(limit) +
                                                     " (the smaller of both ends' max_payload_bytes)");
     }
-    if (header_bytes.size() > opts.header_limits.max_header_bytes) {
-      return make_error(errc::invalid_argument, where + "header of " + std::to_string(header_bytes.size()) +
+    if (header_size > opts.header_limits.max_header_bytes) {
+      return make_error(errc::invalid_argument, where() + "header of " + std::to_string(header_size) +
                                                     " bytes is over the limit of " +
                                                     std::to_string(opts.header_limits.max_header_bytes));
     }
     auto s = std::make_shared<send_handle::state>();
     s->separate_header = std::move(header_bytes);
+    s->header_offset = sizeof(wire::preamble);
     s->payload = payload;
     s->channel = core_;
-    worker_->post([core = core_, s] { core->start_send(s); });
+    // Sent from this thread (no hand-off to the progress thread): ucp_am_send_nbx does not block,
+    // and the worker lock waits at most one progress pass. Sends stay in call order per channel.
+    {
+      ucx_worker::worker_lock lock(*worker_);
+      core_->start_send(s);
+    }
     return send_handle(s);
   }
 

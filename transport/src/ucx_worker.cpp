@@ -1,13 +1,20 @@
 // The progress thread: creates the UCX context and worker, runs posted commands, progresses UCX, and
-// sleeps on the worker's event fd when idle (after a short spin, see ucx_config::busy_poll).
+// sleeps on the worker's event fd when idle (after a short spin, see ucx_config::busy_poll). Caller
+// threads share the worker with it through ucx_mu_ (ucx_worker.hpp says why).
 #include "ucx_worker.hpp"
 
+#include <linux/futex.h>
 #include <sys/epoll.h>
+#include <sys/syscall.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cassert>
+#include <ctime>
 #include <chrono>
 #include <cstdio>
+#include <thread>
 #include <future>
 #include <random>
 
@@ -40,6 +47,11 @@ bool ucx_worker::peer_failure_detectable() const {
 
 ucx_worker::ucx_worker(const ucx_config& config)
     : config_(config), pool_(std::make_shared<buffer_pool>(config.max_pooled_bytes)) {
+  // Keepalive runs inside ucp_worker_progress and heartbeats in tick(), so the worker must be
+  // progressed and ticked at least this often, even when idle.
+  auto ms = std::max<std::int64_t>(1, std::min<std::int64_t>(100, config.keepalive_interval.count() / 4));
+  ms = std::min<std::int64_t>(ms, std::max<std::int64_t>(1, config.peer_timeout.count() / 8));
+  tick_interval_ = std::chrono::milliseconds(ms);
   std::random_device rd;
   instance_ = (static_cast<std::uint64_t>(rd()) << 32) ^ rd() ^ static_cast<std::uint64_t>(::getpid());
 }
@@ -103,7 +115,8 @@ status ucx_worker::init_ucx() {
   }
   ucp_worker_params_t wp{};
   wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-  wp.thread_mode = UCS_THREAD_MODE_SINGLE;  // only this thread touches the worker
+  // One thread at a time (ucx_mu_), but not always the same one: callers send and progress too.
+  wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;
   st = ucp_worker_create(context_, &wp, &worker_);
   if (st != UCS_OK) return ucs_error("ucp_worker_create", st);
 
@@ -169,16 +182,60 @@ void ucx_worker::shutdown_ucx() {
   if (epoll_fd_ >= 0) ::close(epoll_fd_);
 }
 
+void ucx_worker::wake() {
+  std::uint64_t one = 1;
+  [[maybe_unused]] auto n = ::write(command_fd_, &one, sizeof one);
+}
+
 void ucx_worker::post(std::function<void()> fn) {
   {
     std::lock_guard lock(commands_mu_);
     commands_.push_back(std::move(fn));
+    has_commands_.store(true, std::memory_order_release);
   }
   // While the thread spins it sees the queue anyway; the eventfd write (a syscall) only when it sleeps.
-  if (sleeping_.load()) {
-    std::uint64_t one = 1;
-    [[maybe_unused]] auto n = ::write(command_fd_, &one, sizeof one);
-  }
+  if (sleeping_.load()) wake();
+}
+
+ucx_worker::worker_lock::worker_lock(ucx_worker& w) : w_(w) {
+  assert(std::this_thread::get_id() != w_.thread_.get_id() && "worker_lock on the progress thread deadlocks");
+  w_.want_.fetch_add(1, std::memory_order_acq_rel);
+  w_.ucx_mu_.lock();
+}
+
+ucx_worker::worker_lock::~worker_lock() {
+  // Requests this caller left pending (a rendezvous send, a large receive) need progress after it
+  // goes: the sleeping progress thread would otherwise wake only on the next network event.
+  bool wake = w_.outstanding_ > 0 && w_.sleeping_.load();
+  w_.ucx_mu_.unlock();
+  w_.want_.fetch_sub(1, std::memory_order_acq_rel);
+  if (wake) w_.wake();
+}
+
+void ucx_worker::spinner_gave_up() {
+  ::syscall(SYS_futex, reinterpret_cast<int*>(&spinners_), FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
+}
+
+void ucx_worker::maybe_tick() {
+  auto now = std::chrono::steady_clock::now();
+  if (now - last_tick_ < tick_interval_) return;
+  last_tick_ = now;
+  std::vector<std::shared_ptr<channel_core>> open;
+  for (auto& [id, core] : channels_) open.push_back(core);
+  for (auto& core : open) core->tick(now);  // tick may close (and unregister) a channel
+}
+
+unsigned ucx_worker::progress_from_caller() {
+  std::lock_guard lock(ucx_mu_);
+  // Callers that spin back to back keep the progress thread aside; heartbeats must not stop then.
+  // Looked at every 64th pass only: reading the clock is a good part of a spinning pass.
+  if ((++caller_passes_ & 63) == 0) maybe_tick();
+  // Posted commands (a connect, a close) must not wait for a spinning caller to stop: while callers
+  // spin back to back the progress thread stays aside, so they run them.
+  drain_commands();
+  unsigned n = ucp_worker_progress(worker_);
+  if (outstanding_ > 0 && sleeping_.load()) wake();
+  return n;
 }
 
 void ucx_worker::run_sync(std::function<void()> fn) {
@@ -193,12 +250,15 @@ void ucx_worker::run_sync(std::function<void()> fn) {
 }
 
 void ucx_worker::drain_commands() {
-  std::deque<std::function<void()>> batch;
+  // Checked without the mutex: the spinning loop calls this every turn, and mostly there is nothing.
+  if (!has_commands_.load(std::memory_order_acquire)) return;
   {
     std::lock_guard lock(commands_mu_);
-    batch.swap(commands_);
+    drained_.swap(commands_);
+    has_commands_.store(false, std::memory_order_relaxed);
   }
-  for (auto& fn : batch) fn();
+  for (auto& fn : drained_) fn();
+  drained_.clear();
 }
 
 void ucx_worker::run(std::promise<status>* started) {
@@ -210,21 +270,37 @@ void ucx_worker::run(std::promise<status>* started) {
   }
   started->set_value(ok_status());
   using std::chrono::steady_clock;
-  // Keepalive runs inside ucp_worker_progress, so the thread must wake at least this often.
-  int sleep_ms = static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(100, config_.keepalive_interval.count() / 4)));
-  sleep_ms = std::min<int>(sleep_ms, static_cast<int>(std::max<std::int64_t>(1, config_.peer_timeout.count() / 8)));
+  const int sleep_ms = static_cast<int>(tick_interval_.count());
+  // How long the thread steps aside for spinning callers before it looks again: bounded by the
+  // spin itself, and small enough that a receiver that stopped spinning is served soon.
+  const long spinner_wait_ns = std::clamp<long>(static_cast<long>(config_.busy_poll.count()) * 1000, 20'000, 200'000);
   auto last_active = steady_clock::now();
-  auto last_tick = last_active;
+  std::unique_lock lock(ucx_mu_, std::defer_lock);
   while (!stop_.load(std::memory_order_relaxed)) {
-    drain_commands();
-    if (auto now = steady_clock::now(); now - last_tick >= std::chrono::milliseconds(sleep_ms)) {
-      last_tick = now;
-      std::vector<std::shared_ptr<channel_core>> open;
-      for (auto& [id, core] : channels_) open.push_back(core);
-      for (auto& core : open) core->tick(now);  // tick may close (and unregister) a channel
+    if (int spinning = spinners_.load(std::memory_order_acquire); spinning > 0) {
+      // A caller spins on the worker and progresses it meanwhile: step aside without taking a core
+      // (on a small machine a yield loop here starves the very threads that spin). Spinners do not
+      // wake us when they stop, so look again after a short timeout.
+      if (lock.owns_lock()) lock.unlock();
+      timespec ts{0, spinner_wait_ns};
+      ::syscall(SYS_futex, reinterpret_cast<int*>(&spinners_), FUTEX_WAIT_PRIVATE, spinning, &ts, nullptr, 0);
+      last_active = steady_clock::now();
+      continue;
     }
+    if (want_.load(std::memory_order_acquire) > 0) {
+      // A caller wants the lock for a send: it holds it for one call, so just let it in.
+      if (lock.owns_lock()) lock.unlock();
+      std::this_thread::yield();
+      last_active = steady_clock::now();
+      continue;
+    }
+    if (!lock.owns_lock()) lock.lock();
+    drain_commands();
+    maybe_tick();
+    // Bounded: a long stream of data keeps progress returning non-zero, and ticks (heartbeats, the
+    // dead-peer check) and stepping aside for callers must still happen in between.
     unsigned n = 0;
-    while (ucp_worker_progress(worker_) != 0) ++n;
+    while (n < 64 && ucp_worker_progress(worker_) != 0) ++n;
     auto now = steady_clock::now();
     if (n != 0) {
       last_active = now;
@@ -234,12 +310,16 @@ void ucx_worker::run(std::promise<status>* started) {
     if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;
     sleeping_.store(true);  // before the queue check: a post() after it sees the flag and wakes us
     {
-      std::lock_guard lock(commands_mu_);
+      std::lock_guard commands_lock(commands_mu_);
       if (!commands_.empty()) {
         sleeping_.store(false);
         continue;
       }
     }
+    // Callers may use the worker while this thread sleeps. Whatever they consume after the arm,
+    // the event fd stays readable until the next arm, so no wake-up is lost; requests they leave
+    // pending wake this thread through command_fd_ (worker_lock).
+    lock.unlock();
     epoll_event events[2];
     int k = ::epoll_wait(epoll_fd_, events, 2, sleep_ms);
     sleeping_.store(false);
@@ -251,6 +331,7 @@ void ucx_worker::run(std::promise<status>* started) {
     }
     last_active = steady_clock::now();
   }
+  if (!lock.owns_lock()) lock.lock();
   drain_commands();
   shutdown_ucx();
 }
@@ -278,6 +359,7 @@ void ucx_worker::close_ep(ucp_ep_h ep, bool force, std::shared_ptr<channel_core>
   rp.cb.send = [](void* request, ucs_status_t, void* user_data) {
     auto* c = static_cast<closing*>(user_data);
     --c->w->closing_eps_;
+    c->w->request_done();
     delete c;
     ucp_request_free(request);
   };
@@ -293,6 +375,7 @@ void ucx_worker::close_ep(ucp_ep_h ep, bool force, std::shared_ptr<channel_core>
     return;
   }
   ++closing_eps_;
+  request_started();
 }
 
 ucs_status_t ucx_worker::on_am(void* arg, const void* header, std::size_t header_length, void* data,

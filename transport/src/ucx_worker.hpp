@@ -1,9 +1,14 @@
 #pragma once
-// The UCX context + worker and the progress thread that owns them (private to transport/).
-// Every ucp_* call runs on that thread: other threads post closures to it.
+// The UCX context + worker and the progress thread that drives them (private to transport/).
+// Every ucp_* call and every "worker state" field below happens under `ucx_mu_`. The progress thread
+// holds it while it runs; a caller thread may take it too (worker_lock) to send at once, or to
+// progress the worker itself while it spins for a frame, instead of handing each small frame to the
+// progress thread and back (two cross-thread hand-offs per direction: measured at ~20x
+// ucx_perftest's latency over shared memory). The worker is created UCS_THREAD_MODE_SERIALIZED.
 #include <ucp/api/ucp.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -42,13 +47,51 @@ class ucx_worker {
   /// error and refuse the endpoint.
   bool peer_failure_detectable() const;
 
-  /// Runs `fn` on the progress thread, soon. Safe from any thread.
+  /// Runs `fn` under the worker lock soon: on the progress thread, or on a caller that spins on the
+  /// worker meanwhile. Safe from any thread.
   void post(std::function<void()> fn);
-  /// Runs `fn` on the progress thread and waits for it. Never call from the progress thread.
+  /// Holds the worker for a caller thread (never the progress thread, never nested): the progress
+  /// thread steps aside at its next loop turn, so the wait is at most one progress pass. While it is
+  /// held the caller may use every member marked "under ucx_mu_".
+  class worker_lock {
+   public:
+    explicit worker_lock(ucx_worker& w);
+    ~worker_lock();
+    worker_lock(const worker_lock&) = delete;
+    worker_lock& operator=(const worker_lock&) = delete;
+
+   private:
+    ucx_worker& w_;
+  };
+  /// Marks a caller thread as spinning on the worker (a receive() in its busy-poll window): the
+  /// progress thread yields instead of progressing, so the two do not fight over the lock.
+  class spin_scope {
+   public:
+    explicit spin_scope(ucx_worker& w) : w_(w) { w_.spinners_.fetch_add(1, std::memory_order_acq_rel); }
+    // No wake-up call here (a futex wake would cost every received frame a syscall): the progress
+    // thread waits for spinners with a timeout and looks again (run()).
+    ~spin_scope() { w_.spinners_.fetch_sub(1, std::memory_order_acq_rel); }
+    spin_scope(const spin_scope&) = delete;
+    spin_scope& operator=(const spin_scope&) = delete;
+
+   private:
+    ucx_worker& w_;
+  };
+  /// One progress pass from a caller thread that holds a spin_scope; returns what ucp_worker_progress
+  /// did. Takes the lock for that pass only, so other callers (a sender) get in between passes.
+  unsigned progress_from_caller();
+  /// A spinning caller gives up and is about to block: the progress thread must take over now, not
+  /// after its step-aside timeout. Costs a syscall, so only on that slow path.
+  void spinner_gave_up();
+  /// Runs `fn` as post() does and waits for it. Never call under the worker lock.
   void run_sync(std::function<void()> fn);
 
-  // --- progress thread only ---
+  // --- under ucx_mu_ (the progress thread, or a caller holding a worker_lock) ---
   ucp_worker_h handle() const { return worker_; }
+  /// UCX requests started and not yet completed; a caller that leaves some behind while the
+  /// progress thread sleeps wakes it, so they are progressed.
+  void request_started() { ++outstanding_; }
+  void request_done() { --outstanding_; }
   /// Registers a channel; false if the id is taken.
   bool add_channel(std::shared_ptr<channel_core> core);
   void remove_channel(std::uint64_t id);
@@ -61,6 +104,9 @@ class ucx_worker {
   status init_ucx();
   void shutdown_ucx();
   void drain_commands();
+  void wake();
+  /// Runs channel ticks when tick_interval_ has passed (under ucx_mu_).
+  void maybe_tick();
 
   static ucs_status_t on_am(void* arg, const void* header, std::size_t header_length, void* data,
                             std::size_t length, const ucp_am_recv_param_t* param);
@@ -80,11 +126,19 @@ class ucx_worker {
 
   std::mutex commands_mu_;
   std::deque<std::function<void()>> commands_;
+  std::atomic<bool> has_commands_{false};
+  std::deque<std::function<void()>> drained_;  // progress side of the swap (keeps its memory)
   std::atomic<bool> stop_{false};
   std::atomic<bool> sleeping_{false};  // the thread is (about to be) in epoll_wait: post() must wake it
   std::thread thread_;
 
-  // progress thread only
+  std::mutex ucx_mu_;          // the worker and everything below
+  std::atomic<int> want_{0};      // caller threads holding or waiting for ucx_mu_
+  std::atomic<int> spinners_{0};  // caller threads spinning on the worker (spin_scope)
+  int outstanding_ = 0;
+  std::chrono::milliseconds tick_interval_{100};
+  std::chrono::steady_clock::time_point last_tick_{};
+  unsigned caller_passes_ = 0;
   std::map<std::uint64_t, std::shared_ptr<channel_core>> channels_;
   /// Hellos that arrived before the local connect() registered their channel (bounded).
   std::map<std::uint64_t, std::pair<wire::preamble, std::vector<std::byte>>> early_hellos_;

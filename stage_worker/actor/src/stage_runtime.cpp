@@ -27,6 +27,10 @@ result<std::unique_ptr<stage_runtime>> stage_runtime::create(const std::vector<k
   CONVEYOR_TRY_ASSIGN(ckpt, engine::checkpoint::open(o.model_dir));
   CONVEYOR_TRY_ASSIGN(stage, engine::tp_stage::create(rank_backends, ckpt, config, o.range, o.executor, make_group));
   rt->stage_ = std::move(stage);
+  // Page-locked staging only where a device copies into it: on a CPU stage it would only pin memory
+  // (and create a CUDA context) for nothing.
+  bool device = !rank_backends.empty() && !rank_backends[0]->caps().host_memory;
+  rt->staging_ = std::make_unique<transport::staging_pool>(static_cast<std::size_t>(o.max_sends_in_flight) + 2, device);
   CONVEYOR_TRY_ASSIGN(ucx, transport::ucx_context::create(o.ucx));
   rt->ucx_ = std::move(ucx);
   return rt;
@@ -139,13 +143,34 @@ bool stage_runtime::next_input(transport::frame& out) {
 
 status stage_runtime::run_step(transport::frame& in) {
   const engine::step_plan plan = to_step_plan(in.header);
-  std::span<const float> hidden;
+  const kernels::dtype act = stage_->act_dtype();
+  const std::int64_t hidden_size = stage_->rank0().config().hidden_size;
+  const std::size_t values = static_cast<std::size_t>(plan.num_tokens()) * static_cast<std::size_t>(hidden_size);
+  const void* hidden_in = nullptr;
   if (!options_.range.has_embedding) {
-    hidden = std::span<const float>(reinterpret_cast<const float*>(in.payload.data()), in.payload.size() / sizeof(float));
+    // The frame is external input: its shape and dtype decide how many bytes the device reads.
+    const auto& t = in.header.tensor;
+    if (t.shape.size() != 2 || t.shape[1] != hidden_size ||
+        (t.type != kernels::dtype::f32 && t.type != kernels::dtype::bf16)) {
+      return make_error(errc::bad_format, "activation frame of microbatch " + std::to_string(in.header.microbatch_id) +
+                                              " is not [tokens, " + std::to_string(hidden_size) + "] f32/bf16");
+    }
+    hidden_in = in.payload.data();
+    if (t.type != act) {  // the sender's wire dtype differs from what this stage computes in
+      convert_in_.resize(values * kernels::dtype_size(act));
+      CONVEYOR_TRY(transport::convert_activations(in.payload.data(), t.type, convert_in_.data(), act, values));
+      hidden_in = convert_in_.data();
+    }
+  }
+  // The executor copies the output activations straight into a reused staging buffer.
+  transport::staging_pool::buffer staging;
+  if (!options_.range.has_head) {
+    CONVEYOR_TRY_ASSIGN(b, staging_->acquire(values * kernels::dtype_size(act)));
+    staging = std::move(b);
   }
   const auto t0 = steady::now();
   if (options_.step_delay.count() > 0) std::this_thread::sleep_for(options_.step_delay);
-  auto out = stage_->run(plan, hidden);
+  auto out = stage_->run_raw(plan, hidden_in, staging.data());
   busy_ns_ += ns_since(t0);
   ++steps_;
   if (!out) return out.err();
@@ -154,19 +179,26 @@ status stage_runtime::run_step(transport::frame& in) {
     on_tokens_(in.header.microbatch_id, in.header.step, engine::flat_sampled_tokens(plan, *out));
     return ok_status();
   }
-  // Keep at most max_sends_in_flight activation buffers alive until the next stage took them.
+  // Keep at most max_sends_in_flight activation buffers alive until the next stage took them. The
+  // device copy of this microbatch above ran while earlier frames were still being sent.
   while (static_cast<int>(sends_.size()) >= options_.max_sends_in_flight ||
          (!sends_.empty() && sends_.front().handle.done())) {
     CONVEYOR_TRY(sends_.front().handle.wait(transport::after(std::chrono::seconds(30))));
     sends_.pop_front();
   }
+  const kernels::dtype wire = options_.wire_dtype.value_or(act);
+  if (wire != act) {
+    CONVEYOR_TRY_ASSIGN(converted, staging_->acquire(values * kernels::dtype_size(wire)));
+    CONVEYOR_TRY(transport::convert_activations(staging.data(), act, converted.data(), wire, values));
+    staging = std::move(converted);
+  }
   transport::frame_header h = std::move(in.header);
   h.kind = transport::frame_kind::activations;
-  h.tensor = {kernels::dtype::f32, {plan.num_tokens(), stage_->rank0().config().hidden_size}};
-  pending_send p{std::move(out->hidden), {}};
-  CONVEYOR_TRY_ASSIGN(handle, downstream_->send(h, {p.hidden.data(), p.hidden.size() * sizeof(float)}));
+  h.tensor = {wire, {plan.num_tokens(), hidden_size}};
+  pending_send p{std::move(staging), {}};
+  CONVEYOR_TRY_ASSIGN(handle, downstream_->send(h, {p.staging.data(), p.staging.size()}));
   p.handle = std::move(handle);
-  hops_.sent(p.handle, p.hidden.size() * sizeof(float));
+  hops_.sent(p.handle, p.staging.size());
   sends_.push_back(std::move(p));
   return ok_status();
 }

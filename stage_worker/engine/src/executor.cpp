@@ -76,7 +76,7 @@ result<std::unique_ptr<stage_executor>> stage_executor::create(kernels::backend&
   return ex;
 }
 
-status stage_executor::validate(const step_plan& plan, std::span<const float> hidden_in) const {
+status stage_executor::validate(const step_plan& plan, std::size_t hidden_values) const {
   auto bad = [](std::string what) { return make_error(errc::invalid_argument, std::move(what)); };
   if (plan.seqs.empty()) return bad("a step needs at least one sequence");
   if (static_cast<int>(plan.seqs.size()) > options_.max_seqs) {
@@ -126,9 +126,9 @@ status stage_executor::validate(const step_plan& plan, std::span<const float> hi
       return bad(seq_name(s) + ": sampling step " + std::to_string(s.sampling.step) + " is before its first row");
     }
   }
-  if (range_.has_embedding && !hidden_in.empty()) return bad("the first stage takes token ids, not activations");
-  if (!range_.has_embedding && hidden_in.size() != static_cast<std::size_t>(total) * config_.hidden_size) {
-    return bad("activations hold " + std::to_string(hidden_in.size()) + " values, the plan needs " +
+  if (range_.has_embedding && hidden_values != 0) return bad("the first stage takes token ids, not activations");
+  if (!range_.has_embedding && hidden_values != static_cast<std::size_t>(total) * config_.hidden_size) {
+    return bad("activations hold " + std::to_string(hidden_values) + " values, the plan needs " +
                std::to_string(static_cast<std::size_t>(total) * config_.hidden_size));
   }
   return ok_status();
@@ -305,17 +305,38 @@ status stage_executor::run_captured(int n) {
 }
 
 result<step_output> stage_executor::run(const step_plan& plan, std::span<const float> hidden_in) {
-  CONVEYOR_TRY(validate(plan, hidden_in));
+  return run_impl(plan, hidden_in.size(), hidden_in.data(), nullptr, false, nullptr);
+}
+
+result<step_output> stage_executor::run_raw(const step_plan& plan, const void* hidden_in, void* hidden_out) {
+  std::size_t values = hidden_in == nullptr ? 0 : static_cast<std::size_t>(plan.num_tokens()) * config_.hidden_size;
+  return run_impl(plan, values, nullptr, hidden_in, true, hidden_out);
+}
+
+result<step_output> stage_executor::run_impl(const step_plan& plan, std::size_t hidden_values, const float* in_f32,
+                                             const void* in_raw, bool raw_out, void* out_raw) {
+  CONVEYOR_TRY(validate(plan, hidden_values));
   const bool record = capturable(plan);
   upload_plan(plan, record);
   kernels::backend& b = backend_;
   const int n = pv_.num_tokens;
   const int h = config_.hidden_size;
-  if (!range_.has_embedding) b.write_f32(residual_.get(), hidden_in.data(), hidden_in.size());
+  const std::size_t act_bytes = static_cast<std::size_t>(n) * h * kernels::dtype_size(b.caps().act_dtype);
+  if (!range_.has_embedding) {
+    if (in_raw != nullptr) {
+      b.upload(residual_.get(), in_raw, act_bytes);
+    } else {
+      b.write_f32(residual_.get(), in_f32, hidden_values);
+    }
+  }
   CONVEYOR_TRY(record ? run_captured(n) : run_ops(n));
 
   step_output out;
   if (!range_.has_head) {
+    if (raw_out) {
+      if (out_raw != nullptr) b.download(out_raw, residual_.get(), act_bytes);
+      return out;
+    }
     out.hidden.resize(static_cast<std::size_t>(n) * h);
     b.read_f32(residual_.get(), out.hidden.size(), out.hidden.data());
     return out;

@@ -22,24 +22,34 @@ result<std::unique_ptr<tp_stage>> tp_stage::create(const std::vector<kernels::ba
                                                    tp > 1 ? s->group_[r].get() : nullptr));
     s->ranks_.push_back(std::move(ex));
   }
+  s->act_dtype_ = rank_backends[0]->caps().act_dtype;
   return s;
 }
 
-result<step_output> tp_stage::run(const step_plan& plan, std::span<const float> hidden) {
-  if (ranks_.size() == 1) return ranks_[0]->run(plan, hidden);
+template <class F>
+result<step_output> tp_stage::on_every_rank(F run_rank) {
+  if (ranks_.size() == 1) return run_rank(0);
   // TODO(perf): a persistent thread per rank instead of one per step.
   std::vector<std::optional<result<step_output>>> others(ranks_.size() - 1);
   std::vector<std::thread> threads;
   for (std::size_t r = 1; r < ranks_.size(); ++r) {
-    threads.emplace_back([&, r] { others[r - 1].emplace(ranks_[r]->run(plan, hidden)); });
+    threads.emplace_back([&, r] { others[r - 1].emplace(run_rank(r)); });
   }
-  auto out = ranks_[0]->run(plan, hidden);
+  auto out = run_rank(0);
   for (auto& t : threads) t.join();
   if (!out) return out;
   for (auto& o : others) {
     if (!o->ok()) return o->err();
   }
   return out;
+}
+
+result<step_output> tp_stage::run(const step_plan& plan, std::span<const float> hidden) {
+  return on_every_rank([&](std::size_t r) { return ranks_[r]->run(plan, hidden); });
+}
+
+result<step_output> tp_stage::run_raw(const step_plan& plan, const void* hidden_in, void* hidden_out) {
+  return on_every_rank([&](std::size_t r) { return ranks_[r]->run_raw(plan, hidden_in, r == 0 ? hidden_out : nullptr); });
 }
 
 std::size_t tp_stage::weight_bytes() const {

@@ -23,8 +23,8 @@ inline deadline after(clock::duration d) { return clock::now() + d; }
 struct payload_view {
   const void* data = nullptr;
   std::size_t size = 0;
-  /// TODO(perf): `cuda` payloads need staging through pinned host buffers (Debian's UCX is not
-  /// CUDA-aware); until then a channel refuses them with errc::unsupported.
+  /// `cuda` payloads are refused with errc::unsupported while UCX is not CUDA-aware (Debian's):
+  /// callers stage device activations through reused pinned host buffers (transport::staging_pool).
   memory_type memory = memory_type::host;
 };
 
@@ -63,7 +63,8 @@ struct frame {
 /// Completion of one send. Shared with the transport, so dropping it does not cancel the send.
 class send_handle {
  public:
-  /// The transport's side of a send; implementations complete it from their progress thread.
+  /// The transport's side of a send; implementations complete it from whichever thread progresses
+  /// their transport (a progress thread, or the waiter itself).
   class state;
   send_handle() = default;
   explicit send_handle(std::shared_ptr<state> s) : state_(std::move(s)) {}

@@ -25,7 +25,8 @@ struct ucx_config {
   /// idle channel. This is the bound on transports where UCX cannot watch the peer (UCX 1.13's shared
   /// memory has no peer-failure support); tcp usually notices a dead peer at once.
   std::chrono::milliseconds peer_timeout{2000};
-  /// After the worker goes idle, the progress thread spins this long before sleeping on its event
+  /// A thread that waits for a frame or a send spins on the worker this long before it blocks, and
+  /// the progress thread spins this long after the worker goes idle before sleeping on its event
   /// fd: trades a core for latency.
   std::chrono::microseconds busy_poll{50};
   /// Received-payload buffers kept for reuse once their frames are dropped (all channels together).

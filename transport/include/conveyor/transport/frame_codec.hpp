@@ -24,8 +24,9 @@ struct codec_limits {
 /// The schema version this build speaks (frame.capnp's frameSchemaVersion).
 std::uint32_t frame_schema_version();
 
-/// Encodes `header` as an unpacked Cap'n Proto message (flat bytes, word-aligned).
-result<std::vector<std::byte>> encode_header(const frame_header& header);
+/// Encodes `header` as an unpacked Cap'n Proto message (flat bytes, word-aligned), after `headroom`
+/// bytes left for the caller (a channel writes its wire preamble there, sparing a copy per frame).
+result<std::vector<std::byte>> encode_header(const frame_header& header, std::size_t headroom = 0);
 
 /// Decodes and validates a header: structure, enum values, plan consistency (block tables cover
 /// the positions, no negative positions), tensor shape.

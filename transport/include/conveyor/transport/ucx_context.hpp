@@ -16,8 +16,12 @@ using worker_address = std::vector<std::byte>;
 
 class ucx_worker;  // private: src/ucx_worker.hpp
 
-/// Owns the UCX context, the worker and its progress thread. All UCX calls happen on that thread;
-/// channels hand it work through a queue, so no CAF or caller thread ever progresses UCX.
+/// Owns the UCX context, the worker and its progress thread. UCX calls are serialised by one lock:
+/// the progress thread keeps the worker going (sends in flight, heartbeats, frames nobody waits for),
+/// and a caller that is about to wait anyway (channel::receive, send_handle::wait) progresses it
+/// itself for ucx_config::busy_poll first, so a small frame crosses no thread on either side.
+/// channel::send posts its frame from the calling thread (non-blocking; the lock is held for one
+/// call). Actor threads never wait on a channel (DESIGN.md), so they never spin here either.
 class ucx_context {
  public:
   /// Reads the UCX configuration, applies `config` over it, and starts the progress thread.

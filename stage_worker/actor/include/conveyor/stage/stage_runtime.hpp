@@ -17,6 +17,7 @@
 #include "conveyor/engine/executor.hpp"
 #include "conveyor/engine/tp_stage.hpp"
 #include "conveyor/stage/hop_meter.hpp"
+#include "conveyor/transport/staging_pool.hpp"
 #include "conveyor/transport/ucx_context.hpp"
 
 namespace conveyor::stage {
@@ -30,6 +31,10 @@ struct stage_runtime_options {
   transport::ucx_config ucx;
   std::uint64_t max_frame_bytes = std::uint64_t{1} << 30;
   int max_sends_in_flight = 4;  ///< activation frames not yet taken by the next stage
+  /// Element type of the activations this stage sends. Default: the stage's own activation dtype
+  /// (bf16 on a bf16 GPU stage: half the bytes of f32, and exact, since that is what the device
+  /// holds); f32 forces the float32 wire. The frame header carries it; the receiver converts.
+  std::optional<kernels::dtype> wire_dtype;
   /// Test only: sleep this long in every step, to make pipelining measurable on tiny models.
   std::chrono::microseconds step_delay{0};
 };
@@ -94,9 +99,13 @@ class stage_runtime {
   std::condition_variable cv_;
   std::deque<std::vector<std::byte>> inbox_;  ///< stage 0's steps
   struct pending_send {
-    std::vector<float> hidden;
+    transport::staging_pool::buffer staging;  ///< the frame's payload, back to the pool when sent
     transport::send_handle handle;
   };
+  /// Reused (pinned on a GPU stage) buffers for outgoing activations, and the receive-side
+  /// conversion buffer for frames in another dtype than this stage computes in.
+  std::unique_ptr<transport::staging_pool> staging_;
+  std::vector<std::byte> convert_in_;
   std::deque<pending_send> sends_;
   std::atomic<bool> stopping_{false};
   std::atomic<std::uint64_t> busy_ns_{0}, idle_ns_{0}, steps_{0};

@@ -46,6 +46,14 @@ class stage_executor {
   /// and empty for the first stage. Bad plans (ids out of range, short block tables, too many
   /// tokens) are errors, not crashes.
   result<step_output> run(const step_plan& plan, std::span<const float> hidden_in);
+  /// The same step with activations in the backend's own activation dtype (caps().act_dtype), raw,
+  /// in host memory the caller owns: what a stage hands to and takes from the transport. No float32
+  /// round trip (half the bytes when activations are bf16), and the device copies go straight
+  /// from/to the caller's (pinned, reused) buffers. `hidden_in`: [num_tokens, hidden] for a stage
+  /// without the embedding, nullptr for the first. `hidden_out`: [num_tokens, hidden] for a stage
+  /// without the head, or nullptr to skip the copy (tensor-parallel ranks other than 0); the
+  /// returned step_output has no `hidden` then.
+  result<step_output> run_raw(const step_plan& plan, const void* hidden_in, void* hidden_out);
 
   /// Test hook: observe the residual stream between layers (slower: it materialises each layer's output).
   void set_observer(hidden_observer observer) { observer_ = std::move(observer); }
@@ -59,7 +67,9 @@ class stage_executor {
  private:
   stage_executor(kernels::backend& b, const model_config& c, stage_range r, const executor_options& o)
       : backend_(b), config_(c), range_(r), options_(o) {}
-  status validate(const step_plan& plan, std::span<const float> hidden_in) const;
+  status validate(const step_plan& plan, std::size_t hidden_values) const;
+  result<step_output> run_impl(const step_plan& plan, std::size_t hidden_values, const float* in_f32,
+                               const void* in_raw, bool raw_out, void* out_raw);
   /// `fixed_shape`: pad the block tables to the context's bucket, so a recorded step fits every
   /// step of that bucket.
   void upload_plan(const step_plan& plan, bool fixed_shape);

@@ -26,6 +26,11 @@ class tp_stage {
 
   /// Runs one step on every rank; the first rank error wins.
   result<step_output> run(const step_plan& plan, std::span<const float> hidden);
+  /// The same with raw activations (stage_executor::run_raw): every rank reads `hidden_in`, rank 0
+  /// writes `hidden_out`.
+  result<step_output> run_raw(const step_plan& plan, const void* hidden_in, void* hidden_out);
+  /// The dtype of run_raw's activations (the ranks' backends agree on it).
+  kernels::dtype act_dtype() const { return act_dtype_; }
 
   stage_executor& rank0() { return *ranks_[0]; }
   int tp() const { return static_cast<int>(ranks_.size()); }
@@ -36,6 +41,9 @@ class tp_stage {
   tp_stage() = default;
   std::vector<std::unique_ptr<kernels::collective>> group_;  // outlives the executors that use it
   std::vector<std::unique_ptr<stage_executor>> ranks_;
+  kernels::dtype act_dtype_ = kernels::dtype::f32;
+  template <class F>
+  result<step_output> on_every_rank(F run_rank);
 };
 
 }  // namespace conveyor::engine
