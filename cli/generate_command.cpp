@@ -1,6 +1,8 @@
 // conveyor generate: the engine alone, in one process, on the CPU or the CUDA backend.
 #include <algorithm>
 #include <cstdio>
+#include <memory>
+#include <mutex>
 #include <optional>
 
 #include <nlohmann/json.hpp>
@@ -16,6 +18,7 @@
 #include "conveyor/kernels/cuda_backend.hpp"
 #endif
 #include "flags.hpp"
+#include "progress_bar.hpp"
 #include "text_prompt.hpp"
 
 namespace conveyor::cli {
@@ -159,10 +162,12 @@ int generate_main(const args& argv) {
   opts.max_step_tokens = std::max(n, std::min(n * static_cast<int>(ids->size()), 16384));
   opts.max_seqs = n;
   if (speculative) opts.max_step_tokens = std::max(opts.max_step_tokens, n * static_cast<int>(*spec_k + 1));
+  int num_layers = 0;
   {
     // Check up front that weights, workspace and this request's KV blocks fit.
     auto config = engine::load_model_config(*model);
     if (!config) return fail(config.err());
+    num_layers = config->num_layers;
     auto ranges = engine::split_even(*config, static_cast<int>(*stages));
     if (!ranges) return fail(ranges.err());
     engine::memory_plan_options po;
@@ -197,7 +202,22 @@ int generate_main(const args& argv) {
     };
   }
 #endif
+  // Loading progress: a bar on a terminal only. Off one, generate's stderr stays what scripts rely
+  // on (empty on success, one line on an error); long jobs (batch, cluster start-up) print plain lines.
+  struct load_progress {
+    std::mutex mu;
+    progress_bar bar{"conveyor generate: loading weights"};
+    std::int64_t done = 0, total = 0;
+  };
+  auto loading = std::make_shared<load_progress>();
+  loading->total = static_cast<std::int64_t>(num_layers) * static_cast<std::int64_t>(*tp);
+  opts.on_layer_loaded = [loading] {
+    std::lock_guard lock(loading->mu);
+    ++loading->done;
+    if (loading->bar.on_terminal()) loading->bar.update(loading->done, loading->total, "layers (x tp ranks)");
+  };
   auto pipe = engine::local_pipeline::create(rank_backends, *model, static_cast<int>(*stages), opts, make_group);
+  opts.on_layer_loaded = nullptr;  // the draft below loads quietly
   if (!pipe) return fail(pipe.err());
   if (context > (*pipe)->config().max_position_embeddings) {
     std::fprintf(stderr, "conveyor generate: warning: %d tokens exceed max_position_embeddings (%d)\n", context,

@@ -62,4 +62,13 @@ if [ -n "$qa" ] && [ "$qa" = "$qb" ]; then echo "ok   quant_split_same_tokens"; 
 check quant_bad_value 1 'unknown quantization "int4".*"int8"' -- generate --model "$fx/tiny-llama" --prompt-ids 1 --quant int4
 check quant_fp8_cpu 1 'fp8 needs --device cuda' -- generate --model "$fx/tiny-llama" --prompt-ids 1 --quant fp8
 check quant_lm_head_alone 1 'quant-lm-head needs --quant' -- generate --model "$fx/tiny-llama" --prompt-ids 1 --quant-lm-head
+# Weight loading shows a bar on a terminal (script(1) gives it one), and nothing off one.
+if command -v script >/dev/null; then
+  tty_out=$(script -qec "'$bin' generate --model '$fx/tiny-llama' --prompt-ids $ids --max-new-tokens 2 --stages 2 --tp 2" /dev/null)
+  plain_err=$("$bin" generate --model "$fx/tiny-llama" --prompt-ids $ids --max-new-tokens 2 2>&1 >/dev/null)
+  if grep -q 'loading weights: \[#*\] 8/8' <<<"$tty_out" && [ -z "$plain_err" ]; then echo "ok   loading_bar_on_a_terminal_only"
+  else echo "FAIL loading bar: terminal: $tty_out / plain stderr: $plain_err"; fail=1; fi
+else
+  echo "skip loading_bar_on_a_terminal_only: no script(1)"
+fi
 exit $fail

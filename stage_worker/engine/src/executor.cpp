@@ -26,7 +26,7 @@ result<std::unique_ptr<stage_executor>> stage_executor::create(kernels::backend&
   CONVEYOR_TRY_ASSIGN(tp, make_tp_layout(config, collective ? collective->rank() : 0, collective ? collective->size() : 1));
   ex->collective_ = collective != nullptr && collective->size() > 1 ? collective : nullptr;
   ex->ffn_ = tp.ffn;
-  CONVEYOR_TRY_ASSIGN(weights, stage_weights::load(backend, ckpt, config, range, tp, options.quant));
+  CONVEYOR_TRY_ASSIGN(weights, stage_weights::load(backend, ckpt, config, range, tp, options.quant, options.on_layer_loaded));
   ex->weights_ = std::move(weights);
   CONVEYOR_TRY_ASSIGN(kv, kv_pools::create(backend, range.num_layers(), options.kv_blocks, options.kv_block_size,
                                            tp.kv_heads, config.head_dim));

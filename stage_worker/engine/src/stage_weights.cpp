@@ -212,7 +212,8 @@ result<kernels::weight_quant> parse_weight_quant(const std::string& text) {
 
 result<std::unique_ptr<stage_weights>> stage_weights::load(kernels::backend& backend, checkpoint& ckpt,
                                                            const model_config& c, stage_range range,
-                                                           const tp_layout& tp, const weight_quant_options& quant) {
+                                                           const tp_layout& tp, const weight_quant_options& quant,
+                                                           const std::function<void()>& on_layer_loaded) {
   const kernels::weight_quant qk = quant.kind;
   std::unique_ptr<stage_weights> w(new stage_weights(backend));
   weight_loader ld(backend, ckpt, *w);
@@ -279,6 +280,7 @@ result<std::unique_ptr<stage_weights>> stage_weights::load(kernels::backend& bac
       }
     }
     w->layers.push_back(lw);
+    if (on_layer_loaded) on_layer_loaded();
   }
   if (range.has_head) {
     // The LM head is replicated on every rank. TODO(perf): split it by vocabulary + all-gather.

@@ -25,6 +25,9 @@ struct executor_options {
   int kv_blocks = 256;         ///< blocks in this stage's KV pools
   int kv_block_size = 16;
   weight_quant_options quant;  ///< int8 / fp8 weights for the linear layers (default: none)
+  /// Called after each layer's weights are on the backend (from the loading thread: every rank of a
+  /// tensor-parallel stage loads in its own), so a command can show loading progress.
+  std::function<void()> on_layer_loaded;
 };
 
 /// Called with the residual stream at model layer `index` (index = input of that layer; index ==

@@ -1,6 +1,7 @@
 #pragma once
 // The weights one stage owns, uploaded to its backend. q/k/v are fused into one matrix and gate/up
 // into another at load, so a layer runs two fewer matrix products per step.
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -43,7 +44,8 @@ class stage_weights {
   static result<std::unique_ptr<stage_weights>> load(kernels::backend& backend, checkpoint& ckpt,
                                                      const model_config& config, stage_range range,
                                                      const tp_layout& tp,
-                                                     const weight_quant_options& quant = {});
+                                                     const weight_quant_options& quant = {},
+                                                     const std::function<void()>& on_layer_loaded = {});
 
   kernels::weight embedding;   ///< set on the first stage
   kernels::weight final_norm;  ///< set on the last stage
