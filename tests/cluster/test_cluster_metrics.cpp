@@ -43,6 +43,12 @@ double at(const std::map<std::string, double>& m, const std::string& key) {
   return it == m.end() ? -1.0 : it->second;
 }
 
+/// The value of the one series whose key starts with `prefix` (labels after it unknown), else -1.
+double at_prefix(const std::map<std::string, double>& m, const std::string& prefix) {
+  auto it = m.lower_bound(prefix);
+  return it != m.end() && it->first.compare(0, prefix.size(), prefix) == 0 ? it->second : -1.0;
+}
+
 TEST(cluster_metrics, prometheus_page_moves_with_traffic_through_two_stages) {
   const auto golden = testing::load_golden("tiny-llama");
   cluster_options o;
@@ -156,9 +162,9 @@ TEST(cluster_metrics, prometheus_page_moves_with_traffic_through_two_stages) {
   for (int i = 0; i < 100; ++i) {
     after = scrape();
     // Steps come with the ping's pong, frames with the metrics reply: two answers, maybe two heartbeats.
-    const std::string steps1 = "conveyor_stage_steps_total{stage=\"1\"}";
+    const std::string steps1 = "conveyor_stage_steps_total{stage=\"1\",host=\"";
     if (at(after, sent) > at(before, sent) && at(after, sent) == at(after, received) && at(after, sent) == at(after, timed) &&
-        at(after, steps1) > at(before, steps1))
+        at_prefix(after, steps1) > at_prefix(before, steps1))
       break;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
@@ -175,7 +181,10 @@ TEST(cluster_metrics, prometheus_page_moves_with_traffic_through_two_stages) {
   EXPECT_GT(at(after, sum), 0.0);
   EXPECT_EQ(at(after, hop("conveyor_activation_sends_in_flight", 0, 1)), 0);
   EXPECT_LT(at(after, hop("conveyor_activation_frames_sent_total", 1, 2)), 0) << "the last stage sends no activations";
-  EXPECT_GT(at(after, "conveyor_stage_steps_total{stage=\"1\"}"), at(before, "conveyor_stage_steps_total{stage=\"1\"}"));
+  // Stage series carry the host their worker reported, like the hop series.
+  const std::string steps1 = "conveyor_stage_steps_total{stage=\"1\",host=\"";
+  EXPECT_GT(at_prefix(after, steps1), at_prefix(before, steps1));
+  EXPECT_GE(at_prefix(after, "conveyor_stage_busy_seconds_total{stage=\"0\",host=\""), 0.0) << "busy time labelled with its host";
 
   EXPECT_GE(at(after, "conveyor_prefix_cache_hits_total"), at(before, "conveyor_prefix_cache_hits_total") + 96);
   EXPECT_GT(at(after, "conveyor_prefix_cache_queries_total"), at(before, "conveyor_prefix_cache_queries_total"));

@@ -73,6 +73,17 @@ class page {
 
 /// The scheduler's policy counters: rejections, expiries, preemptions, the prefix cache, errors by
 /// kind, microbatches.
+
+/// A stage's labels: its index, and the host it runs on once its worker has reported (a cluster; the
+/// in-process service has no hosts). The TP ranks of a stage share one clock: they step together.
+std::string stage_labels(const service::stats_report& s, int stage) {
+  std::string l = "stage=\"" + std::to_string(stage) + "\"";
+  for (const auto& h : s.hops) {
+    if (h.stage == stage && h.tp_rank == 0 && !h.host.empty()) return l + ",host=\"" + escape_label(h.host) + "\"";
+  }
+  return l;
+}
+
 void render_policy(page& p, const service::stats_report& s) {
   p.family("conveyor_requests_rejected_total", "counter",
            "Requests admission control turned away as overloaded (queue caps, job tickets); never started.");
@@ -99,7 +110,7 @@ void render_policy(page& p, const service::stats_report& s) {
   p.sample("conveyor_microbatches_in_flight", s.microbatches_in_flight);
   p.family("conveyor_stage_steps_total", "counter", "Steps each pipeline stage ran.");
   for (std::size_t i = 0; i < s.stage_steps.size(); ++i) {
-    p.sample("conveyor_stage_steps_total", static_cast<double>(s.stage_steps[i]), "stage=\"" + std::to_string(i) + "\"");
+    p.sample("conveyor_stage_steps_total", static_cast<double>(s.stage_steps[i]), stage_labels(s, static_cast<int>(i)));
   }
 }
 
@@ -277,11 +288,11 @@ std::string gateway_metrics::render(const std::optional<service::stats_report>& 
            s.spec_steps > 0 ? static_cast<double>(s.spec_emitted_tokens) / s.spec_steps : 0.0);
   p.family("conveyor_stage_busy_seconds_total", "counter", "Time each pipeline stage spent computing.");
   for (std::size_t i = 0; i < s.stage_busy_s.size(); ++i) {
-    p.sample("conveyor_stage_busy_seconds_total", s.stage_busy_s[i], "stage=\"" + std::to_string(i) + "\"");
+    p.sample("conveyor_stage_busy_seconds_total", s.stage_busy_s[i], stage_labels(s, static_cast<int>(i)));
   }
   p.family("conveyor_stage_idle_seconds_total", "counter", "Time each pipeline stage waited for work (the bubble).");
   for (std::size_t i = 0; i < s.stage_idle_s.size(); ++i) {
-    p.sample("conveyor_stage_idle_seconds_total", s.stage_idle_s[i], "stage=\"" + std::to_string(i) + "\"");
+    p.sample("conveyor_stage_idle_seconds_total", s.stage_idle_s[i], stage_labels(s, static_cast<int>(i)));
   }
   render_policy(p, s);
   render_hops(p, s);
