@@ -169,7 +169,11 @@ int stats(const args& argv) {
               {"prefix_cache_hit_tokens", s->prefix_cache_hit_tokens},
               {"errors_by_kind", s->errors_by_kind},
               {"microbatches", s->microbatches},
-              {"microbatches_in_flight", s->microbatches_in_flight}});
+              {"microbatches_in_flight", s->microbatches_in_flight},
+              {"spec_steps", s->spec_steps},
+              {"spec_draft_tokens", s->spec_draft_tokens},
+              {"spec_accepted_tokens", s->spec_accepted_tokens},
+              {"spec_emitted_tokens", s->spec_emitted_tokens}});
   return 0;
 }
 

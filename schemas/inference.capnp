@@ -211,6 +211,14 @@ struct Stats {
   # Microbatch slots the scheduler keeps (`ModelInfo.chunks`).
   microbatchesInFlight @19 :Int32;
   # Of those, microbatches whose step is on the stages now.
+  specSteps @20 :Int64;
+  # Speculative decoding (`model.spec_k` > 0): sequence steps that carried draft tokens since start.
+  specDraftTokens @21 :Int64;
+  # Draft tokens the model verified.
+  specAcceptedTokens @22 :Int64;
+  # Of those, kept (acceptance rate = specAcceptedTokens / specDraftTokens).
+  specEmittedTokens @23 :Int64;
+  # Tokens those steps produced (per step: the speed-up over plain decoding, at most spec_k + 1).
 }
 
 struct ErrorCount {

@@ -102,6 +102,10 @@ stats_report decode_stats(wire::Stats::Reader in) {
   for (auto e : in.getErrorsByKind()) s.errors_by_kind[e.getKind().cStr()] += e.getCount();
   s.microbatches = in.getMicrobatches();
   s.microbatches_in_flight = in.getMicrobatchesInFlight();
+  s.spec_steps = in.getSpecSteps();
+  s.spec_draft_tokens = in.getSpecDraftTokens();
+  s.spec_accepted_tokens = in.getSpecAcceptedTokens();
+  s.spec_emitted_tokens = in.getSpecEmittedTokens();
   return s;
 }
 

@@ -58,12 +58,25 @@ TEST(RpcStats, PreemptionsPrefixHitsAndExpiriesAreCounted) {
     ASSERT_TRUE(r.summary.ok()) << r.summary.err().message;
     EXPECT_EQ(r.tokens, goldens[i % goldens.size()].greedy) << "request " << i;
   }
+  // Whether a concurrent repeat finds its prompt still cached depends on the interleaving (pressure
+  // evicts cached blocks); one prompt run twice in a row on an idle server always does.
+  for (int rep = 0; rep < 2; ++rep) {
+    auto c = connect_or_die(server->address());
+    ASSERT_TRUE(c);
+    client::generate_request r;
+    r.prompt = goldens[0].prompt;
+    r.max_new_tokens = 24;
+    r.ignore_eos = true;
+    auto out = run_generate(*c, r);
+    ASSERT_TRUE(out.summary.ok()) << out.summary.err().message;
+    EXPECT_EQ(out.tokens, goldens[0].greedy) << "sequential repeat " << rep;
+  }
   const auto mid = stats_of(server->address());
   EXPECT_GT(mid.preemptions, 0) << "the pool is too big to force preemption";
   EXPECT_GT(mid.prefix_cache_hit_tokens, 0);
   EXPECT_GE(mid.prefix_cache_queried_tokens, mid.prefix_cache_hit_tokens);
   EXPECT_EQ(mid.prefix_cache_hit_tokens % 16, 0) << "hits are whole blocks";
-  EXPECT_EQ(mid.requests_finished - before.requests_finished, 12);
+  EXPECT_EQ(mid.requests_finished - before.requests_finished, 14);
   EXPECT_EQ(mid.kv_blocks_free, 8) << "every block is free or evictable again";
   EXPECT_TRUE(mid.errors_by_kind.empty());
   EXPECT_EQ(mid.microbatches_in_flight, 0);
@@ -121,6 +134,38 @@ TEST(RpcStats, RejectionsAreCountedByKind) {
   auto first = long_one.get();
   ASSERT_TRUE(first.summary.ok()) << "an accepted request is never dropped";
   EXPECT_EQ(first.tokens.size(), 400u);
+}
+
+// Speculative decoding's counters (fields 20..23): a draft made of the model's first 2 layers proposes
+// 3 tokens per step; the tokens stay HF's greedy ones and the counters are consistent.
+TEST(RpcStats, SpeculativeDecodingIsCounted) {
+  service::local_service_options so;
+  so.threads = 1;
+  so.spec_k = 3;
+  so.draft_layers = 2;
+  auto server = start_local_server("tiny-llama", {}, so);
+  ASSERT_TRUE(server);
+  const auto before = stats_of(server->address());
+  EXPECT_EQ(before.spec_draft_tokens, 0);
+  const auto goldens = load_golden_json("tiny-llama");
+  for (const auto& g : goldens) {
+    auto c = connect_or_die(server->address());
+    ASSERT_TRUE(c);
+    client::generate_request r;
+    r.prompt = g.prompt;
+    r.max_new_tokens = static_cast<int>(g.greedy.size());
+    r.ignore_eos = true;
+    auto out = run_generate(*c, r);
+    ASSERT_TRUE(out.summary.ok()) << out.summary.err().message;
+    EXPECT_EQ(out.tokens, g.greedy);
+  }
+  const auto after = stats_of(server->address());
+  EXPECT_GT(after.spec_steps, 0);
+  EXPECT_GE(after.spec_draft_tokens, after.spec_steps) << "every such step carried at least one draft";
+  EXPECT_LE(after.spec_draft_tokens, 3 * after.spec_steps);
+  EXPECT_LE(after.spec_accepted_tokens, after.spec_draft_tokens);
+  // Each step emits its accepted drafts plus the model's own token.
+  EXPECT_EQ(after.spec_emitted_tokens, after.spec_accepted_tokens + after.spec_steps);
 }
 
 }  // namespace

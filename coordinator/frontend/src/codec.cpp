@@ -108,6 +108,10 @@ void encode_stats(const service::stats_report& in, wire::Stats::Builder out) {
   }
   out.setMicrobatches(in.microbatches);
   out.setMicrobatchesInFlight(in.microbatches_in_flight);
+  out.setSpecSteps(in.spec_steps);
+  out.setSpecDraftTokens(in.spec_draft_tokens);
+  out.setSpecAcceptedTokens(in.spec_accepted_tokens);
+  out.setSpecEmittedTokens(in.spec_emitted_tokens);
 }
 
 void encode_info(const service::model_info& in, wire::ModelInfo::Builder out) {

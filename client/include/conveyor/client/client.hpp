@@ -85,6 +85,10 @@ struct stats_report {
   std::map<std::string, std::int64_t> errors_by_kind;  ///< "overloaded", "deadline_exceeded", ...
   int microbatches = 0;
   int microbatches_in_flight = 0;
+  std::int64_t spec_steps = 0;            ///< speculative decoding: sequence steps that carried drafts
+  std::int64_t spec_draft_tokens = 0;     ///< draft tokens verified
+  std::int64_t spec_accepted_tokens = 0;  ///< of them kept
+  std::int64_t spec_emitted_tokens = 0;   ///< tokens those steps produced
 };
 
 struct model_info {
