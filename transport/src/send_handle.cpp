@@ -34,6 +34,7 @@ void send_handle::state::complete_one(status s) {
     if (!s.ok() && status_.ok()) status_ = std::move(s);
     if (--outstanding_ > 0) return;
     done_ = true;
+    completed_at_ = std::chrono::steady_clock::now();
   }
   cv_.notify_all();
 }
@@ -44,6 +45,7 @@ void send_handle::state::fail_now(error why) {
     if (done_) return;
     status_ = std::move(why);
     done_ = true;
+    completed_at_ = std::chrono::steady_clock::now();
   }
   cv_.notify_all();
 }
@@ -51,6 +53,12 @@ void send_handle::state::fail_now(error why) {
 bool send_handle::state::done() const {
   std::lock_guard lock(mu_);
   return done_;
+}
+
+std::optional<std::chrono::steady_clock::time_point> send_handle::state::completed_at() const {
+  std::lock_guard lock(mu_);
+  if (!done_) return std::nullopt;
+  return completed_at_;
 }
 
 bool send_handle::state::wait_until(deadline until) {
@@ -64,6 +72,10 @@ status send_handle::state::result_status() const {
 }
 
 bool send_handle::done() const { return !state_ || state_->done(); }
+
+std::optional<std::chrono::steady_clock::time_point> send_handle::completed_at() const {
+  return state_ ? state_->completed_at() : std::nullopt;
+}
 
 status send_handle::wait(deadline until) {
   if (!state_) return make_error(errc::invalid_argument, "send_handle: waiting on an empty handle");

@@ -1,5 +1,7 @@
 #pragma once
 // The transport's side of one send (private to transport/).
+#include <chrono>
+#include <optional>
 #include <condition_variable>
 #include <cstddef>
 #include <memory>
@@ -33,6 +35,8 @@ class send_handle::state {
   /// handling, whose requests a force close leaves pending forever. Later completions are ignored.
   void fail_now(error why);
   bool done() const;
+  /// When it completed; nullopt while it runs.
+  std::optional<std::chrono::steady_clock::time_point> completed_at() const;
   /// Waits for completion; false on timeout.
   bool wait_until(deadline until);
   status result_status() const;
@@ -42,6 +46,7 @@ class send_handle::state {
   std::condition_variable cv_;
   int outstanding_ = 0;
   bool done_ = false;
+  std::chrono::steady_clock::time_point completed_at_;
   status status_;
 };
 

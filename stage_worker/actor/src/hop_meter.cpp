@@ -21,13 +21,10 @@ hop_meter::~hop_meter() { stop(); }
 void hop_meter::sent(transport::send_handle handle, std::size_t bytes) {
   ++frames_sent_;
   bytes_sent_ += static_cast<std::int64_t>(bytes);
-  {
-    std::lock_guard lock(mu_);
-    if (stopping_) return;
-    pending_.push_back({std::move(handle), steady::now()});
-    if (!thread_.joinable()) thread_ = std::thread([this] { watch(); });
-  }
-  cv_.notify_one();
+  std::lock_guard lock(mu_);
+  if (stopping_) return;
+  pending_.push_back({std::move(handle), steady::now()});
+  collect();
 }
 
 void hop_meter::received(std::size_t bytes) {
@@ -42,6 +39,7 @@ hop_counters hop_meter::read() const {
   c.frames_received = frames_received_.load();
   c.bytes_received = bytes_received_.load();
   std::lock_guard lock(mu_);
+  collect();
   c.sends_in_flight = static_cast<int>(pending_.size());
   c.latency_counts = counts_;
   c.latency_sum_s = sum_s_;
@@ -49,46 +47,29 @@ hop_counters hop_meter::read() const {
 }
 
 void hop_meter::stop() {
-  {
-    std::lock_guard lock(mu_);
-    stopping_ = true;
-  }
-  cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
-}
-
-void hop_meter::record(double s) {
-  const auto& b = hop_latency_bounds();
-  const auto i = static_cast<std::size_t>(std::lower_bound(b.begin(), b.end(), s) - b.begin());
   std::lock_guard lock(mu_);
-  ++counts_[i];
-  sum_s_ += s;
+  stopping_ = true;
+  pending_.clear();
 }
 
-// The transport offers done() and a wait() whose deadline closes the channel when it passes, so the
-// watcher polls done() instead, sleeping a tenth of the time waited so far (10 µs .. 1 ms): a latency
-// is over-measured by at most ~10% or one sleep. It watches the oldest send; one that completed
-// before an older one is timed when that one completes (sends on a channel complete nearly in order).
-void hop_meter::watch() {
-  std::unique_lock lock(mu_);
-  while (true) {
-    cv_.wait(lock, [&] { return stopping_ || !pending_.empty(); });
-    if (stopping_) return;
-    pending p = pending_.front();
-    lock.unlock();
-    while (!p.handle.done()) {
-      const auto waited = steady::now() - p.issued;
-      const auto nap = std::clamp<steady::duration>(waited / 10, std::chrono::microseconds(10), std::chrono::milliseconds(1));
-      std::this_thread::sleep_for(nap);
-      std::lock_guard check(mu_);
-      if (stopping_) return;
+// The transport stamps a send's completion when it completes it, so a latency is exact however late
+// it is collected, and sends are timed in whatever order they complete.
+void hop_meter::collect() const {
+  const auto& b = hop_latency_bounds();
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    const auto completed = it->handle.completed_at();
+    if (!completed) {
+      ++it;
+      continue;
     }
-    const double s = std::chrono::duration<double>(steady::now() - p.issued).count();
     // A failed send (the channel broke) is no latency; the stage reports the failure itself. wait()
     // on a completed send returns its status at once and never touches the channel.
-    if (p.handle.wait(steady::now()).ok()) record(s);
-    lock.lock();
-    pending_.pop_front();
+    if (it->handle.wait(steady::now()).ok()) {
+      const double s = std::chrono::duration<double>(*completed - it->issued).count();
+      ++counts_[static_cast<std::size_t>(std::lower_bound(b.begin(), b.end(), s) - b.begin())];
+      sum_s_ += s;
+    }
+    it = pending_.erase(it);
   }
 }
 

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -74,6 +75,9 @@ class send_handle {
   status wait(deadline until);
   /// True when the send has completed (successfully or not).
   bool done() const;
+  /// When the send completed (successfully or not), taken by the thread that completed it; nullopt
+  /// while it runs (and for an empty handle).
+  std::optional<std::chrono::steady_clock::time_point> completed_at() const;
 
  private:
   std::shared_ptr<state> state_;

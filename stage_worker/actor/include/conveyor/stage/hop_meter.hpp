@@ -5,11 +5,9 @@
 // C++ (no CAF): the stage runtime feeds it, the worker actor reports it to the coordinator.
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <mutex>
-#include <thread>
 #include <vector>
 
 #include "conveyor/transport/channel.hpp"
@@ -44,21 +42,22 @@ class hop_meter {
   void stop();
 
  private:
-  void watch();
-  void record(double seconds);
+  /// Times every pending send the transport has completed (from the completion time it recorded)
+  /// and forgets it. Called with mu_ held, on each send and each read: no thread of its own.
+  void collect() const;
 
   struct pending {
     transport::send_handle handle;
     std::chrono::steady_clock::time_point issued;
   };
   mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<pending> pending_;
-  bool stopping_ = false;
+  // Sends not yet seen completed, and the histogram of those that were: a read collects, so these
+  // change under a const read (under mu_).
+  mutable std::deque<pending> pending_;
+  mutable std::vector<std::uint64_t> counts_;
+  mutable double sum_s_ = 0.0;
+  bool stopping_ = false;  // under mu_
   std::atomic<std::int64_t> frames_sent_{0}, bytes_sent_{0}, frames_received_{0}, bytes_received_{0};
-  std::vector<std::uint64_t> counts_;  // under mu_
-  double sum_s_ = 0.0;                 // under mu_
-  std::thread thread_;                 // started on the first send
 };
 
 }  // namespace conveyor::stage
