@@ -18,12 +18,12 @@ hop_meter::hop_meter() : counts_(hop_latency_bounds().size() + 1, 0) {}
 
 hop_meter::~hop_meter() { stop(); }
 
-void hop_meter::sent(transport::send_handle handle, std::size_t bytes) {
+void hop_meter::sent(transport::send_handle handle, std::size_t bytes, steady::time_point issued) {
   ++frames_sent_;
   bytes_sent_ += static_cast<std::int64_t>(bytes);
   std::lock_guard lock(mu_);
   if (stopping_) return;
-  pending_.push_back({std::move(handle), steady::now()});
+  pending_.push_back({std::move(handle), issued});
   collect();
 }
 

@@ -196,9 +196,10 @@ status stage_runtime::run_step(transport::frame& in) {
   h.kind = transport::frame_kind::activations;
   h.tensor = {wire, {plan.num_tokens(), hidden_size}};
   pending_send p{std::move(staging), {}};
+  const auto issued = steady::now();
   CONVEYOR_TRY_ASSIGN(handle, downstream_->send(h, {p.staging.data(), p.staging.size()}));
   p.handle = std::move(handle);
-  hops_.sent(p.handle, p.staging.size());
+  hops_.sent(p.handle, p.staging.size(), issued);
   sends_.push_back(std::move(p));
   return ok_status();
 }

@@ -33,8 +33,9 @@ class hop_meter {
   hop_meter(const hop_meter&) = delete;
   hop_meter& operator=(const hop_meter&) = delete;
 
-  /// A frame of `bytes` was handed to the transport as `handle` just now.
-  void sent(transport::send_handle handle, std::size_t bytes);
+  /// A frame of `bytes` was handed to the transport at `issued` (taken before the send call: a small
+  /// frame can complete inside it) and became `handle`.
+  void sent(transport::send_handle handle, std::size_t bytes, std::chrono::steady_clock::time_point issued);
   /// A frame of `bytes` payload came from the previous stage.
   void received(std::size_t bytes);
   hop_counters read() const;
