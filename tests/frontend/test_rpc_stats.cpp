@@ -59,17 +59,20 @@ TEST(RpcStats, PreemptionsPrefixHitsAndExpiriesAreCounted) {
     EXPECT_EQ(r.tokens, goldens[i % goldens.size()].greedy) << "request " << i;
   }
   // Whether a concurrent repeat finds its prompt still cached depends on the interleaving (pressure
-  // evicts cached blocks); one prompt run twice in a row on an idle server always does.
+  // evicts cached blocks); a prompt with full blocks (the 33-token one: 2 blocks of 16) run twice in a
+  // row on an idle server always does.
+  const auto& cached = goldens[2];
+  ASSERT_GE(cached.prompt.size(), 32u);
   for (int rep = 0; rep < 2; ++rep) {
     auto c = connect_or_die(server->address());
     ASSERT_TRUE(c);
     client::generate_request r;
-    r.prompt = goldens[0].prompt;
+    r.prompt = cached.prompt;
     r.max_new_tokens = 24;
     r.ignore_eos = true;
     auto out = run_generate(*c, r);
     ASSERT_TRUE(out.summary.ok()) << out.summary.err().message;
-    EXPECT_EQ(out.tokens, goldens[0].greedy) << "sequential repeat " << rep;
+    EXPECT_EQ(out.tokens, cached.greedy) << "sequential repeat " << rep;
   }
   const auto mid = stats_of(server->address());
   EXPECT_GT(mid.preemptions, 0) << "the pool is too big to force preemption";
