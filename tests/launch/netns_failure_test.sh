@@ -17,30 +17,7 @@ make_isolated_host 3 10.77.0.30
 
 # config NAME2 ADDRESS2 TEMPLATE TIMEOUT: stage 0 on the good host, stage 1 on the given one.
 config() {
-  cat >"$tmp/deploy.toml" <<TOML
-[model]
-dir = "$fx/tiny-llama"
-[parallel]
-stages = 2
-[[placement.hosts]]
-name = "$id-1"
-address = "10.77.0.2"
-[[placement.hosts]]
-name = "$1"
-address = "$2"
-[transport]
-ucx_tls = "tcp"
-[cluster]
-listen = "10.77.0.1:0"
-[frontend]
-rpc_listen = "10.77.0.1:0"
-[serving]
-kv_blocks = 64
-startup_timeout_s = $4
-[launch]
-method = "ssh"
-ssh_command = "$3"
-TOML
+  write_deploy "$tmp/deploy.toml" "$id-1" 10.77.0.2 "$1" "$2" "$4" "$3"
 }
 
 # expect_failure CASE SECONDS PATTERN...: launch must end non-zero within SECONDS, stderr matching

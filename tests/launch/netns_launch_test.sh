@@ -14,31 +14,7 @@ make_host 1 10.77.0.2
 make_host 2 10.77.0.3
 export FAKE_SSH_HOSTS="10.77.0.2=$id-1 10.77.0.3=$id-2"
 tp=1; [ "$shape" = pptp ] && tp=2
-cat >"$tmp/deploy.toml" <<TOML
-[model]
-dir = "$fx/tiny-llama"
-[parallel]
-stages = 2
-tp = $tp
-[[placement.hosts]]
-name = "alpha"
-address = "10.77.0.2"
-[[placement.hosts]]
-name = "beta"
-address = "10.77.0.3"
-[transport]
-ucx_tls = "tcp"
-[cluster]
-listen = "10.77.0.1:0"
-[frontend]
-rpc_listen = "10.77.0.1:0"
-[serving]
-kv_blocks = 64
-startup_timeout_s = 90
-[launch]
-method = "ssh"
-ssh_command = "$here/fake_ssh.sh {host} {command}"
-TOML
+write_deploy "$tmp/deploy.toml" alpha 10.77.0.2 beta 10.77.0.3 90 "$here/fake_ssh.sh {host} {command}" "tp = $tp"
 
 start_launch "$tmp/deploy.toml"
 addr=$(wait_listening)

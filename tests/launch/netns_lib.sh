@@ -97,3 +97,36 @@ client() { ip netns exec "$coord" "$bin" client "$@"; }
 
 # Processes left in a host's namespace (the worker, or what started it).
 left_in() { ip netns pids "$id-$1" 2>/dev/null | wc -l; }
+
+# write_deploy FILE NAME1 ADDRESS1 NAME2 ADDRESS2 STARTUP_TIMEOUT_S SSH_TEMPLATE [PARALLEL_LINES] [CLUSTER_LINES]:
+# the two-host deployment every netns test starts from (tiny-llama, 2 stages, UCX over tcp,
+# coordinator and RPC on the bridge address, workers started through the ssh template); the optional
+# lines go under [parallel] and [cluster].
+write_deploy() {
+  cat >"$1" <<TOML
+[model]
+dir = "$fx/tiny-llama"
+[parallel]
+stages = 2
+${8:-}
+[[placement.hosts]]
+name = "$2"
+address = "$3"
+[[placement.hosts]]
+name = "$4"
+address = "$5"
+[transport]
+ucx_tls = "tcp"
+[cluster]
+listen = "10.77.0.1:0"
+${9:-}
+[frontend]
+rpc_listen = "10.77.0.1:0"
+[serving]
+kv_blocks = 64
+startup_timeout_s = $6
+[launch]
+method = "ssh"
+ssh_command = "$7"
+TOML
+}
