@@ -67,10 +67,18 @@ TEST(GatewayServiceErrors, ServiceOverloadIs503WithRetryAfter) {
   EXPECT_EQ((*rejected)->get_header_value("Content-Type"), "application/json");
   expect_openai_error((*rejected)->body, "server_error", "overloaded");
   EXPECT_NE((*rejected)->body.find("use_job_ticket"), std::string::npos) << "the reason is named";
+  // Streaming too: the status line waits for the first output, so the rejection is a 503, not 200
+  // and an error event.
+  auto streamed = c.Post("/v1/completions", json{{"prompt", {1, 2}}, {"max_tokens", 1}, {"stream", true}}.dump(),
+                         "application/json");
+  ASSERT_TRUE(streamed);
+  EXPECT_EQ(streamed->status, 503) << streamed->body;
+  EXPECT_EQ(streamed->get_header_value("Retry-After"), "1");
+  expect_openai_error(streamed->body, "server_error", "overloaded");
   EXPECT_EQ(long_one.get()->status, 200) << "an accepted request is never dropped";
   const auto after = scrape(c);
   const std::string k = "conveyor_request_finish_total{reason=\"rejected_overloaded\"}";
-  EXPECT_GE(after.count(k) ? after.at(k) : 0.0, (before.count(k) ? before.at(k) : 0.0) + 1);
+  EXPECT_GE(after.count(k) ? after.at(k) : 0.0, (before.count(k) ? before.at(k) : 0.0) + 2);
 }
 
 // serving.response_timeout_s expires the request inside the scheduler (the gateway has no timeout of
@@ -89,7 +97,8 @@ TEST(GatewayServiceErrors, ServiceDeadlineIs504) {
   EXPECT_TRUE(r->get_header_value("Retry-After").empty());
   expect_openai_error(r->body, "server_error", "timeout");
   EXPECT_NE(r->body.find("deadline"), std::string::npos) << r->body;
-  // Streaming: the status line went out before the deadline passed, so the error is an event.
+  // Streaming: tokens came before the deadline passed, so the status line went out and the error is
+  // an event.
   auto s = c.Post("/v1/completions",
                   json{{"prompt", {1}}, {"max_tokens", 400}, {"ignore_eos", true}, {"stream", true}}.dump(),
                   "application/json");

@@ -14,6 +14,8 @@ using clock = std::chrono::steady_clock;
 
 double seconds(clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
+}  // namespace
+
 /// The sink the service calls from its threads; the HTTP thread waits on it.
 class token_queue final : public service::token_sink {
  public:
@@ -38,6 +40,13 @@ class token_queue final : public service::token_sink {
     std::vector<std::pair<clock::time_point, std::size_t>> arrivals;  ///< when each callback's tokens came
     std::optional<result<service::generate_summary>> done;
   };
+  /// Waits until something arrived or `until`; true when the request ended in an error before any
+  /// token (nothing is consumed).
+  bool failed_first(clock::time_point until) {
+    std::unique_lock lock(mu_);
+    cv_.wait_until(lock, until, [&] { return !tokens_.empty() || done_.has_value(); });
+    return tokens_.empty() && done_.has_value() && !done_->ok();
+  }
   /// Waits until something arrived or `until`; returns (and clears) what arrived.
   batch take(clock::time_point until) {
     std::unique_lock lock(mu_);
@@ -57,6 +66,17 @@ class token_queue final : public service::token_sink {
   std::vector<std::pair<clock::time_point, std::size_t>> arrivals_;
   std::optional<result<service::generate_summary>> done_;
 };
+
+namespace {
+
+/// The same finish reasons as the gateway's own rejections and deadline, so a dashboard sees one
+/// count whichever side decided.
+void count_service_failure(gateway_metrics& metrics, const error& e) {
+  metrics.count_finish(e.code == errc::overloaded          ? "rejected_overloaded"
+                       : e.code == errc::deadline_exceeded ? "deadline"
+                       : e.code == errc::invalid_argument  ? "rejected_invalid"
+                                                           : "error");
+}
 
 }  // namespace
 
@@ -93,18 +113,43 @@ std::string stop_text::flush() {
   return out;
 }
 
+started_generation start_generation(service::inference_service& service, const completion_request& request) {
+  started_generation g;
+  g.start = clock::now();
+  g.sink = std::make_shared<token_queue>();
+  g.id = service.submit(request.generate, g.sink);
+  return g;
+}
+
+std::optional<generation_outcome> failure_before_output(started_generation& g, gateway_metrics& metrics,
+                                                        clock::duration hold) {
+  if (!g.sink->failed_first(clock::now() + hold)) return std::nullopt;
+  auto b = g.sink->take(clock::now());
+  generation_outcome out;
+  count_service_failure(metrics, b.done->err());
+  out.error = from_service_error(b.done->err());
+  return out;
+}
+
 generation_outcome run_generation(service::inference_service& service, const tokenizer::tokenizer* tok,
                                   const completion_request& request, gateway_metrics& metrics,
                                   const generation_limits& limits, const generation_callbacks& cb) {
+  return run_generation(service, start_generation(service, request), tok, request, metrics, limits, cb);
+}
+
+generation_outcome run_generation(service::inference_service& service, started_generation g,
+                                  const tokenizer::tokenizer* tok, const completion_request& request,
+                                  gateway_metrics& metrics, const generation_limits& limits,
+                                  const generation_callbacks& cb) {
   generation_outcome out;
   out.prompt_tokens = static_cast<int>(request.generate.prompt.size());
-  const auto start = clock::now();
+  const auto start = g.start;
   double timeout = limits.timeout_s;
   if (request.timeout_s > 0 && (timeout <= 0 || request.timeout_s < timeout)) timeout = request.timeout_s;
   const auto deadline = timeout > 0 ? start + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(timeout))
                                     : clock::time_point::max();
-  auto sink = std::make_shared<token_queue>();
-  const std::uint64_t id = service.submit(request.generate, sink);
+  const auto& sink = g.sink;
+  const std::uint64_t id = g.id;
   std::optional<tokenizer::stream_decoder> decoder;
   if (tok != nullptr) decoder.emplace(*tok, tokenizer::decode_options{request.skip_special_tokens});
   stop_text stops(request.stop_strings);
@@ -165,13 +210,7 @@ generation_outcome run_generation(service::inference_service& service, const tok
     }
     if (b.done) {
       if (!b.done->ok()) {
-        // The same finish reasons as the gateway's own rejections and deadline, so a dashboard sees
-        // one count whichever side decided.
-        const errc code = b.done->err().code;
-        metrics.count_finish(code == errc::overloaded          ? "rejected_overloaded"
-                             : code == errc::deadline_exceeded ? "deadline"
-                             : code == errc::invalid_argument  ? "rejected_invalid"
-                                                               : "error");
+        count_service_failure(metrics, b.done->err());
         out.error = from_service_error(b.done->err());
         return out;
       }

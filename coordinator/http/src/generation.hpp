@@ -5,6 +5,8 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -39,9 +41,32 @@ struct generation_limits {
   const std::atomic<bool>* stopping = nullptr;  ///< set when the server shuts down
 };
 
+class token_queue;
+
+/// A request handed to the service, whose output has not been read yet.
+struct started_generation {
+  std::uint64_t id = 0;
+  std::shared_ptr<token_queue> sink;
+  std::chrono::steady_clock::time_point start;  ///< the deadline counts from here
+};
+
+started_generation start_generation(service::inference_service& service, const completion_request& request);
+
+/// Waits up to `hold` for the request's first output. When the request ended in an error before any
+/// token (rejected as overloaded, expired in the queue, invalid for the model), returns that outcome,
+/// counted in the metrics: a streaming response can then still answer with a status code instead of
+/// 200 and an error event. Otherwise nothing is consumed and run_generation goes on from here.
+std::optional<generation_outcome> failure_before_output(started_generation& g, gateway_metrics& metrics,
+                                                        std::chrono::steady_clock::duration hold);
+
 generation_outcome run_generation(service::inference_service& service, const tokenizer::tokenizer* tok,
                                   const completion_request& request, gateway_metrics& metrics,
                                   const generation_limits& limits, const generation_callbacks& callbacks);
+/// The same, for a request already started.
+generation_outcome run_generation(service::inference_service& service, started_generation g,
+                                  const tokenizer::tokenizer* tok, const completion_request& request,
+                                  gateway_metrics& metrics, const generation_limits& limits,
+                                  const generation_callbacks& callbacks);
 
 /// Holds back text that may be the start of a stop string; finds the first stop string.
 class stop_text {

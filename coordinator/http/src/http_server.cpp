@@ -208,6 +208,18 @@ class gateway final : public http_server {
     }
   };
 
+  /// A streaming request started before its status line; cancelled if the response never runs
+  /// (the client left before the headers went out), so the service does not generate for nobody.
+  struct started_stream {
+    service::inference_service& service;
+    started_generation g;
+    bool ran = false;
+    started_stream(service::inference_service& s, started_generation started) : service(s), g(std::move(started)) {}
+    ~started_stream() {
+      if (!ran) service.cancel(g.id);
+    }
+  };
+
   void generate(const httplib::Request& req, httplib::Response& res, bool chat) {
     auto parsed = parse_completion_request(req.body, chat, context_);
     if (auto* e = std::get_if<api_error>(&parsed)) {
@@ -234,10 +246,18 @@ class gateway final : public http_server {
                       "application/json");
       return;
     }
+    // The status line waits (up to the keep-alive interval) for the request's first output, so a
+    // request the server rejects at once (overloaded, expired in the queue) gets its 503/504 like a
+    // non-streaming one, not 200 and an error event. A later failure still travels as an event.
+    auto started = std::make_shared<started_stream>(service_, start_generation(service_, *request));
+    if (auto failed = failure_before_output(started->g, metrics_, std::chrono::seconds(2))) {
+      started->ran = true;  // it ended in the service already
+      return reply_error(res, failed->error);
+    }
     res.set_header("Cache-Control", "no-cache");
     res.set_header("X-Accel-Buffering", "no");
     res.set_chunked_content_provider(
-        "text/event-stream", [this, request, header, limits, slot](std::size_t, httplib::DataSink& sink) {
+        "text/event-stream", [this, request, header, limits, slot, started](std::size_t, httplib::DataSink& sink) {
           auto event = [&sink](const std::string& data) {
             const std::string e = "data: " + data + "\n\n";
             return sink.write(e.data(), e.size());
@@ -254,7 +274,8 @@ class gateway final : public http_server {
             static const std::string ping = ": keep-alive\n\n";  // an SSE comment: clients ignore it
             return sink.write(ping.data(), ping.size());
           };
-          auto out = run_generation(service_, tok_, *request, metrics_, limits, cb);
+          started->ran = true;
+          auto out = run_generation(service_, std::move(started->g), tok_, *request, metrics_, limits, cb);
           if (out.client_gone) return false;
           if (out.ok) {
             if (first && header.chat) event(chunk_body(header, "", {}, nullptr, true));
