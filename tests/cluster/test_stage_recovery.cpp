@@ -6,6 +6,7 @@
 #include <signal.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
@@ -175,6 +176,52 @@ TEST(stage_recovery, stage_that_keeps_dying_is_given_up_on) {
   EXPECT_NE(why.find("stage 1"), std::string::npos) << why;
   EXPECT_NE(why.find("giving up on it after 1 restarts"), std::string::npos) << why;
   EXPECT_FALSE(health_of(svc).ready);
+}
+
+// A replacement that dies before it joins (here the worker binary was swapped for a script that exits
+// 3) is a failed restart at once, not after serving.startup_timeout_s (60 s here): with
+// max_stage_restarts = 2 the cluster gives up after two such tries within a few heartbeats, naming
+// the stage and how its process ended.
+TEST(stage_recovery, replacement_that_never_joins_is_a_failed_restart) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("conveyor-broken-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const fs::path exe = dir / "conveyor";
+  fs::copy_file(CONVEYOR_BINARY, exe, fs::copy_options::overwrite_existing);
+  auto o = base_options("tiny-llama", 2);
+  o.executable = exe.string();
+  o.step_delay_us = 20000;
+  o.max_stage_restarts = 2;
+  {
+    auto c = cluster::start(o);
+    ASSERT_TRUE(c.ok()) << c.err().message;
+    auto& svc = (*c)->service();
+    service::generate_request r;
+    r.prompt = {1, 2, 3};
+    r.max_new_tokens = 400;
+    r.ignore_eos = true;
+    auto sink = std::make_shared<collecting_sink>();
+    svc.submit(r, sink);
+    ASSERT_TRUE(sink->wait_tokens(2));
+    fs::remove(exe);  // the running workers keep their image; a new one gets the script
+    {
+      std::ofstream f(exe);
+      f << "#!/bin/sh\necho 'conveyor: broken on purpose by the test' >&2\nexit 3\n";
+    }
+    fs::permissions(exe, fs::perms::owner_all);
+    const auto t0 = clock::now();
+    ::kill((*c)->worker_pids()[1], SIGKILL);
+    ASSERT_TRUE(sink->wait(30)) << "request hung while the replacement never joined";
+    const double took = std::chrono::duration<double>(clock::now() - t0).count();
+    EXPECT_LT(took, 15.0) << "waited for the start-up timeout instead of noticing the exit";
+    ASSERT_FALSE(sink->done->ok());
+    const auto& why = sink->done->err().message;
+    EXPECT_NE(why.find("stage 1"), std::string::npos) << why;
+    EXPECT_NE(why.find("exited with status 3 before it joined"), std::string::npos) << why;
+    EXPECT_NE(why.find("giving up on it after 2 restarts"), std::string::npos) << why;
+    EXPECT_FALSE(health_of(svc).ready);
+  }
+  fs::remove_all(dir);
 }
 
 // transport.max_frame_bytes reaches the workers: a prompt whose activations (tokens x 128 floats)

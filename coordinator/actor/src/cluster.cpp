@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <cstdio>
@@ -104,6 +105,7 @@ class cluster_impl final : public cluster {
   status boot(coordinator_setup setup, const service::model_info& info) {
     std::unique_lock lock(mu_);  // the coordinator may restart a stage as soon as it exists
     setup.restart_stage = [this](int stage) { return restart(stage); };
+    setup.stage_process_ended = [this](int stage) { return process_ended(stage); };
     coordinator_ = spawn_coordinator(*sys_, setup);
     service_ = std::make_unique<cluster_service>(coordinator_, info);
     auto port = sys_->middleman().publish(coordinator_, options_.cluster_port, options_.cluster_host.c_str(), true);
@@ -203,6 +205,16 @@ class cluster_impl final : public cluster {
     current_pids_[index] = *pid;
     progress(processes_[index].label + ": restarted (pid " + std::to_string(*pid) + " on this machine)");
     return static_cast<int>(*pid);
+  }
+
+  /// How the current process of `stage` ended, once it has.
+  std::optional<std::string> process_ended(int stage) {
+    std::lock_guard lock(mu_);
+    for (std::size_t i = 0; i < processes_.size(); ++i) {
+      const auto& st = processes_[i].stages;
+      if (std::find(st.begin(), st.end(), stage) != st.end()) return launcher_.ended(current_pids_[i]);
+    }
+    return std::nullopt;
   }
 
   void progress(const std::string& line) const {

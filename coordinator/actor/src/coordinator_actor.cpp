@@ -367,6 +367,16 @@ void stage_lost(coord_actor* self, std::size_t k, const std::string& why) {
 void heartbeat(coord_actor* self) {
   auto& st = self->state;
   const auto now = std::chrono::steady_clock::now();
+  // A replacement that has not joined yet has no actor to monitor: watch its process instead.
+  if (st.recovery.active && st.setup.stage_process_ended) {
+    const auto k = static_cast<std::size_t>(st.recovery.stage);
+    auto& w = st.workers[k];
+    if (!w.handle) {
+      if (auto how = st.setup.stage_process_ended(st.recovery.stage)) {
+        stage_lost(self, k, "replacement (pid " + std::to_string(w.pid) + ") " + *how + " before it joined the coordinator");
+      }
+    }
+  }
   for (std::size_t k = 0; k < st.workers.size(); ++k) {
     auto& w = st.workers[k];
     if (!w.handle || w.state == "failed") continue;

@@ -1,6 +1,7 @@
 #pragma once
 // The coordinator actor (CAF; included by the actor TUs only).
 #include <functional>
+#include <optional>
 #include <memory>
 
 #include "caf/all.hpp"
@@ -38,6 +39,10 @@ struct coordinator_setup {
   /// Starts a new worker process for stage k (after stopping what is left of the old one); its pid.
   /// Called inside the actor. Empty = stages cannot be restarted.
   std::function<result<int>(int)> restart_stage;
+  /// How the process started for stage k ended, once it has (nothing while it runs): lets a
+  /// replacement that dies before it joins count as a failed restart at once, not after the
+  /// start-up timeout. Called inside the actor. Empty = not watched.
+  std::function<std::optional<std::string>(int)> stage_process_ended;
   /// Speculative decoding's draft model (options.spec_k > 0), in this process: the scheduler asks
   /// it for draft tokens while it plans a step. TODO(perf): draft on its own thread, so the actor
   /// keeps answering while the draft runs.

@@ -111,16 +111,32 @@ void worker_launcher::reap(child& c, bool block) {
   if (r == c.pid || (r < 0 && errno == ECHILD)) c.reaped = true;
 }
 
+namespace {
+std::string how_it_ended(int status) {
+  return WIFEXITED(status)     ? "exited with status " + std::to_string(WEXITSTATUS(status))
+         : WIFSIGNALED(status) ? "was killed by signal " + std::to_string(WTERMSIG(status))
+                               : "ended";
+}
+}  // namespace
+
 std::optional<worker_launcher::exit_report> worker_launcher::poll_exit() {
   for (std::size_t i = 0; i < children_.size(); ++i) {
     auto& c = children_[i];
     reap(c, false);
     if (!c.reaped || c.reported) continue;
     c.reported = true;
-    std::string how = WIFEXITED(c.status)     ? "exited with status " + std::to_string(WEXITSTATUS(c.status))
-                      : WIFSIGNALED(c.status) ? "was killed by signal " + std::to_string(WTERMSIG(c.status))
-                                              : "ended";
-    return exit_report{i, how};
+    return exit_report{i, how_it_ended(c.status)};
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> worker_launcher::ended(pid_t pid) {
+  for (auto it = children_.rbegin(); it != children_.rend(); ++it) {
+    if (it->pid != pid) continue;
+    reap(*it, false);
+    if (!it->reaped) return std::nullopt;
+    it->reported = true;
+    return how_it_ended(it->status);
   }
   return std::nullopt;
 }

@@ -37,6 +37,8 @@ class worker_launcher {
     std::string how;
   };
   std::optional<exit_report> poll_exit();
+  /// How process `pid` (one this launcher started) ended, once it has; nothing while it runs.
+  std::optional<std::string> ended(pid_t pid);
 
   /// Waits up to `grace` for every process to exit, closes their stdin, then stops the rest
   /// (SIGTERM to their groups, SIGKILL a second later) and reaps them.
