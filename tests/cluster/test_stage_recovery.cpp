@@ -51,6 +51,17 @@ struct load {
   }
 };
 
+/// One request of 400 tokens: with a per-step delay it is still running when a stage is killed.
+std::shared_ptr<collecting_sink> long_request(service::inference_service& svc) {
+  service::generate_request r;
+  r.prompt = {1, 2, 3};
+  r.max_new_tokens = 400;
+  r.ignore_eos = true;
+  auto sink = std::make_shared<collecting_sink>();
+  svc.submit(r, sink);
+  return sink;
+}
+
 /// Which stage dies, and the UCX transports between stages.
 struct fault {
   int victim;
@@ -154,12 +165,7 @@ TEST(stage_recovery, stage_that_keeps_dying_is_given_up_on) {
   auto c = cluster::start(o);
   ASSERT_TRUE(c.ok()) << c.err().message;
   auto& svc = (*c)->service();
-  service::generate_request r;
-  r.prompt = {1, 2, 3};
-  r.max_new_tokens = 400;
-  r.ignore_eos = true;
-  auto sink = std::make_shared<collecting_sink>();
-  svc.submit(r, sink);
+  auto sink = long_request(svc);
   ASSERT_TRUE(sink->wait_tokens(2));
   ::kill((*c)->worker_pids()[1], SIGKILL);
   ASSERT_TRUE(seconds_until(svc, [](const service::health_report& h) { return !h.ready; }, 5.0));
@@ -196,12 +202,7 @@ TEST(stage_recovery, replacement_that_never_joins_is_a_failed_restart) {
     auto c = cluster::start(o);
     ASSERT_TRUE(c.ok()) << c.err().message;
     auto& svc = (*c)->service();
-    service::generate_request r;
-    r.prompt = {1, 2, 3};
-    r.max_new_tokens = 400;
-    r.ignore_eos = true;
-    auto sink = std::make_shared<collecting_sink>();
-    svc.submit(r, sink);
+    auto sink = long_request(svc);
     ASSERT_TRUE(sink->wait_tokens(2));
     fs::remove(exe);  // the running workers keep their image; a new one gets the script
     {
