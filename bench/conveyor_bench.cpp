@@ -184,7 +184,7 @@ std::vector<variant> all_variants() {
   kernels::cuda_backend_options o;  // the defaults
   v.push_back({"all", o});
   kernels::cuda_backend_options base = o;
-  base.graphs = base.small_gemm = base.fuse = base.pdl = base.gqa_decode = base.tc_prefill = false;
+  base.graphs = base.small_gemm = base.fuse = base.pdl = base.gqa_decode = base.tc_prefill = base.gemm_tune = false;
   v.push_back({"base", base});
   kernels::cuda_backend_options graphs = base;
   graphs.graphs = true;
@@ -216,6 +216,9 @@ std::vector<variant> all_variants() {
   kernels::cuda_backend_options all_nopdl = o;
   all_nopdl.pdl = false;
   v.push_back({"nopdl", all_nopdl});
+  kernels::cuda_backend_options notune = o;  // cublasGemmEx's own algorithm for every linear
+  notune.gemm_tune = false;
+  v.push_back({"notune", notune});
   kernels::cuda_backend_options novec = o;
   novec.vec_decode = false;
   v.push_back({"novec", novec});

@@ -21,6 +21,7 @@
 #include "check.hpp"
 #include "conveyor/kernels/sampling.hpp"
 #include "launch.hpp"
+#include "lt_gemm.hpp"
 #include "quant_launch.hpp"
 
 namespace conveyor::kernels {
@@ -66,6 +67,7 @@ class cuda_backend final : public backend {
       if (slot.done != nullptr) cudaEventDestroy(slot.done);
     }
     if (counter_ != nullptr) cudaFree(counter_);
+    lt_.reset();
     if (cublas_ != nullptr) cublasDestroy(cublas_);
     for (void* p : {cublas_ws_, quant_scratch_, static_cast<void*>(partials_), static_cast<void*>(params_dev_),
                     static_cast<void*>(tokens_dev_)}) {
@@ -214,8 +216,15 @@ class cuda_backend final : public backend {
       return small_linear(x, n, w, bias, out);
     }
     flush();
-    const float one = 1.0f, zero = 0.0f;
     const int rows = static_cast<int>(w.rows), cols = static_cast<int>(w.cols);
+    // Decode batch sizes: the algorithm timed fastest for this shape (lt_gemm.hpp); prefill keeps
+    // cublasGemmEx's choice, which ran at ~755 TFLOP/s there.
+    if (lt_ != nullptr && t_ == dtype::bf16 && w.type == dtype::bf16 && n <= gemm_tune_max_n &&
+        lt_->run(w.data, x, out, rows, n, cols, stream_, capturing_, partials_, partial_floats_ * sizeof(float))) {
+      if (!bias.empty()) launch_add_bias(t_, out, static_cast<const float*>(bias.data), n, rows, stream_);
+      return;
+    }
+    const float one = 1.0f, zero = 0.0f;
     CONVEYOR_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, w.data,
                                        cuda_type(w.type), cols, x, cuda_type(t_), cols, &zero, out, cuda_type(t_),
                                        rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
@@ -448,7 +457,7 @@ class cuda_backend final : public backend {
   explicit cuda_backend(const cuda_backend_options& o)
       : device_(o.device), t_(o.compute_dtype), rows_per_pass_(o.sample_rows_per_pass), graphs_(o.graphs),
         small_gemm_(o.small_gemm), fuse_(o.fuse), fuse_norm_(o.fuse_norm), pdl_(o.pdl),
-        gemv_cap_grid_(o.gemv_cap_grid) {
+        gemv_cap_grid_(o.gemv_cap_grid), gemm_tune_(o.gemm_tune) {
     tune_.gqa_decode = o.gqa_decode;
     tune_.tc_prefill = o.tc_prefill;
     tune_.vec_decode = o.vec_decode;
@@ -488,6 +497,7 @@ class cuda_backend final : public backend {
       return make_error(errc::out_of_memory, "CUDA backend: no device memory for its workspace");
     }
     CONVEYOR_CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_ws_, cublas_ws_bytes));
+    if (gemm_tune_) lt_ = std::make_unique<lt_gemm>(cublas_ws_, cublas_ws_bytes);
     counter_ = static_cast<unsigned*>(alloc(256));
     if (counter_ == nullptr) return make_error(errc::out_of_memory, "CUDA backend: no device memory for its workspace");
     CONVEYOR_CUDA_CHECK(cudaMemset(counter_, 0, 256));
@@ -563,7 +573,10 @@ class cuda_backend final : public backend {
   int device_;
   dtype t_;
   int rows_per_pass_;
-  bool graphs_, small_gemm_, fuse_, fuse_norm_, pdl_, gemv_cap_grid_;
+  bool graphs_, small_gemm_, fuse_, fuse_norm_, pdl_, gemv_cap_grid_, gemm_tune_;
+  /// Token counts up to this go through lt_ (decode steps; the largest batch bucket measured).
+  static constexpr int gemm_tune_max_n = 256;
+  std::unique_ptr<lt_gemm> lt_;
   attention_tuning tune_;
   held_op held_;
   bool capturing_ = false;

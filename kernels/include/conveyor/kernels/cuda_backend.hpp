@@ -39,6 +39,9 @@ struct cuda_backend_options {
   /// with gqa_decode, bf16, head_dim 64/128: a warp loads its 32 keys' K and V rows at once (16-byte loads)
   bool vec_decode = true;
   bool tc_prefill = true;  ///< bf16 prefill attention on tensor cores (head_dim 64 or 128)
+  /// bf16 linears of ≤ 256 tokens through cuBLASLt, with the algorithm timed fastest for the shape
+  /// at its first call (cuBLAS's own choice among the candidates); off: cublasGemmEx's choice.
+  bool gemm_tune = true;
 };
 
 /// Creates a backend on `options.device`: one stream, one cuBLAS handle, workspace allocated here.
