@@ -219,6 +219,12 @@ std::vector<variant> all_variants() {
   kernels::cuda_backend_options notune = o;  // cublasGemmEx's own algorithm for every linear
   notune.gemm_tune = false;
   v.push_back({"notune", notune});
+  kernels::cuda_backend_options nofuseattn = o;  // rope_kv as its own kernel again
+  nofuseattn.fuse_attention = false;
+  v.push_back({"nofuseattn", nofuseattn});
+  kernels::cuda_backend_options s2 = o;  // session 2's defaults (neither of the two above)
+  s2.fuse_attention = s2.gemm_tune = false;
+  v.push_back({"s2", s2});
   kernels::cuda_backend_options novec = o;
   novec.vec_decode = false;
   v.push_back({"novec", novec});

@@ -464,12 +464,17 @@ __global__ void __launch_bounds__(block_threads) decode_gqa_kernel(
 // it loaded, and the lanes holding the same dimensions are summed at the end.
 // Registers capped for the 1B shape (D 64, G 4): uncapped it took 145, three blocks an SM, and the
 // 512 blocks of batch 64 ran as two waves.
-template <int D, int G>
+// ROPE (launch_gqa: one split per sequence, one row per sequence): the block first does rope_kv_kernel's
+// work for its row's G query heads and its KV head (same rounding), writes the roped heads back to
+// qkv and the new key's K and V rows to their cache slot, and reads them back in its key loop: no
+// other block touches that row's heads or slot, and __syncthreads orders the block's own global
+// writes before its reads.
+template <int D, int G, bool ROPE>
 __global__ void __launch_bounds__(block_threads, (D == 64 && G == 4) ? 4 : 1) decode_gqa_vec_kernel(
     const __nv_bfloat16* qkv, int heads, int kv_heads, float scale, int window, const std::int32_t* q_start,
     const std::int32_t* ctx_len, const std::int32_t* block_table, int table_stride, int block_size,
     const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache, int split_len, float* partials,
-    __nv_bfloat16* out) {
+    __nv_bfloat16* out, attention_rope_kv rope) {
   constexpr int KC = D / 8;       // 16-byte chunks of a row
   constexpr int RPI = 32 / KC;    // V rows one warp-wide load covers (4 or 2)
   constexpr int VL = 32 / RPI;    // V loads per lane for 32 keys
@@ -487,9 +492,41 @@ __global__ void __launch_bounds__(block_threads, (D == 64 && G == 4) ? 4 : 1) de
   const int width = (heads + 2 * kv_heads) * D;
   const int h0 = kvh * G;
   const std::int32_t* table = block_table + static_cast<std::size_t>(seq) * table_stride;
-  for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
-    const int g = idx / D, d = idx % D;
-    q_s[g][d] = to_f32(qkv[static_cast<std::size_t>(row) * width + (h0 + g) * D + d]) * scale;
+  if constexpr (ROPE) {
+    constexpr int half = D / 2;
+    __nv_bfloat16* qrow = static_cast<__nv_bfloat16*>(rope.qkv) + static_cast<std::size_t>(row) * width;
+    const float position = static_cast<float>(rope.positions[row]);
+    const std::size_t slot = static_cast<std::size_t>(rope.slots[row]) * kv_heads + kvh;
+    for (int idx = threadIdx.x; idx < (G + 1) * half; idx += blockDim.x) {
+      const int g = idx / half, i = idx % half;  // g == G: the KV head
+      const float angle = position * rope.inv_freq[i];
+      double sn, cs;
+      sincos(static_cast<double>(angle), &sn, &cs);
+      const float cos_v = static_cast<float>(cs) * rope.scaling, sin_v = static_cast<float>(sn) * rope.scaling;
+      __nv_bfloat16* x = qrow + (g < G ? h0 + g : heads + kvh) * D;
+      const float xa = __bfloat162float(x[i]), xb = __bfloat162float(x[i + half]);
+      const __nv_bfloat16 a = __float2bfloat16_rn(xa * cos_v - xb * sin_v);
+      const __nv_bfloat16 b = __float2bfloat16_rn(xb * cos_v + xa * sin_v);
+      x[i] = a;
+      x[i + half] = b;
+      if (g < G) {
+        q_s[g][i] = __bfloat162float(a) * scale;
+        q_s[g][i + half] = __bfloat162float(b) * scale;
+      } else {
+        __nv_bfloat16* kd = static_cast<__nv_bfloat16*>(rope.k_cache) + slot * D;
+        __nv_bfloat16* vd = static_cast<__nv_bfloat16*>(rope.v_cache) + slot * D;
+        const __nv_bfloat16* vs = qrow + (heads + kv_heads + kvh) * D;
+        kd[i] = a;
+        kd[i + half] = b;
+        vd[i] = vs[i];
+        vd[i + half] = vs[i + half];
+      }
+    }
+  } else {
+    for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
+      const int g = idx / D, d = idx % D;
+      q_s[g][d] = to_f32(qkv[static_cast<std::size_t>(row) * width + (h0 + g) * D + d]) * scale;
+    }
   }
   __syncthreads();
 
@@ -851,10 +888,16 @@ __global__ void combine_kernel(const std::int32_t* q_start, int heads, int head_
   out[static_cast<std::size_t>(row) * heads * head_dim + h * head_dim + d] = from_f32<T>(acc / l_all);
 }
 
+/// The rope_kv the caller handed over, run on its own (where the attention kernel cannot take it).
+void run_rope_kv(const attention_rope_kv& r, dtype t, const attn_shape& sh, const attention_tuning& tune,
+                 cudaStream_t s) {
+  launch_rope_kv(t, r.qkv, r.n, sh, r.positions, r.inv_freq, r.scaling, r.slots, r.k_cache, r.v_cache, s, tune.pdl);
+}
+
 template <class T, int DC, int G>
 void launch_gqa(const T* qkv, const attn_shape& sh, const attention_batch& b, const kv_layout& layout, const T* k,
                 const T* v, T* out, float* partials, std::size_t partial_floats, int num_sms,
-                const attention_tuning& tune, cudaStream_t s) {
+                const attention_tuning& tune, cudaStream_t s, const attention_rope_kv* rope) {
   const int D = sh.head_dim;
   const int base_blocks = b.num_seqs * sh.num_kv_heads;
   int splits = std::max(1, (2 * num_sms + base_blocks - 1) / base_blocks);
@@ -867,12 +910,22 @@ void launch_gqa(const T* qkv, const attn_shape& sh, const attention_batch& b, co
   bool launched = false;
   if constexpr (std::is_same_v<T, __nv_bfloat16> && (DC == 2 || (DC == 4 && G <= 4))) {
     if (tune.vec_decode && D == 32 * DC) {
-      launch_k(tune.pdl, decode_gqa_vec_kernel<32 * DC, G>, grid, dim3(block_threads), 0, s, qkv, sh.num_heads,
-               sh.num_kv_heads, sh.scale, sh.sliding_window, b.q_start, b.ctx_len, b.block_table,
-               b.max_blocks_per_seq, layout.block_size, k, v, split_len, partials, out);
+      if (rope != nullptr && splits == 1 && rope->n == b.num_seqs) {
+        launch_k(tune.pdl, decode_gqa_vec_kernel<32 * DC, G, true>, grid, dim3(block_threads), 0, s, qkv,
+                 sh.num_heads, sh.num_kv_heads, sh.scale, sh.sliding_window, b.q_start, b.ctx_len, b.block_table,
+                 b.max_blocks_per_seq, layout.block_size, k, v, split_len, partials, out, *rope);
+        rope = nullptr;
+      } else {
+        if (rope != nullptr) run_rope_kv(*rope, dtype::bf16, sh, tune, s);
+        rope = nullptr;
+        launch_k(tune.pdl, decode_gqa_vec_kernel<32 * DC, G, false>, grid, dim3(block_threads), 0, s, qkv,
+                 sh.num_heads, sh.num_kv_heads, sh.scale, sh.sliding_window, b.q_start, b.ctx_len, b.block_table,
+                 b.max_blocks_per_seq, layout.block_size, k, v, split_len, partials, out, attention_rope_kv{});
+      }
       launched = true;
     }
   }
+  if (rope != nullptr) run_rope_kv(*rope, std::is_same_v<T, float> ? dtype::f32 : dtype::bf16, sh, tune, s);
   if (!launched) {
     launch_k(tune.pdl, decode_gqa_kernel<T, DC, G>, grid, dim3(block_threads), 0, s, qkv, sh.num_heads,
              sh.num_kv_heads, D, sh.scale, sh.sliding_window, b.q_start, b.ctx_len, b.block_table,
@@ -890,22 +943,22 @@ void launch_gqa(const T* qkv, const attn_shape& sh, const attention_batch& b, co
 template <class T, int DC>
 bool try_gqa(const T* qkv, const attn_shape& sh, const attention_batch& b, const kv_layout& layout, const T* k,
              const T* v, T* out, float* partials, std::size_t partial_floats, int num_sms,
-             const attention_tuning& tune, cudaStream_t s) {
+             const attention_tuning& tune, cudaStream_t s, const attention_rope_kv* rope) {
   if (sh.num_kv_heads <= 0 || sh.num_heads % sh.num_kv_heads != 0) return false;
   const int group = sh.num_heads / sh.num_kv_heads;
   if (group == 2) {
-    launch_gqa<T, DC, 2>(qkv, sh, b, layout, k, v, out, partials, partial_floats, num_sms, tune, s);
+    launch_gqa<T, DC, 2>(qkv, sh, b, layout, k, v, out, partials, partial_floats, num_sms, tune, s, rope);
     return true;
   }
   if constexpr (DC <= 4) {
     if (group == 4) {
-      launch_gqa<T, DC, 4>(qkv, sh, b, layout, k, v, out, partials, partial_floats, num_sms, tune, s);
+      launch_gqa<T, DC, 4>(qkv, sh, b, layout, k, v, out, partials, partial_floats, num_sms, tune, s, rope);
       return true;
     }
   }
   if constexpr (DC <= 2) {
     if (group == 8) {
-      launch_gqa<T, DC, 8>(qkv, sh, b, layout, k, v, out, partials, partial_floats, num_sms, tune, s);
+      launch_gqa<T, DC, 8>(qkv, sh, b, layout, k, v, out, partials, partial_floats, num_sms, tune, s, rope);
       return true;
     }
   }
@@ -915,12 +968,13 @@ bool try_gqa(const T* qkv, const attn_shape& sh, const attention_batch& b, const
 template <class T, int DC>
 void run(const T* qkv, const attn_shape& sh, const attention_batch& b, const kv_layout& layout, const T* k,
          const T* v, T* out, float* partials, std::size_t partial_floats, int num_sms, const attention_tuning& tune,
-         cudaStream_t s) {
+         cudaStream_t s, const attention_rope_kv* rope) {
   const int D = sh.head_dim;
   if (b.max_q_len == 1 && tune.gqa_decode &&
-      try_gqa<T, DC>(qkv, sh, b, layout, k, v, out, partials, partial_floats, num_sms, tune, s)) {
+      try_gqa<T, DC>(qkv, sh, b, layout, k, v, out, partials, partial_floats, num_sms, tune, s, rope)) {
     return;
   }
+  if (rope != nullptr) run_rope_kv(*rope, std::is_same_v<T, float> ? dtype::f32 : dtype::bf16, sh, tune, s);
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
     if (b.max_q_len > 1 && tune.tc_prefill && sh.num_kv_heads > 0 && sh.num_heads % sh.num_kv_heads == 0 &&
         (D == 64 || D == 128)) {
@@ -970,11 +1024,11 @@ void run(const T* qkv, const attn_shape& sh, const attention_batch& b, const kv_
 template <class T>
 void run_t(const void* qkv, const attn_shape& sh, const attention_batch& b, const kv_layout& layout,
            const void* k, const void* v, void* out, float* partials, std::size_t partial_floats, int num_sms,
-           const attention_tuning& tune, cudaStream_t s) {
+           const attention_tuning& tune, cudaStream_t s, const attention_rope_kv* rope) {
   auto go = [&](auto dc) {
     run<T, decltype(dc)::value>(static_cast<const T*>(qkv), sh, b, layout, static_cast<const T*>(k),
                                 static_cast<const T*>(v), static_cast<T*>(out), partials, partial_floats, num_sms,
-                                tune, s);
+                                tune, s, rope);
   };
   const int D = sh.head_dim;
   if (D <= 32) go(std::integral_constant<int, 1>{});
@@ -993,16 +1047,20 @@ std::size_t attention_partial_floats(int num_seqs, int num_heads, int head_dim, 
 void launch_attention(dtype t, const void* qkv, const attn_shape& shape, const attention_batch& batch,
                       const kv_layout& layout, const void* k_cache, const void* v_cache, void* out,
                       float* partials, std::size_t partial_floats, int num_sms, const attention_tuning& tune,
-                      cudaStream_t s) {
+                      cudaStream_t s, const attention_rope_kv* rope) {
+  if (rope != nullptr && (batch.num_seqs <= 0 || batch.max_q_len <= 0)) {
+    run_rope_kv(*rope, t, shape, tune, s);
+    rope = nullptr;
+  }
   if (batch.num_seqs <= 0 || batch.max_q_len <= 0) return;
   if (shape.head_dim > 256 || shape.head_dim <= 0) {
     fail_cuda("attention", "head_dim above 256 is not implemented", __FILE__, __LINE__);
   }
   if (t == dtype::bf16) {
     run_t<__nv_bfloat16>(qkv, shape, batch, layout, k_cache, v_cache, out, partials, partial_floats, num_sms, tune,
-                         s);
+                         s, rope);
   } else {
-    run_t<float>(qkv, shape, batch, layout, k_cache, v_cache, out, partials, partial_floats, num_sms, tune, s);
+    run_t<float>(qkv, shape, batch, layout, k_cache, v_cache, out, partials, partial_floats, num_sms, tune, s, rope);
   }
 }
 

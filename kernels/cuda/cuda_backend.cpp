@@ -5,6 +5,7 @@
 // silu_mul) is held back until the next call. If that call consumes its output (kv_write, or a small
 // linear), the two run as one kernel; any other call first runs the held op on its own. So the
 // engine keeps issuing plain ops (with everything on, a decode layer is 6 launches instead of 11).
+// With fuse_attention the rope + kv_write pair is held once more, for the decode attention kernel.
 // Held ops wait only for the next backend call, and the outputs they leave in memory are those of
 // the op-by-op path.
 #include "conveyor/kernels/cuda_backend.hpp"
@@ -247,6 +248,13 @@ class cuda_backend final : public backend {
     set_device();
     if (held_.kind == held_kind::rope && held_.a == qkv && held_.n == n && held_.shape.num_heads == shape.num_heads &&
         held_.shape.num_kv_heads == shape.num_kv_heads && held_.shape.head_dim == shape.head_dim) {
+      if (fuse_attention_) {  // the decode attention may take both (launch_attention decides)
+        held_.kind = held_kind::rope_kv;
+        held_.slots = slots;
+        held_.k_cache = k_cache;
+        held_.v_cache = v_cache;
+        return;
+      }
       const held_op h = held_;
       held_.kind = held_kind::none;
       launch_rope_kv(t_, h.a, n, h.shape, h.positions, h.inv_freq, h.scaling, slots, k_cache, v_cache, stream_, pdl_);
@@ -257,8 +265,18 @@ class cuda_backend final : public backend {
   }
   void attention(const void* qkv, const attn_shape& shape, const attention_batch& batch, const kv_layout& layout,
                  const void* k_cache, const void* v_cache, void* out) override {
-    flush();
     set_device();
+    const held_op& h = held_;
+    if (h.kind == held_kind::rope_kv && h.a == qkv && h.k_cache == k_cache && h.v_cache == v_cache &&
+        h.shape.num_heads == shape.num_heads && h.shape.num_kv_heads == shape.num_kv_heads &&
+        h.shape.head_dim == shape.head_dim) {
+      const attention_rope_kv rope{h.a, h.n, h.positions, h.inv_freq, h.scaling, h.slots, h.k_cache, h.v_cache};
+      held_.kind = held_kind::none;
+      launch_attention(t_, qkv, shape, batch, layout, k_cache, v_cache, out, partials_, partial_floats_, num_sms_,
+                       tune_, stream_, &rope);
+      return;
+    }
+    flush();
     launch_attention(t_, qkv, shape, batch, layout, k_cache, v_cache, out, partials_, partial_floats_, num_sms_,
                      tune_, stream_);
   }
@@ -349,9 +367,10 @@ class cuda_backend final : public backend {
   }
 
  private:
-  enum class held_kind { none, norm, silu, rope };
+  enum class held_kind { none, norm, silu, rope, rope_kv };
   /// An op held back for fusion with the next call. norm: out = rmsnorm(a (+= b when b is set)) * w;
-  /// silu: out = silu_mul(a) with width = ffn; rope: rope of the qkv rows at a.
+  /// silu: out = silu_mul(a) with width = ffn; rope: rope of the qkv rows at a; rope_kv: that rope
+  /// and the kv_write after it (slots, caches), for the decode attention to do.
   struct held_op {
     held_kind kind = held_kind::none;
     void* a = nullptr;
@@ -365,6 +384,9 @@ class cuda_backend final : public backend {
     const std::int32_t* positions = nullptr;
     const float* inv_freq = nullptr;
     float scaling = 1.0f;
+    const std::int32_t* slots = nullptr;
+    void* k_cache = nullptr;
+    void* v_cache = nullptr;
   };
 
   /// rope waits for kv_write; rmsnorm and silu_mul wait for a small linear only where one takes them.
@@ -388,6 +410,10 @@ class cuda_backend final : public backend {
         break;
       case held_kind::silu: launch_silu_mul(t_, h.a, h.n, h.width, h.out, stream_, pdl_); break;
       case held_kind::rope: launch_rope(t_, h.a, h.n, h.shape, h.positions, h.inv_freq, h.scaling, stream_); break;
+      case held_kind::rope_kv:
+        launch_rope_kv(t_, h.a, h.n, h.shape, h.positions, h.inv_freq, h.scaling, h.slots, h.k_cache, h.v_cache,
+                       stream_, pdl_);
+        break;
       case held_kind::none: break;
     }
   }
@@ -457,7 +483,7 @@ class cuda_backend final : public backend {
   explicit cuda_backend(const cuda_backend_options& o)
       : device_(o.device), t_(o.compute_dtype), rows_per_pass_(o.sample_rows_per_pass), graphs_(o.graphs),
         small_gemm_(o.small_gemm), fuse_(o.fuse), fuse_norm_(o.fuse_norm), pdl_(o.pdl),
-        gemv_cap_grid_(o.gemv_cap_grid), gemm_tune_(o.gemm_tune) {
+        gemv_cap_grid_(o.gemv_cap_grid), gemm_tune_(o.gemm_tune), fuse_attention_(o.fuse && o.fuse_attention) {
     tune_.gqa_decode = o.gqa_decode;
     tune_.tc_prefill = o.tc_prefill;
     tune_.vec_decode = o.vec_decode;
@@ -573,7 +599,7 @@ class cuda_backend final : public backend {
   int device_;
   dtype t_;
   int rows_per_pass_;
-  bool graphs_, small_gemm_, fuse_, fuse_norm_, pdl_, gemv_cap_grid_, gemm_tune_;
+  bool graphs_, small_gemm_, fuse_, fuse_norm_, pdl_, gemv_cap_grid_, gemm_tune_, fuse_attention_;
   /// Token counts up to this go through lt_ (decode steps; the largest batch bucket measured).
   static constexpr int gemm_tune_max_n = 256;
   std::unique_ptr<lt_gemm> lt_;

@@ -29,6 +29,9 @@ struct cuda_backend_options {
   bool small_gemm = false;
   bool fuse = true;         ///< bf16: rope into kv_write; with small_gemm also rmsnorm / silu_mul into the GEMV
   bool fuse_norm = true;    ///< with small_gemm and fuse: rmsnorm into a GEMV that runs as one wave
+  /// with fuse: rope + kv_write of a decode step done by the grouped decode attention kernel (bf16,
+  /// one split per sequence), one launch fewer a layer
+  bool fuse_attention = true;
   /// with small_gemm: a GEMV of more tiles than fit at once runs on the resident blocks, each looping
   /// over tiles (off: one block per tile). Not yet ablated in wall time (bench/NOTES.md, session 2).
   bool gemv_cap_grid = true;
