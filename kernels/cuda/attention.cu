@@ -469,8 +469,12 @@ __global__ void __launch_bounds__(block_threads) decode_gqa_kernel(
 // qkv and the new key's K and V rows to their cache slot, and reads them back in its key loop: no
 // other block touches that row's heads or slot, and __syncthreads orders the block's own global
 // writes before its reads.
-template <int D, int G, bool ROPE>
-__global__ void __launch_bounds__(block_threads, (D == 64 && G == 4) ? 4 : 1) decode_gqa_vec_kernel(
+// W warps a block: 4 where the grid fills the GPU (batch 64: 512 blocks, registers allow 4 an SM);
+// 16 where it has fewer blocks than SMs (batch 1 and 8): a warp's 32 keys are a long dependent chain
+// (~3 µs: the loads, then ~800 instructions), so there each warp gets one chunk of up to 512 keys
+// instead of several (batch 1 spent 9.6 µs a layer here with 4 warps and 192 keys).
+template <int D, int G, bool ROPE, int W>
+__global__ void __launch_bounds__(W * 32, (W == 4 && D == 64 && G == 4) ? 4 : 1) decode_gqa_vec_kernel(
     const __nv_bfloat16* qkv, int heads, int kv_heads, float scale, int window, const std::int32_t* q_start,
     const std::int32_t* ctx_len, const std::int32_t* block_table, int table_stride, int block_size,
     const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache, int split_len, float* partials,
@@ -479,8 +483,8 @@ __global__ void __launch_bounds__(block_threads, (D == 64 && G == 4) ? 4 : 1) de
   constexpr int RPI = 32 / KC;    // V rows one warp-wide load covers (4 or 2)
   constexpr int VL = 32 / RPI;    // V loads per lane for 32 keys
   __shared__ __align__(16) float q_s[G][D];
-  __shared__ float m_s[warps][G], l_s[warps][G];
-  __shared__ float o_s[warps][G][D];
+  __shared__ float m_s[W][G], l_s[W][G];
+  __shared__ float o_s[W][G][D];
   grid_dep_wait();
   grid_dep_trigger();
   const int split = blockIdx.x, splits = gridDim.x, kvh = blockIdx.y, seq = blockIdx.z;
@@ -540,7 +544,7 @@ __global__ void __launch_bounds__(block_threads, (D == 64 && G == 4) ? 4 : 1) de
 #pragma unroll
     for (int e = 0; e < 8; ++e) o[g][e] = 0.0f;
   }
-  for (int k0 = begin + warp * 32; k0 < end; k0 += warps * 32) {
+  for (int k0 = begin + warp * 32; k0 < end; k0 += W * 32) {
     const int j = k0 + lane;
     const bool valid = j < end;
     const std::size_t at = valid ? cache_index(table, block_size, j, kv_heads, kvh, D) : 0;
@@ -629,9 +633,9 @@ __global__ void __launch_bounds__(block_threads, (D == 64 && G == 4) ? 4 : 1) de
   for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
     const int g = idx / D, d = idx % D;
     float m_all = -INFINITY;
-    for (int w = 0; w < warps; ++w) m_all = fmaxf(m_all, m_s[w][g]);
+    for (int w = 0; w < W; ++w) m_all = fmaxf(m_all, m_s[w][g]);
     float l_all = 0.0f, acc = 0.0f;
-    for (int w = 0; w < warps; ++w) {
+    for (int w = 0; w < W; ++w) {
       const float f = exp_diff(m_s[w][g], m_all);
       l_all += l_s[w][g] * f;
       acc += o_s[w][g][d] * f;
@@ -910,17 +914,20 @@ void launch_gqa(const T* qkv, const attn_shape& sh, const attention_batch& b, co
   bool launched = false;
   if constexpr (std::is_same_v<T, __nv_bfloat16> && (DC == 2 || (DC == 4 && G <= 4))) {
     if (tune.vec_decode && D == 32 * DC) {
-      if (rope != nullptr && splits == 1 && rope->n == b.num_seqs) {
-        launch_k(tune.pdl, decode_gqa_vec_kernel<32 * DC, G, true>, grid, dim3(block_threads), 0, s, qkv,
-                 sh.num_heads, sh.num_kv_heads, sh.scale, sh.sliding_window, b.q_start, b.ctx_len, b.block_table,
-                 b.max_blocks_per_seq, layout.block_size, k, v, split_len, partials, out, *rope);
-        rope = nullptr;
+      const bool fuse = rope != nullptr && splits == 1 && rope->n == b.num_seqs;
+      if (rope != nullptr && !fuse) run_rope_kv(*rope, dtype::bf16, sh, tune, s);
+      const attention_rope_kv r = fuse ? *rope : attention_rope_kv{};
+      rope = nullptr;
+      auto go = [&](auto kernel, int w) {
+        launch_k(tune.pdl, kernel, grid, dim3(32 * w), 0, s, qkv, sh.num_heads, sh.num_kv_heads, sh.scale,
+                 sh.sliding_window, b.q_start, b.ctx_len, b.block_table, b.max_blocks_per_seq, layout.block_size, k,
+                 v, split_len, partials, out, r);
+      };
+      const bool wide = tune.wide_decode && static_cast<long>(splits) * base_blocks < num_sms;
+      if (wide) {
+        fuse ? go(decode_gqa_vec_kernel<32 * DC, G, true, 16>, 16) : go(decode_gqa_vec_kernel<32 * DC, G, false, 16>, 16);
       } else {
-        if (rope != nullptr) run_rope_kv(*rope, dtype::bf16, sh, tune, s);
-        rope = nullptr;
-        launch_k(tune.pdl, decode_gqa_vec_kernel<32 * DC, G, false>, grid, dim3(block_threads), 0, s, qkv,
-                 sh.num_heads, sh.num_kv_heads, sh.scale, sh.sliding_window, b.q_start, b.ctx_len, b.block_table,
-                 b.max_blocks_per_seq, layout.block_size, k, v, split_len, partials, out, attention_rope_kv{});
+        fuse ? go(decode_gqa_vec_kernel<32 * DC, G, true, 4>, 4) : go(decode_gqa_vec_kernel<32 * DC, G, false, 4>, 4);
       }
       launched = true;
     }

@@ -183,7 +183,7 @@ class cuda_backend final : public backend {
   void rmsnorm(const void* x, int n, int width, const weight& w, float eps, void* out) override {
     flush();
     set_device();
-    if (can_hold_for_gemv() && x != out) {
+    if (can_hold_for_gemv(n) && x != out) {
       held_ = held_op{held_kind::norm, const_cast<void*>(x), nullptr, static_cast<const float*>(w.data), eps, out, n,
                       width};
       return;
@@ -194,7 +194,7 @@ class cuda_backend final : public backend {
                    void* out) override {
     flush();
     set_device();
-    if (can_hold_for_gemv() && out != residual && out != x) {
+    if (can_hold_for_gemv(n) && out != residual && out != x) {
       held_ = held_op{held_kind::norm, residual, x, static_cast<const float*>(w.data), eps, out, n, width};
       return;
     }
@@ -211,7 +211,7 @@ class cuda_backend final : public backend {
     if (n <= 0) return flush();
     set_device();
     if (w.type == dtype::i8 || w.type == dtype::f8e4m3) return quant_linear(x, n, w, bias, out);
-    if (small_gemm_ && t_ == dtype::bf16 && w.type == dtype::bf16 &&
+    if (small_gemm_ && n <= small_gemm_max_n_ && t_ == dtype::bf16 && w.type == dtype::bf16 &&
         gemv_supported(n, static_cast<int>(w.rows), static_cast<int>(w.cols)) && aligned(x) && aligned(w.data) &&
         aligned(out)) {
       return small_linear(x, n, w, bias, out);
@@ -283,7 +283,7 @@ class cuda_backend final : public backend {
   void silu_mul(const void* gate_up, int n, int ffn, void* out) override {
     flush();
     set_device();
-    if (can_hold_for_gemv() && out != gate_up) {
+    if (can_hold_for_gemv(n) && out != gate_up) {
       held_ = held_op{held_kind::silu, const_cast<void*>(gate_up), nullptr, nullptr, 0.0f, out, n, ffn};
       return;
     }
@@ -391,7 +391,7 @@ class cuda_backend final : public backend {
 
   /// rope waits for kv_write; rmsnorm and silu_mul wait for a small linear only where one takes them.
   bool can_hold() const { return fuse_ && t_ == dtype::bf16; }
-  bool can_hold_for_gemv() const { return can_hold() && small_gemm_; }
+  bool can_hold_for_gemv(int n) const { return can_hold() && small_gemm_ && n <= small_gemm_max_n_; }
   static bool aligned(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
   /// Runs the held op on its own.
@@ -482,12 +482,13 @@ class cuda_backend final : public backend {
 
   explicit cuda_backend(const cuda_backend_options& o)
       : device_(o.device), t_(o.compute_dtype), rows_per_pass_(o.sample_rows_per_pass), graphs_(o.graphs),
-        small_gemm_(o.small_gemm), fuse_(o.fuse), fuse_norm_(o.fuse_norm), pdl_(o.pdl),
+        small_gemm_(o.small_gemm), small_gemm_max_n_(o.small_gemm_max_n), fuse_(o.fuse), fuse_norm_(o.fuse_norm), pdl_(o.pdl),
         gemv_cap_grid_(o.gemv_cap_grid), gemm_tune_(o.gemm_tune), fuse_attention_(o.fuse && o.fuse_attention) {
     tune_.gqa_decode = o.gqa_decode;
     tune_.tc_prefill = o.tc_prefill;
     tune_.vec_decode = o.vec_decode;
     tune_.pdl = o.pdl;
+    tune_.wide_decode = o.wide_decode;
     caps_.name = "cuda";
     caps_.host_memory = false;
     caps_.act_dtype = caps_.weight_dtype = caps_.kv_dtype = o.compute_dtype;
@@ -599,7 +600,9 @@ class cuda_backend final : public backend {
   int device_;
   dtype t_;
   int rows_per_pass_;
-  bool graphs_, small_gemm_, fuse_, fuse_norm_, pdl_, gemv_cap_grid_, gemm_tune_, fuse_attention_;
+  bool graphs_, small_gemm_;
+  int small_gemm_max_n_;
+  bool fuse_, fuse_norm_, pdl_, gemv_cap_grid_, gemm_tune_, fuse_attention_;
   /// Token counts up to this go through lt_ (decode steps; the largest batch bucket measured).
   static constexpr int gemm_tune_max_n = 256;
   std::unique_ptr<lt_gemm> lt_;

@@ -80,6 +80,8 @@ struct attention_tuning {
   /// decode, bf16, head_dim 64/128: K and V rows of 32 keys loaded together with 16-byte loads
   bool vec_decode = true;
   bool pdl = false;  ///< decode kernels start as programmatic dependents (device_types.cuh)
+  /// with vec_decode: 16 warps a block where the grid has fewer blocks than SMs (batch 1-8), else 4
+  bool wide_decode = true;
 };
 /// rope + kv_write of the step's rows (launch_rope_kv's arguments), handed to launch_attention: the
 /// grouped decode kernel does them in its prologue where one block serves each (sequence, KV head),

@@ -44,6 +44,7 @@ class cuda_ops : public ::testing::TestWithParam<dtype> {
     kernels::cuda_backend_options o;
     o.compute_dtype = t();
     o.small_gemm = true;
+    o.small_gemm_max_n = 16;
     o.fuse = true;
     o.fuse_norm = true;
     auto b = kernels::make_cuda_backend(o);
