@@ -227,11 +227,14 @@ std::vector<variant> all_variants() {
   kernels::cuda_backend_options nowide = o;  // 4-warp decode attention blocks at every batch size
   nowide.wide_decode = false;
   v.push_back({"nowide", nowide});
+  kernels::cuda_backend_options notcdec = o;  // the vec decode kernel at batch 64 too
+  notcdec.tc_decode = false;
+  v.push_back({"notcdec", notcdec});
   kernels::cuda_backend_options nogemv1 = o;  // cuBLAS at batch 1 too
   nogemv1.small_gemm = false;
   v.push_back({"nogemv1", nogemv1});
   kernels::cuda_backend_options s2 = o;  // session 2's defaults
-  s2.fuse_attention = s2.gemm_tune = s2.wide_decode = s2.small_gemm = false;
+  s2.fuse_attention = s2.gemm_tune = s2.wide_decode = s2.small_gemm = s2.tc_decode = false;
   v.push_back({"s2", s2});
   kernels::cuda_backend_options novec = o;
   novec.vec_decode = false;

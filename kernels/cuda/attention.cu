@@ -455,6 +455,43 @@ __global__ void __launch_bounds__(block_threads) decode_gqa_kernel(
   }
 }
 
+// rope_kv_kernel's work for one decode row, done by the attention block that serves KV head `kvh`:
+// its G query heads (h0 ...) and its KV head are rotated (same rounding), written back to qkv, the new
+// key's K and V rows stored to their cache slot, and each roped query pair handed to store_q(g, i, a, b)
+// (dims i and i + D/2). The caller's __syncthreads orders the block's global writes before its reads.
+template <int D, int G, class StoreQ>
+__device__ __forceinline__ void rope_kv_prologue(const attention_rope_kv& rope, int row, int width, int heads,
+                                                 int kv_heads, int kvh, int h0, StoreQ store_q) {
+  constexpr int half = D / 2;
+  __nv_bfloat16* qrow = static_cast<__nv_bfloat16*>(rope.qkv) + static_cast<std::size_t>(row) * width;
+  const float position = static_cast<float>(rope.positions[row]);
+  const std::size_t slot = static_cast<std::size_t>(rope.slots[row]) * kv_heads + kvh;
+  for (int idx = threadIdx.x; idx < (G + 1) * half; idx += blockDim.x) {
+    const int g = idx / half, i = idx % half;  // g == G: the KV head
+    const float angle = position * rope.inv_freq[i];
+    double sn, cs;
+    sincos(static_cast<double>(angle), &sn, &cs);
+    const float cos_v = static_cast<float>(cs) * rope.scaling, sin_v = static_cast<float>(sn) * rope.scaling;
+    __nv_bfloat16* x = qrow + (g < G ? h0 + g : heads + kvh) * D;
+    const float xa = __bfloat162float(x[i]), xb = __bfloat162float(x[i + half]);
+    const __nv_bfloat16 a = __float2bfloat16_rn(xa * cos_v - xb * sin_v);
+    const __nv_bfloat16 b = __float2bfloat16_rn(xb * cos_v + xa * sin_v);
+    x[i] = a;
+    x[i + half] = b;
+    if (g < G) {
+      store_q(g, i, a, b);
+    } else {
+      __nv_bfloat16* kd = static_cast<__nv_bfloat16*>(rope.k_cache) + slot * D;
+      __nv_bfloat16* vd = static_cast<__nv_bfloat16*>(rope.v_cache) + slot * D;
+      const __nv_bfloat16* vs = qrow + (heads + kv_heads + kvh) * D;
+      kd[i] = a;
+      kd[i + half] = b;
+      vd[i] = vs[i];
+      vd[i + half] = vs[i + half];
+    }
+  }
+}
+
 // Grouped flash-decoding for bf16 and head_dim 64 or 128, the kernel the decode step runs. Same grid,
 // partials and result as decode_gqa_kernel; what differs is how a warp reads its 32 keys. There, V
 // rows came as 2-byte loads, 8 keys at a time, after the scores: five dependent memory round trips
@@ -497,35 +534,11 @@ __global__ void __launch_bounds__(W * 32, (W == 4 && D == 64 && G == 4) ? 4 : 1)
   const int h0 = kvh * G;
   const std::int32_t* table = block_table + static_cast<std::size_t>(seq) * table_stride;
   if constexpr (ROPE) {
-    constexpr int half = D / 2;
-    __nv_bfloat16* qrow = static_cast<__nv_bfloat16*>(rope.qkv) + static_cast<std::size_t>(row) * width;
-    const float position = static_cast<float>(rope.positions[row]);
-    const std::size_t slot = static_cast<std::size_t>(rope.slots[row]) * kv_heads + kvh;
-    for (int idx = threadIdx.x; idx < (G + 1) * half; idx += blockDim.x) {
-      const int g = idx / half, i = idx % half;  // g == G: the KV head
-      const float angle = position * rope.inv_freq[i];
-      double sn, cs;
-      sincos(static_cast<double>(angle), &sn, &cs);
-      const float cos_v = static_cast<float>(cs) * rope.scaling, sin_v = static_cast<float>(sn) * rope.scaling;
-      __nv_bfloat16* x = qrow + (g < G ? h0 + g : heads + kvh) * D;
-      const float xa = __bfloat162float(x[i]), xb = __bfloat162float(x[i + half]);
-      const __nv_bfloat16 a = __float2bfloat16_rn(xa * cos_v - xb * sin_v);
-      const __nv_bfloat16 b = __float2bfloat16_rn(xb * cos_v + xa * sin_v);
-      x[i] = a;
-      x[i + half] = b;
-      if (g < G) {
-        q_s[g][i] = __bfloat162float(a) * scale;
-        q_s[g][i + half] = __bfloat162float(b) * scale;
-      } else {
-        __nv_bfloat16* kd = static_cast<__nv_bfloat16*>(rope.k_cache) + slot * D;
-        __nv_bfloat16* vd = static_cast<__nv_bfloat16*>(rope.v_cache) + slot * D;
-        const __nv_bfloat16* vs = qrow + (heads + kv_heads + kvh) * D;
-        kd[i] = a;
-        kd[i + half] = b;
-        vd[i] = vs[i];
-        vd[i + half] = vs[i + half];
-      }
-    }
+    rope_kv_prologue<D, G>(rope, row, width, heads, kv_heads, kvh, h0,
+                           [&](int g, int i, __nv_bfloat16 a, __nv_bfloat16 b) {
+                             q_s[g][i] = __bfloat162float(a) * scale;
+                             q_s[g][i + D / 2] = __bfloat162float(b) * scale;
+                           });
   } else {
     for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
       const int g = idx / D, d = idx % D;
@@ -672,6 +685,203 @@ __device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], const v
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
+}
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+// Grouped flash-decoding on tensor cores (bf16, head_dim 64, group G ≤ 8), the decode kernel where the
+// grid fills the GPU (batch 64). Same grid, split, partials and result as decode_gqa_vec_kernel; ncu
+// had that one issue-bound there (batch 64: 17 µs a layer, ~880 instructions a warp per 32 keys at one
+// issue per 11 cycles, DRAM 22% busy). Here a warp's 32 keys cost 32 mma.sync m16n8k16:
+// - S = Q Kᵀ with the G query heads as A's rows (rows ≥ G zero) and 8 keys per n-tile. Each lane loads
+//   its keys' K rows as 16-byte pieces straight into B fragments: lane q's 8 contiguous dims are logical
+//   k 2q, 2q+1, 2q+8, 2q+9 of two mmas, and Q's A fragments are permuted the same way (gemv.cu does the
+//   same), so each dot product is the same sum.
+// - softmax as prefill_tc_kernel (a quad of lanes shares a row; exp2 with the scale folded in); P is
+//   rounded to bf16 for P·V, as there.
+// - O += P V with V staged per warp in shared memory by cp.async (no registers; rows past the end
+//   zero-filled) and read transposed by ldmatrix.
+// The warps' (m, l, O) are merged through shared memory as in the vec kernel.
+template <int G, bool ROPE>
+__global__ void __launch_bounds__(block_threads, 4) decode_gqa_tc_kernel(
+    const __nv_bfloat16* qkv, int heads, int kv_heads, float scale, int window, const std::int32_t* q_start,
+    const std::int32_t* ctx_len, const std::int32_t* block_table, int table_stride, int block_size,
+    const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache, int split_len, float* partials,
+    __nv_bfloat16* out, attention_rope_kv rope) {
+  constexpr int D = 64, LD = D + 8, W = warps;
+  static_assert(G <= 8, "query rows beyond 8 would need A's second row block");
+  __shared__ __align__(16) __nv_bfloat16 q_b[G][D];
+  __shared__ __align__(16) __nv_bfloat16 v_s[W][32 * LD];
+  __shared__ float m_s[W][G], l_s[W][G];
+  __shared__ float o_s[W][G][D];
+  grid_dep_wait();
+  grid_dep_trigger();
+  const int split = blockIdx.x, splits = gridDim.x, kvh = blockIdx.y, seq = blockIdx.z;
+  const int row = q_start[seq];
+  if (q_start[seq + 1] - row != 1) return;
+  const int ctx = ctx_len[seq], pos = ctx - 1;
+  const int lo = window > 0 ? max(0, pos - window + 1) : 0;
+  const int begin = lo + split * split_len, end = min(ctx, begin + split_len);
+  const int width = (heads + 2 * kv_heads) * D;
+  const int h0 = kvh * G;
+  const std::int32_t* table = block_table + static_cast<std::size_t>(seq) * table_stride;
+  if constexpr (ROPE) {
+    rope_kv_prologue<D, G>(rope, row, width, heads, kv_heads, kvh, h0,
+                           [&](int g, int i, __nv_bfloat16 a, __nv_bfloat16 b) {
+                             q_b[g][i] = a;
+                             q_b[g][i + D / 2] = b;
+                           });
+  } else {
+    for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
+      const int g = idx / D, d = idx % D;
+      q_b[g][d] = qkv[static_cast<std::size_t>(row) * width + (h0 + g) * D + d];
+    }
+  }
+  __syncthreads();
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+  // Q's A fragments, permuted as K's B fragments: [32-dim slice][mma of the slice][a0, a2].
+  std::uint32_t qa[D / 32][2][2];
+#pragma unroll
+  for (int c = 0; c < D / 32; ++c) {
+    uint4 w4 = make_uint4(0, 0, 0, 0);
+    if (g < G) w4 = *reinterpret_cast<const uint4*>(&q_b[g][c * 32 + q * 8]);
+    qa[c][0][0] = w4.x;
+    qa[c][0][1] = w4.y;
+    qa[c][1][0] = w4.z;
+    qa[c][1][1] = w4.w;
+  }
+  const float sl2 = scale * 1.4426950408889634f;  // exp(x) = exp2(x log2 e)
+  float o[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[i][e] = 0.0f;
+  float m = -INFINITY, l = 0.0f;  // row g (log2 units); l: this lane's keys only until the end
+  __nv_bfloat16* vs = v_s[warp];
+  const int mi = lane / 8;
+
+  for (int k0 = begin + warp * 32; k0 < end; k0 += W * 32) {
+    __syncwarp();  // the previous chunk's V reads are done before it is overwritten
+    const int j = k0 + lane;
+    const std::size_t at = j < end ? cache_index(table, block_size, j, kv_heads, kvh, D) : 0;
+    // V: 32 rows × 8 pieces of 16 bytes, 8 a lane, into this warp's tile.
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int piece = i * 32 + lane, r = piece / 8, cc = piece % 8;
+      const std::size_t at_r = __shfl_sync(0xffffffffu, static_cast<unsigned long long>(at), r);
+      cp_async16(vs + r * LD + cc * 8, v_cache + at_r + cc * 8, k0 + r < end);
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+    // K: key nb*8 + g of n-tile nb, lane q's 16 bytes of each 32-dim slice.
+    uint4 kr[4][D / 32];
+#pragma unroll
+    for (int nb = 0; nb < 4; ++nb) {
+      const int r = nb * 8 + g;
+      const std::size_t at_r = __shfl_sync(0xffffffffu, static_cast<unsigned long long>(at), r);
+#pragma unroll
+      for (int c = 0; c < D / 32; ++c) {
+        kr[nb][c] = k0 + r < end ? *reinterpret_cast<const uint4*>(k_cache + at_r + c * 32 + q * 8)
+                                 : make_uint4(0, 0, 0, 0);
+      }
+    }
+    float sc[4][4];
+#pragma unroll
+    for (int nb = 0; nb < 4; ++nb) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sc[nb][e] = 0.0f;
+#pragma unroll
+      for (int c = 0; c < D / 32; ++c) {
+        mma16816(sc[nb], qa[c][0][0], 0u, qa[c][0][1], 0u, kr[nb][c].x, kr[nb][c].y);
+        mma16816(sc[nb], qa[c][1][0], 0u, qa[c][1][1], 0u, kr[nb][c].z, kr[nb][c].w);
+      }
+    }
+    // Row g's scores of keys k0 + nb*8 + 2q (+1); keys past the end masked.
+    float mx = -INFINITY;
+#pragma unroll
+    for (int nb = 0; nb < 4; ++nb) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int key = k0 + nb * 8 + 2 * q + e;
+        sc[nb][e] = key < end ? sc[nb][e] * sl2 : -INFINITY;
+        mx = fmaxf(mx, sc[nb][e]);
+      }
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float mn = fmaxf(m, mx);  // finite: key k0 < end
+    const float alpha = exp2f(m - mn);
+    m = mn;
+    float sum = 0.0f;
+#pragma unroll
+    for (int nb = 0; nb < 4; ++nb) {
+      sc[nb][0] = exp2f(sc[nb][0] - mn);
+      sc[nb][1] = exp2f(sc[nb][1] - mn);
+      sum += sc[nb][0] + sc[nb][1];
+    }
+    l = l * alpha + sum;
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      o[i][0] *= alpha;
+      o[i][1] *= alpha;
+    }
+    cp_async_wait_all();
+    __syncwarp();
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk) {
+      const std::uint32_t a0 = pack_bf16x2(sc[2 * kk][0], sc[2 * kk][1]);
+      const std::uint32_t a2 = pack_bf16x2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
+      const __nv_bfloat16* vrow = vs + (kk * 16 + (mi & 1) * 8 + lane % 8) * LD + (mi >> 1) * 8;
+#pragma unroll
+      for (int dn = 0; dn < D / 8; dn += 2) {
+        std::uint32_t b[4];
+        ldmatrix_x4_trans(b, vrow + dn * 8);
+        mma16816(o[dn], a0, 0u, a2, 0u, b[0], b[1]);
+        mma16816(o[dn + 1], a0, 0u, a2, 0u, b[2], b[3]);
+      }
+    }
+  }
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+  if (g < G) {
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      o_s[warp][g][i * 8 + 2 * q] = o[i][0];
+      o_s[warp][g][i * 8 + 2 * q + 1] = o[i][1];
+    }
+    if (q == 0) {
+      m_s[warp][g] = m;
+      l_s[warp][g] = l;
+    }
+  }
+  __syncthreads();
+
+  for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
+    const int gg = idx / D, d = idx % D;
+    float m_all = -INFINITY;
+    for (int w = 0; w < W; ++w) m_all = fmaxf(m_all, m_s[w][gg]);
+    float l_all = 0.0f, acc = 0.0f;
+    for (int w = 0; w < W; ++w) {
+      const float f = m_s[w][gg] == -INFINITY ? 0.0f : exp2f(m_s[w][gg] - m_all);
+      l_all += l_s[w][gg] * f;
+      acc += o_s[w][gg][d] * f;
+    }
+    const int h = h0 + gg;
+    if (splits > 1) {  // combine_kernel takes m in natural-log units
+      float* p_out = partials + ((static_cast<std::size_t>(seq) * heads + h) * splits + split) * (D + 2);
+      if (d == 0) {
+        p_out[0] = m_all * 0.6931471805599453f;
+        p_out[1] = l_all;
+      }
+      p_out[2 + d] = acc;
+    } else {
+      out[static_cast<std::size_t>(row) * heads * D + h * D + d] = __float2bfloat16_rn(acc / l_all);
+    }
+  }
 }
 
 constexpr int tc_q_tile = 64;  // query rows per block (4 warps × 16)
@@ -924,9 +1134,15 @@ void launch_gqa(const T* qkv, const attn_shape& sh, const attention_batch& b, co
                  v, split_len, partials, out, r);
       };
       const bool wide = tune.wide_decode && static_cast<long>(splits) * base_blocks < num_sms;
-      if (wide) {
+      if constexpr (DC == 2 && G <= 8) {
+        if (!wide && tune.tc_decode) {
+          fuse ? go(decode_gqa_tc_kernel<G, true>, 4) : go(decode_gqa_tc_kernel<G, false>, 4);
+          launched = true;
+        }
+      }
+      if (!launched && wide) {
         fuse ? go(decode_gqa_vec_kernel<32 * DC, G, true, 16>, 16) : go(decode_gqa_vec_kernel<32 * DC, G, false, 16>, 16);
-      } else {
+      } else if (!launched) {
         fuse ? go(decode_gqa_vec_kernel<32 * DC, G, true, 4>, 4) : go(decode_gqa_vec_kernel<32 * DC, G, false, 4>, 4);
       }
       launched = true;

@@ -489,6 +489,7 @@ class cuda_backend final : public backend {
     tune_.vec_decode = o.vec_decode;
     tune_.pdl = o.pdl;
     tune_.wide_decode = o.wide_decode;
+    tune_.tc_decode = o.tc_decode;
     caps_.name = "cuda";
     caps_.host_memory = false;
     caps_.act_dtype = caps_.weight_dtype = caps_.kv_dtype = o.compute_dtype;

@@ -508,6 +508,16 @@ TEST_P(cuda_ops, attention_fast_paths_match_cpu) {
   for (int i = 0; i < 64; ++i) dec.seqs.push_back({1, len(rng_)});
   run_attention_case(*b_, rng_, dec);
   run_attention_case(*b_, rng_, {"decode group 8 h16/2 d64", 16, 2, 64, {{1, 700}, {1, 5}, {1, 129}}});
+  // Grids of at least as many blocks as SMs (the tensor-core decode kernel): group 8 with a window,
+  // and group 4 with long contexts in several splits.
+  attn_case g8{"decode 70 seqs group 8 h16/2 d64 window 90", 16, 2, 64, {}, 90};
+  for (int i = 0; i < 70; ++i) g8.seqs.push_back({1, len(rng_)});
+  run_attention_case(*b_, rng_, g8);
+  std::uniform_int_distribution<int> long_len(1, 1500);
+  attn_case split{"decode 20 seqs h32/8 d64 splits", 32, 8, 64, {}};
+  for (int i = 0; i < 20; ++i) split.seqs.push_back({1, long_len(rng_)});
+  split.seqs.push_back({1, 1500});
+  run_attention_case(*b_, rng_, split);
   run_attention_case(*b_, rng_, {"decode window 100 h8/2 d64", 8, 2, 64, {{1, 700}, {1, 50}}, 100});
   run_attention_case(*b_, rng_, {"decode h8/2 d128", 8, 2, 128, {{1, 333}, {1, 1}, {1, 64}, {1, 1100}}});
   run_attention_case(*b_, rng_, {"decode h16/8 d128 window 40", 16, 8, 128, {{1, 97}, {1, 31}}, 40});

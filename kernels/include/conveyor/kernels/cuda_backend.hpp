@@ -45,6 +45,9 @@ struct cuda_backend_options {
   bool vec_decode = true;
   /// with vec_decode: 16 warps a block where the decode grid has fewer blocks than SMs (batch 1-8)
   bool wide_decode = true;
+  /// with vec_decode, head_dim 64, group ≤ 8: decode attention on tensor cores where the grid fills
+  /// the GPU (batch 64); the vec kernel was issue-bound there
+  bool tc_decode = true;
   bool tc_prefill = true;  ///< bf16 prefill attention on tensor cores (head_dim 64 or 128)
   /// bf16 linears of ≤ 256 tokens through cuBLASLt, with the algorithm timed fastest for the shape
   /// at its first call (cuBLAS's own choice among the candidates); off: cublasGemmEx's choice. Off:
