@@ -224,9 +224,9 @@ std::vector<variant> all_variants() {
   kernels::cuda_backend_options nofuseattn = o;  // rope_kv as its own kernel again
   nofuseattn.fuse_attention = false;
   v.push_back({"nofuseattn", nofuseattn});
-  kernels::cuda_backend_options nowide = o;  // 4-warp decode attention blocks at every batch size
-  nowide.wide_decode = false;
-  v.push_back({"nowide", nowide});
+  kernels::cuda_backend_options wide = o;  // 16-warp vec decode blocks where the grid is under one wave
+  wide.wide_decode = true;
+  v.push_back({"wide", wide});
   kernels::cuda_backend_options notcdec = o;  // the vec decode kernel at batch 64 too
   notcdec.tc_decode = false;
   v.push_back({"notcdec", notcdec});

@@ -506,10 +506,10 @@ __device__ __forceinline__ void rope_kv_prologue(const attention_rope_kv& rope, 
 // qkv and the new key's K and V rows to their cache slot, and reads them back in its key loop: no
 // other block touches that row's heads or slot, and __syncthreads orders the block's own global
 // writes before its reads.
-// W warps a block: 4 where the grid fills the GPU (batch 64: 512 blocks, registers allow 4 an SM);
-// 16 where it has fewer blocks than SMs (batch 1 and 8): a warp's 32 keys are a long dependent chain
-// (~3 µs: the loads, then ~800 instructions), so there each warp gets one chunk of up to 512 keys
-// instead of several (batch 1 spent 9.6 µs a layer here with 4 warps and 192 keys).
+// W warps a block: 4, or 16 with tune.wide_decode where the grid has fewer blocks than SMs (batch 1
+// and 8), so that each warp's long dependent chain (~3 µs per 32 keys: the loads, then ~800
+// instructions) runs once instead of several times. ncu had that 8% faster at batch 1 (8.9 vs 9.6 µs a
+// layer), but the whole step measured 2% slower (bench/NOTES.md, session 3), so it is off.
 template <int D, int G, bool ROPE, int W>
 __global__ void __launch_bounds__(W * 32, (W == 4 && D == 64 && G == 4) ? 4 : 1) decode_gqa_vec_kernel(
     const __nv_bfloat16* qkv, int heads, int kv_heads, float scale, int window, const std::int32_t* q_start,

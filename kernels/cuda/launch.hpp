@@ -81,7 +81,7 @@ struct attention_tuning {
   bool vec_decode = true;
   bool pdl = false;  ///< decode kernels start as programmatic dependents (device_types.cuh)
   /// with vec_decode: 16 warps a block where the grid has fewer blocks than SMs (batch 1-8), else 4
-  bool wide_decode = true;
+  bool wide_decode = false;
   /// with vec_decode, head_dim 64, group ≤ 8: the tensor-core decode kernel where the grid fills the GPU
   bool tc_decode = true;
 };

@@ -43,8 +43,9 @@ struct cuda_backend_options {
   bool gqa_decode = true;  ///< decode attention: one block per KV head serves its query-head group
   /// with gqa_decode, bf16, head_dim 64/128: a warp loads its 32 keys' K and V rows at once (16-byte loads)
   bool vec_decode = true;
-  /// with vec_decode: 16 warps a block where the decode grid has fewer blocks than SMs (batch 1-8)
-  bool wide_decode = true;
+  /// with vec_decode: 16 warps a block where the decode grid has fewer blocks than SMs (batch 1-8).
+  /// Off: ncu had the kernel 8% faster at batch 1, but the steps measured 2% slower (bench/NOTES.md).
+  bool wide_decode = false;
   /// with vec_decode, head_dim 64, group ≤ 8: decode attention on tensor cores where the grid fills
   /// the GPU (batch 64); the vec kernel was issue-bound there
   bool tc_decode = true;
