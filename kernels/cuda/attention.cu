@@ -693,10 +693,11 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool va
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
-// Grouped flash-decoding on tensor cores (bf16, head_dim 64, group G ≤ 8), the decode kernel where the
-// grid fills the GPU (batch 64). Same grid, split, partials and result as decode_gqa_vec_kernel; ncu
-// had that one issue-bound there (batch 64: 17 µs a layer, ~880 instructions a warp per 32 keys at one
-// issue per 11 cycles, DRAM 22% busy). Here a warp's 32 keys cost 32 mma.sync m16n8k16:
+// Grouped flash-decoding on tensor cores (bf16, head_dim 64, group G ≤ 8), the decode kernel of the
+// 1B shape at every batch size (tune.tc_decode). Same grid, split, partials and result as
+// decode_gqa_vec_kernel; ncu had that one issue-bound (batch 64: 17 µs a layer, ~880 instructions a
+// warp per 32 keys at one issue per 11 cycles, DRAM 22% busy; this one: 12.8 µs, and −8% a step at
+// batch 64, −5% at batch 1, bench/NOTES.md session 3). A warp's 32 keys cost 32 mma.sync m16n8k16:
 // - S = Q Kᵀ with the G query heads as A's rows (rows ≥ G zero) and 8 keys per n-tile. Each lane loads
 //   its keys' K rows as 16-byte pieces straight into B fragments: lane q's 8 contiguous dims are logical
 //   k 2q, 2q+1, 2q+8, 2q+9 of two mmas, and Q's A fragments are permuted the same way (gemv.cu does the

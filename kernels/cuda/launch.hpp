@@ -82,7 +82,7 @@ struct attention_tuning {
   bool pdl = false;  ///< decode kernels start as programmatic dependents (device_types.cuh)
   /// with vec_decode: 16 warps a block where the grid has fewer blocks than SMs (batch 1-8), else 4
   bool wide_decode = false;
-  /// with vec_decode, head_dim 64, group ≤ 8: the tensor-core decode kernel where the grid fills the GPU
+  /// with vec_decode, head_dim 64, group ≤ 8: the tensor-core decode kernel (unless wide_decode applies)
   bool tc_decode = true;
 };
 /// rope + kv_write of the step's rows (launch_rope_kv's arguments), handed to launch_attention: the

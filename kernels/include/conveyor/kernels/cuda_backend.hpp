@@ -46,13 +46,14 @@ struct cuda_backend_options {
   /// with vec_decode: 16 warps a block where the decode grid has fewer blocks than SMs (batch 1-8).
   /// Off: ncu had the kernel 8% faster at batch 1, but the steps measured 2% slower (bench/NOTES.md).
   bool wide_decode = false;
-  /// with vec_decode, head_dim 64, group ≤ 8: decode attention on tensor cores where the grid fills
-  /// the GPU (batch 64); the vec kernel was issue-bound there
+  /// with vec_decode, head_dim 64, group ≤ 8: decode attention on tensor cores (except where
+  /// wide_decode takes the grid); the vec kernel was issue-bound (batch 64 −8%, batch 1 −5% a step)
   bool tc_decode = true;
   bool tc_prefill = true;  ///< bf16 prefill attention on tensor cores (head_dim 64 or 128)
   /// bf16 linears of ≤ 256 tokens through cuBLASLt, with the algorithm timed fastest for the shape
   /// at its first call (cuBLAS's own choice among the candidates); off: cublasGemmEx's choice. Off:
-  /// it picked nearly cuBLAS's own kernels and the steps measured 3-5% slower (bench/NOTES.md).
+  /// it picked nearly cuBLAS's own kernels, and the steps measured no faster in three runs
+  /// (3-5% slower at batch 64 in two of them; bench/NOTES.md, session 3).
   bool gemm_tune = false;
 };
 
