@@ -184,17 +184,19 @@ std::vector<variant> all_variants() {
   kernels::cuda_backend_options o;  // the defaults
   v.push_back({"all", o});
   kernels::cuda_backend_options base = o;
-  base.graphs = base.small_gemm = base.fuse = base.pdl = base.gqa_decode = base.tc_prefill = false;
+  base.graphs = base.small_gemm = base.fuse = base.pdl = base.gqa_decode = base.tc_prefill = base.gemm_tune = false;
   v.push_back({"base", base});
   kernels::cuda_backend_options graphs = base;
   graphs.graphs = true;
   v.push_back({"graphs", graphs});
   kernels::cuda_backend_options g2 = graphs;
   g2.small_gemm = true;
+  g2.small_gemm_max_n = 16;
   g2.gqa_decode = true;
   v.push_back({"graphs+gemv", g2});
-  kernels::cuda_backend_options gemv = o;  // the small-batch GEMV with its norm / silu fusions
+  kernels::cuda_backend_options gemv = o;  // the small-batch GEMV with its norm / silu fusions, n ≤ 16
   gemv.small_gemm = true;
+  gemv.small_gemm_max_n = 16;
   v.push_back({"gemv", gemv});
   kernels::cuda_backend_options gemv_nofuse = gemv;
   gemv_nofuse.fuse = false;
@@ -211,11 +213,29 @@ std::vector<variant> all_variants() {
   // The defaults of the previous session: no programmatic launches outside the (opt-in) GEMV, the
   // scalar-V grouped decode kernel.
   kernels::cuda_backend_options prev = o;
-  prev.pdl = prev.vec_decode = false;
+  prev.pdl = prev.vec_decode = prev.small_gemm = false;
   v.push_back({"prev", prev});
   kernels::cuda_backend_options all_nopdl = o;
   all_nopdl.pdl = false;
   v.push_back({"nopdl", all_nopdl});
+  kernels::cuda_backend_options tune = o;  // decode linears on the cuBLASLt algorithm timed fastest
+  tune.gemm_tune = true;
+  v.push_back({"tune", tune});
+  kernels::cuda_backend_options nofuseattn = o;  // rope_kv as its own kernel again
+  nofuseattn.fuse_attention = false;
+  v.push_back({"nofuseattn", nofuseattn});
+  kernels::cuda_backend_options wide = o;  // 16-warp vec decode blocks where the grid is under one wave
+  wide.wide_decode = true;
+  v.push_back({"wide", wide});
+  kernels::cuda_backend_options notcdec = o;  // the vec decode kernel at batch 64 too
+  notcdec.tc_decode = false;
+  v.push_back({"notcdec", notcdec});
+  kernels::cuda_backend_options nogemv1 = o;  // cuBLAS at batch 1 too
+  nogemv1.small_gemm = false;
+  v.push_back({"nogemv1", nogemv1});
+  kernels::cuda_backend_options s2 = o;  // session 2's defaults
+  s2.fuse_attention = s2.gemm_tune = s2.wide_decode = s2.small_gemm = s2.tc_decode = false;
+  v.push_back({"s2", s2});
   kernels::cuda_backend_options novec = o;
   novec.vec_decode = false;
   v.push_back({"novec", novec});

@@ -455,6 +455,43 @@ __global__ void __launch_bounds__(block_threads) decode_gqa_kernel(
   }
 }
 
+// rope_kv_kernel's work for one decode row, done by the attention block that serves KV head `kvh`:
+// its G query heads (h0 ...) and its KV head are rotated (same rounding), written back to qkv, the new
+// key's K and V rows stored to their cache slot, and each roped query pair handed to store_q(g, i, a, b)
+// (dims i and i + D/2). The caller's __syncthreads orders the block's global writes before its reads.
+template <int D, int G, class StoreQ>
+__device__ __forceinline__ void rope_kv_prologue(const attention_rope_kv& rope, int row, int width, int heads,
+                                                 int kv_heads, int kvh, int h0, StoreQ store_q) {
+  constexpr int half = D / 2;
+  __nv_bfloat16* qrow = static_cast<__nv_bfloat16*>(rope.qkv) + static_cast<std::size_t>(row) * width;
+  const float position = static_cast<float>(rope.positions[row]);
+  const std::size_t slot = static_cast<std::size_t>(rope.slots[row]) * kv_heads + kvh;
+  for (int idx = threadIdx.x; idx < (G + 1) * half; idx += blockDim.x) {
+    const int g = idx / half, i = idx % half;  // g == G: the KV head
+    const float angle = position * rope.inv_freq[i];
+    double sn, cs;
+    sincos(static_cast<double>(angle), &sn, &cs);
+    const float cos_v = static_cast<float>(cs) * rope.scaling, sin_v = static_cast<float>(sn) * rope.scaling;
+    __nv_bfloat16* x = qrow + (g < G ? h0 + g : heads + kvh) * D;
+    const float xa = __bfloat162float(x[i]), xb = __bfloat162float(x[i + half]);
+    const __nv_bfloat16 a = __float2bfloat16_rn(xa * cos_v - xb * sin_v);
+    const __nv_bfloat16 b = __float2bfloat16_rn(xb * cos_v + xa * sin_v);
+    x[i] = a;
+    x[i + half] = b;
+    if (g < G) {
+      store_q(g, i, a, b);
+    } else {
+      __nv_bfloat16* kd = static_cast<__nv_bfloat16*>(rope.k_cache) + slot * D;
+      __nv_bfloat16* vd = static_cast<__nv_bfloat16*>(rope.v_cache) + slot * D;
+      const __nv_bfloat16* vs = qrow + (heads + kv_heads + kvh) * D;
+      kd[i] = a;
+      kd[i + half] = b;
+      vd[i] = vs[i];
+      vd[i + half] = vs[i + half];
+    }
+  }
+}
+
 // Grouped flash-decoding for bf16 and head_dim 64 or 128, the kernel the decode step runs. Same grid,
 // partials and result as decode_gqa_kernel; what differs is how a warp reads its 32 keys. There, V
 // rows came as 2-byte loads, 8 keys at a time, after the scores: five dependent memory round trips
@@ -464,18 +501,27 @@ __global__ void __launch_bounds__(block_threads) decode_gqa_kernel(
 // it loaded, and the lanes holding the same dimensions are summed at the end.
 // Registers capped for the 1B shape (D 64, G 4): uncapped it took 145, three blocks an SM, and the
 // 512 blocks of batch 64 ran as two waves.
-template <int D, int G>
-__global__ void __launch_bounds__(block_threads, (D == 64 && G == 4) ? 4 : 1) decode_gqa_vec_kernel(
+// ROPE (launch_gqa: one split per sequence, one row per sequence): the block first does rope_kv_kernel's
+// work for its row's G query heads and its KV head (same rounding), writes the roped heads back to
+// qkv and the new key's K and V rows to their cache slot, and reads them back in its key loop: no
+// other block touches that row's heads or slot, and __syncthreads orders the block's own global
+// writes before its reads.
+// W warps a block: 4, or 16 with tune.wide_decode where the grid has fewer blocks than SMs (batch 1
+// and 8), so that each warp's long dependent chain (~3 µs per 32 keys: the loads, then ~800
+// instructions) runs once instead of several times. ncu had that 8% faster at batch 1 (8.9 vs 9.6 µs a
+// layer), but the whole step measured 2% slower (bench/NOTES.md, session 3), so it is off.
+template <int D, int G, bool ROPE, int W>
+__global__ void __launch_bounds__(W * 32, (W == 4 && D == 64 && G == 4) ? 4 : 1) decode_gqa_vec_kernel(
     const __nv_bfloat16* qkv, int heads, int kv_heads, float scale, int window, const std::int32_t* q_start,
     const std::int32_t* ctx_len, const std::int32_t* block_table, int table_stride, int block_size,
     const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache, int split_len, float* partials,
-    __nv_bfloat16* out) {
+    __nv_bfloat16* out, attention_rope_kv rope) {
   constexpr int KC = D / 8;       // 16-byte chunks of a row
   constexpr int RPI = 32 / KC;    // V rows one warp-wide load covers (4 or 2)
   constexpr int VL = 32 / RPI;    // V loads per lane for 32 keys
   __shared__ __align__(16) float q_s[G][D];
-  __shared__ float m_s[warps][G], l_s[warps][G];
-  __shared__ float o_s[warps][G][D];
+  __shared__ float m_s[W][G], l_s[W][G];
+  __shared__ float o_s[W][G][D];
   grid_dep_wait();
   grid_dep_trigger();
   const int split = blockIdx.x, splits = gridDim.x, kvh = blockIdx.y, seq = blockIdx.z;
@@ -487,9 +533,17 @@ __global__ void __launch_bounds__(block_threads, (D == 64 && G == 4) ? 4 : 1) de
   const int width = (heads + 2 * kv_heads) * D;
   const int h0 = kvh * G;
   const std::int32_t* table = block_table + static_cast<std::size_t>(seq) * table_stride;
-  for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
-    const int g = idx / D, d = idx % D;
-    q_s[g][d] = to_f32(qkv[static_cast<std::size_t>(row) * width + (h0 + g) * D + d]) * scale;
+  if constexpr (ROPE) {
+    rope_kv_prologue<D, G>(rope, row, width, heads, kv_heads, kvh, h0,
+                           [&](int g, int i, __nv_bfloat16 a, __nv_bfloat16 b) {
+                             q_s[g][i] = __bfloat162float(a) * scale;
+                             q_s[g][i + D / 2] = __bfloat162float(b) * scale;
+                           });
+  } else {
+    for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
+      const int g = idx / D, d = idx % D;
+      q_s[g][d] = to_f32(qkv[static_cast<std::size_t>(row) * width + (h0 + g) * D + d]) * scale;
+    }
   }
   __syncthreads();
 
@@ -503,7 +557,7 @@ __global__ void __launch_bounds__(block_threads, (D == 64 && G == 4) ? 4 : 1) de
 #pragma unroll
     for (int e = 0; e < 8; ++e) o[g][e] = 0.0f;
   }
-  for (int k0 = begin + warp * 32; k0 < end; k0 += warps * 32) {
+  for (int k0 = begin + warp * 32; k0 < end; k0 += W * 32) {
     const int j = k0 + lane;
     const bool valid = j < end;
     const std::size_t at = valid ? cache_index(table, block_size, j, kv_heads, kvh, D) : 0;
@@ -592,9 +646,9 @@ __global__ void __launch_bounds__(block_threads, (D == 64 && G == 4) ? 4 : 1) de
   for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
     const int g = idx / D, d = idx % D;
     float m_all = -INFINITY;
-    for (int w = 0; w < warps; ++w) m_all = fmaxf(m_all, m_s[w][g]);
+    for (int w = 0; w < W; ++w) m_all = fmaxf(m_all, m_s[w][g]);
     float l_all = 0.0f, acc = 0.0f;
-    for (int w = 0; w < warps; ++w) {
+    for (int w = 0; w < W; ++w) {
       const float f = exp_diff(m_s[w][g], m_all);
       l_all += l_s[w][g] * f;
       acc += o_s[w][g][d] * f;
@@ -631,6 +685,204 @@ __device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], const v
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
+}
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+// Grouped flash-decoding on tensor cores (bf16, head_dim 64, group G ≤ 8), the decode kernel of the
+// 1B shape at every batch size (tune.tc_decode). Same grid, split, partials and result as
+// decode_gqa_vec_kernel; ncu had that one issue-bound (batch 64: 17 µs a layer, ~880 instructions a
+// warp per 32 keys at one issue per 11 cycles, DRAM 22% busy; this one: 12.8 µs, and −8% a step at
+// batch 64, −5% at batch 1, bench/NOTES.md session 3). A warp's 32 keys cost 32 mma.sync m16n8k16:
+// - S = Q Kᵀ with the G query heads as A's rows (rows ≥ G zero) and 8 keys per n-tile. Each lane loads
+//   its keys' K rows as 16-byte pieces straight into B fragments: lane q's 8 contiguous dims are logical
+//   k 2q, 2q+1, 2q+8, 2q+9 of two mmas, and Q's A fragments are permuted the same way (gemv.cu does the
+//   same), so each dot product is the same sum.
+// - softmax as prefill_tc_kernel (a quad of lanes shares a row; exp2 with the scale folded in); P is
+//   rounded to bf16 for P·V, as there.
+// - O += P V with V staged per warp in shared memory by cp.async (no registers; rows past the end
+//   zero-filled) and read transposed by ldmatrix.
+// The warps' (m, l, O) are merged through shared memory as in the vec kernel.
+template <int G, bool ROPE>
+__global__ void __launch_bounds__(block_threads, 4) decode_gqa_tc_kernel(
+    const __nv_bfloat16* qkv, int heads, int kv_heads, float scale, int window, const std::int32_t* q_start,
+    const std::int32_t* ctx_len, const std::int32_t* block_table, int table_stride, int block_size,
+    const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache, int split_len, float* partials,
+    __nv_bfloat16* out, attention_rope_kv rope) {
+  constexpr int D = 64, LD = D + 8, W = warps;
+  static_assert(G <= 8, "query rows beyond 8 would need A's second row block");
+  __shared__ __align__(16) __nv_bfloat16 q_b[G][D];
+  __shared__ __align__(16) __nv_bfloat16 v_s[W][32 * LD];
+  __shared__ float m_s[W][G], l_s[W][G];
+  __shared__ float o_s[W][G][D];
+  grid_dep_wait();
+  grid_dep_trigger();
+  const int split = blockIdx.x, splits = gridDim.x, kvh = blockIdx.y, seq = blockIdx.z;
+  const int row = q_start[seq];
+  if (q_start[seq + 1] - row != 1) return;
+  const int ctx = ctx_len[seq], pos = ctx - 1;
+  const int lo = window > 0 ? max(0, pos - window + 1) : 0;
+  const int begin = lo + split * split_len, end = min(ctx, begin + split_len);
+  const int width = (heads + 2 * kv_heads) * D;
+  const int h0 = kvh * G;
+  const std::int32_t* table = block_table + static_cast<std::size_t>(seq) * table_stride;
+  if constexpr (ROPE) {
+    rope_kv_prologue<D, G>(rope, row, width, heads, kv_heads, kvh, h0,
+                           [&](int g, int i, __nv_bfloat16 a, __nv_bfloat16 b) {
+                             q_b[g][i] = a;
+                             q_b[g][i + D / 2] = b;
+                           });
+  } else {
+    for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
+      const int g = idx / D, d = idx % D;
+      q_b[g][d] = qkv[static_cast<std::size_t>(row) * width + (h0 + g) * D + d];
+    }
+  }
+  __syncthreads();
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+  // Q's A fragments, permuted as K's B fragments: [32-dim slice][mma of the slice][a0, a2].
+  std::uint32_t qa[D / 32][2][2];
+#pragma unroll
+  for (int c = 0; c < D / 32; ++c) {
+    uint4 w4 = make_uint4(0, 0, 0, 0);
+    if (g < G) w4 = *reinterpret_cast<const uint4*>(&q_b[g][c * 32 + q * 8]);
+    qa[c][0][0] = w4.x;
+    qa[c][0][1] = w4.y;
+    qa[c][1][0] = w4.z;
+    qa[c][1][1] = w4.w;
+  }
+  const float sl2 = scale * 1.4426950408889634f;  // exp(x) = exp2(x log2 e)
+  float o[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[i][e] = 0.0f;
+  float m = -INFINITY, l = 0.0f;  // row g (log2 units); l: this lane's keys only until the end
+  __nv_bfloat16* vs = v_s[warp];
+  const int mi = lane / 8;
+
+  for (int k0 = begin + warp * 32; k0 < end; k0 += W * 32) {
+    __syncwarp();  // the previous chunk's V reads are done before it is overwritten
+    const int j = k0 + lane;
+    const std::size_t at = j < end ? cache_index(table, block_size, j, kv_heads, kvh, D) : 0;
+    // V: 32 rows × 8 pieces of 16 bytes, 8 a lane, into this warp's tile.
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int piece = i * 32 + lane, r = piece / 8, cc = piece % 8;
+      const std::size_t at_r = __shfl_sync(0xffffffffu, static_cast<unsigned long long>(at), r);
+      cp_async16(vs + r * LD + cc * 8, v_cache + at_r + cc * 8, k0 + r < end);
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+    // K: key nb*8 + g of n-tile nb, lane q's 16 bytes of each 32-dim slice.
+    uint4 kr[4][D / 32];
+#pragma unroll
+    for (int nb = 0; nb < 4; ++nb) {
+      const int r = nb * 8 + g;
+      const std::size_t at_r = __shfl_sync(0xffffffffu, static_cast<unsigned long long>(at), r);
+#pragma unroll
+      for (int c = 0; c < D / 32; ++c) {
+        kr[nb][c] = k0 + r < end ? *reinterpret_cast<const uint4*>(k_cache + at_r + c * 32 + q * 8)
+                                 : make_uint4(0, 0, 0, 0);
+      }
+    }
+    float sc[4][4];
+#pragma unroll
+    for (int nb = 0; nb < 4; ++nb) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sc[nb][e] = 0.0f;
+#pragma unroll
+      for (int c = 0; c < D / 32; ++c) {
+        mma16816(sc[nb], qa[c][0][0], 0u, qa[c][0][1], 0u, kr[nb][c].x, kr[nb][c].y);
+        mma16816(sc[nb], qa[c][1][0], 0u, qa[c][1][1], 0u, kr[nb][c].z, kr[nb][c].w);
+      }
+    }
+    // Row g's scores of keys k0 + nb*8 + 2q (+1); keys past the end masked.
+    float mx = -INFINITY;
+#pragma unroll
+    for (int nb = 0; nb < 4; ++nb) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int key = k0 + nb * 8 + 2 * q + e;
+        sc[nb][e] = key < end ? sc[nb][e] * sl2 : -INFINITY;
+        mx = fmaxf(mx, sc[nb][e]);
+      }
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float mn = fmaxf(m, mx);  // finite: key k0 < end
+    const float alpha = exp2f(m - mn);
+    m = mn;
+    float sum = 0.0f;
+#pragma unroll
+    for (int nb = 0; nb < 4; ++nb) {
+      sc[nb][0] = exp2f(sc[nb][0] - mn);
+      sc[nb][1] = exp2f(sc[nb][1] - mn);
+      sum += sc[nb][0] + sc[nb][1];
+    }
+    l = l * alpha + sum;
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      o[i][0] *= alpha;
+      o[i][1] *= alpha;
+    }
+    cp_async_wait_all();
+    __syncwarp();
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk) {
+      const std::uint32_t a0 = pack_bf16x2(sc[2 * kk][0], sc[2 * kk][1]);
+      const std::uint32_t a2 = pack_bf16x2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
+      const __nv_bfloat16* vrow = vs + (kk * 16 + (mi & 1) * 8 + lane % 8) * LD + (mi >> 1) * 8;
+#pragma unroll
+      for (int dn = 0; dn < D / 8; dn += 2) {
+        std::uint32_t b[4];
+        ldmatrix_x4_trans(b, vrow + dn * 8);
+        mma16816(o[dn], a0, 0u, a2, 0u, b[0], b[1]);
+        mma16816(o[dn + 1], a0, 0u, a2, 0u, b[2], b[3]);
+      }
+    }
+  }
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+  if (g < G) {
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      o_s[warp][g][i * 8 + 2 * q] = o[i][0];
+      o_s[warp][g][i * 8 + 2 * q + 1] = o[i][1];
+    }
+    if (q == 0) {
+      m_s[warp][g] = m;
+      l_s[warp][g] = l;
+    }
+  }
+  __syncthreads();
+
+  for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
+    const int gg = idx / D, d = idx % D;
+    float m_all = -INFINITY;
+    for (int w = 0; w < W; ++w) m_all = fmaxf(m_all, m_s[w][gg]);
+    float l_all = 0.0f, acc = 0.0f;
+    for (int w = 0; w < W; ++w) {
+      const float f = m_s[w][gg] == -INFINITY ? 0.0f : exp2f(m_s[w][gg] - m_all);
+      l_all += l_s[w][gg] * f;
+      acc += o_s[w][gg][d] * f;
+    }
+    const int h = h0 + gg;
+    if (splits > 1) {  // combine_kernel takes m in natural-log units
+      float* p_out = partials + ((static_cast<std::size_t>(seq) * heads + h) * splits + split) * (D + 2);
+      if (d == 0) {
+        p_out[0] = m_all * 0.6931471805599453f;
+        p_out[1] = l_all;
+      }
+      p_out[2 + d] = acc;
+    } else {
+      out[static_cast<std::size_t>(row) * heads * D + h * D + d] = __float2bfloat16_rn(acc / l_all);
+    }
+  }
 }
 
 constexpr int tc_q_tile = 64;  // query rows per block (4 warps × 16)
@@ -851,10 +1103,16 @@ __global__ void combine_kernel(const std::int32_t* q_start, int heads, int head_
   out[static_cast<std::size_t>(row) * heads * head_dim + h * head_dim + d] = from_f32<T>(acc / l_all);
 }
 
+/// The rope_kv the caller handed over, run on its own (where the attention kernel cannot take it).
+void run_rope_kv(const attention_rope_kv& r, dtype t, const attn_shape& sh, const attention_tuning& tune,
+                 cudaStream_t s) {
+  launch_rope_kv(t, r.qkv, r.n, sh, r.positions, r.inv_freq, r.scaling, r.slots, r.k_cache, r.v_cache, s, tune.pdl);
+}
+
 template <class T, int DC, int G>
 void launch_gqa(const T* qkv, const attn_shape& sh, const attention_batch& b, const kv_layout& layout, const T* k,
                 const T* v, T* out, float* partials, std::size_t partial_floats, int num_sms,
-                const attention_tuning& tune, cudaStream_t s) {
+                const attention_tuning& tune, cudaStream_t s, const attention_rope_kv* rope) {
   const int D = sh.head_dim;
   const int base_blocks = b.num_seqs * sh.num_kv_heads;
   int splits = std::max(1, (2 * num_sms + base_blocks - 1) / base_blocks);
@@ -867,12 +1125,31 @@ void launch_gqa(const T* qkv, const attn_shape& sh, const attention_batch& b, co
   bool launched = false;
   if constexpr (std::is_same_v<T, __nv_bfloat16> && (DC == 2 || (DC == 4 && G <= 4))) {
     if (tune.vec_decode && D == 32 * DC) {
-      launch_k(tune.pdl, decode_gqa_vec_kernel<32 * DC, G>, grid, dim3(block_threads), 0, s, qkv, sh.num_heads,
-               sh.num_kv_heads, sh.scale, sh.sliding_window, b.q_start, b.ctx_len, b.block_table,
-               b.max_blocks_per_seq, layout.block_size, k, v, split_len, partials, out);
+      const bool fuse = rope != nullptr && splits == 1 && rope->n == b.num_seqs;
+      if (rope != nullptr && !fuse) run_rope_kv(*rope, dtype::bf16, sh, tune, s);
+      const attention_rope_kv r = fuse ? *rope : attention_rope_kv{};
+      rope = nullptr;
+      auto go = [&](auto kernel, int w) {
+        launch_k(tune.pdl, kernel, grid, dim3(32 * w), 0, s, qkv, sh.num_heads, sh.num_kv_heads, sh.scale,
+                 sh.sliding_window, b.q_start, b.ctx_len, b.block_table, b.max_blocks_per_seq, layout.block_size, k,
+                 v, split_len, partials, out, r);
+      };
+      const bool wide = tune.wide_decode && static_cast<long>(splits) * base_blocks < num_sms;
+      if constexpr (DC == 2 && G <= 8) {
+        if (!wide && tune.tc_decode) {
+          fuse ? go(decode_gqa_tc_kernel<G, true>, 4) : go(decode_gqa_tc_kernel<G, false>, 4);
+          launched = true;
+        }
+      }
+      if (!launched && wide) {
+        fuse ? go(decode_gqa_vec_kernel<32 * DC, G, true, 16>, 16) : go(decode_gqa_vec_kernel<32 * DC, G, false, 16>, 16);
+      } else if (!launched) {
+        fuse ? go(decode_gqa_vec_kernel<32 * DC, G, true, 4>, 4) : go(decode_gqa_vec_kernel<32 * DC, G, false, 4>, 4);
+      }
       launched = true;
     }
   }
+  if (rope != nullptr) run_rope_kv(*rope, std::is_same_v<T, float> ? dtype::f32 : dtype::bf16, sh, tune, s);
   if (!launched) {
     launch_k(tune.pdl, decode_gqa_kernel<T, DC, G>, grid, dim3(block_threads), 0, s, qkv, sh.num_heads,
              sh.num_kv_heads, D, sh.scale, sh.sliding_window, b.q_start, b.ctx_len, b.block_table,
@@ -890,22 +1167,22 @@ void launch_gqa(const T* qkv, const attn_shape& sh, const attention_batch& b, co
 template <class T, int DC>
 bool try_gqa(const T* qkv, const attn_shape& sh, const attention_batch& b, const kv_layout& layout, const T* k,
              const T* v, T* out, float* partials, std::size_t partial_floats, int num_sms,
-             const attention_tuning& tune, cudaStream_t s) {
+             const attention_tuning& tune, cudaStream_t s, const attention_rope_kv* rope) {
   if (sh.num_kv_heads <= 0 || sh.num_heads % sh.num_kv_heads != 0) return false;
   const int group = sh.num_heads / sh.num_kv_heads;
   if (group == 2) {
-    launch_gqa<T, DC, 2>(qkv, sh, b, layout, k, v, out, partials, partial_floats, num_sms, tune, s);
+    launch_gqa<T, DC, 2>(qkv, sh, b, layout, k, v, out, partials, partial_floats, num_sms, tune, s, rope);
     return true;
   }
   if constexpr (DC <= 4) {
     if (group == 4) {
-      launch_gqa<T, DC, 4>(qkv, sh, b, layout, k, v, out, partials, partial_floats, num_sms, tune, s);
+      launch_gqa<T, DC, 4>(qkv, sh, b, layout, k, v, out, partials, partial_floats, num_sms, tune, s, rope);
       return true;
     }
   }
   if constexpr (DC <= 2) {
     if (group == 8) {
-      launch_gqa<T, DC, 8>(qkv, sh, b, layout, k, v, out, partials, partial_floats, num_sms, tune, s);
+      launch_gqa<T, DC, 8>(qkv, sh, b, layout, k, v, out, partials, partial_floats, num_sms, tune, s, rope);
       return true;
     }
   }
@@ -915,12 +1192,13 @@ bool try_gqa(const T* qkv, const attn_shape& sh, const attention_batch& b, const
 template <class T, int DC>
 void run(const T* qkv, const attn_shape& sh, const attention_batch& b, const kv_layout& layout, const T* k,
          const T* v, T* out, float* partials, std::size_t partial_floats, int num_sms, const attention_tuning& tune,
-         cudaStream_t s) {
+         cudaStream_t s, const attention_rope_kv* rope) {
   const int D = sh.head_dim;
   if (b.max_q_len == 1 && tune.gqa_decode &&
-      try_gqa<T, DC>(qkv, sh, b, layout, k, v, out, partials, partial_floats, num_sms, tune, s)) {
+      try_gqa<T, DC>(qkv, sh, b, layout, k, v, out, partials, partial_floats, num_sms, tune, s, rope)) {
     return;
   }
+  if (rope != nullptr) run_rope_kv(*rope, std::is_same_v<T, float> ? dtype::f32 : dtype::bf16, sh, tune, s);
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
     if (b.max_q_len > 1 && tune.tc_prefill && sh.num_kv_heads > 0 && sh.num_heads % sh.num_kv_heads == 0 &&
         (D == 64 || D == 128)) {
@@ -970,11 +1248,11 @@ void run(const T* qkv, const attn_shape& sh, const attention_batch& b, const kv_
 template <class T>
 void run_t(const void* qkv, const attn_shape& sh, const attention_batch& b, const kv_layout& layout,
            const void* k, const void* v, void* out, float* partials, std::size_t partial_floats, int num_sms,
-           const attention_tuning& tune, cudaStream_t s) {
+           const attention_tuning& tune, cudaStream_t s, const attention_rope_kv* rope) {
   auto go = [&](auto dc) {
     run<T, decltype(dc)::value>(static_cast<const T*>(qkv), sh, b, layout, static_cast<const T*>(k),
                                 static_cast<const T*>(v), static_cast<T*>(out), partials, partial_floats, num_sms,
-                                tune, s);
+                                tune, s, rope);
   };
   const int D = sh.head_dim;
   if (D <= 32) go(std::integral_constant<int, 1>{});
@@ -993,16 +1271,20 @@ std::size_t attention_partial_floats(int num_seqs, int num_heads, int head_dim, 
 void launch_attention(dtype t, const void* qkv, const attn_shape& shape, const attention_batch& batch,
                       const kv_layout& layout, const void* k_cache, const void* v_cache, void* out,
                       float* partials, std::size_t partial_floats, int num_sms, const attention_tuning& tune,
-                      cudaStream_t s) {
+                      cudaStream_t s, const attention_rope_kv* rope) {
+  if (rope != nullptr && (batch.num_seqs <= 0 || batch.max_q_len <= 0)) {
+    run_rope_kv(*rope, t, shape, tune, s);
+    rope = nullptr;
+  }
   if (batch.num_seqs <= 0 || batch.max_q_len <= 0) return;
   if (shape.head_dim > 256 || shape.head_dim <= 0) {
     fail_cuda("attention", "head_dim above 256 is not implemented", __FILE__, __LINE__);
   }
   if (t == dtype::bf16) {
     run_t<__nv_bfloat16>(qkv, shape, batch, layout, k_cache, v_cache, out, partials, partial_floats, num_sms, tune,
-                         s);
+                         s, rope);
   } else {
-    run_t<float>(qkv, shape, batch, layout, k_cache, v_cache, out, partials, partial_floats, num_sms, tune, s);
+    run_t<float>(qkv, shape, batch, layout, k_cache, v_cache, out, partials, partial_floats, num_sms, tune, s, rope);
   }
 }
 

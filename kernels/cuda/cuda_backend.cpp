@@ -5,6 +5,7 @@
 // silu_mul) is held back until the next call. If that call consumes its output (kv_write, or a small
 // linear), the two run as one kernel; any other call first runs the held op on its own. So the
 // engine keeps issuing plain ops (with everything on, a decode layer is 6 launches instead of 11).
+// With fuse_attention the rope + kv_write pair is held once more, for the decode attention kernel.
 // Held ops wait only for the next backend call, and the outputs they leave in memory are those of
 // the op-by-op path.
 #include "conveyor/kernels/cuda_backend.hpp"
@@ -21,6 +22,7 @@
 #include "check.hpp"
 #include "conveyor/kernels/sampling.hpp"
 #include "launch.hpp"
+#include "lt_gemm.hpp"
 #include "quant_launch.hpp"
 
 namespace conveyor::kernels {
@@ -66,6 +68,7 @@ class cuda_backend final : public backend {
       if (slot.done != nullptr) cudaEventDestroy(slot.done);
     }
     if (counter_ != nullptr) cudaFree(counter_);
+    lt_.reset();
     if (cublas_ != nullptr) cublasDestroy(cublas_);
     for (void* p : {cublas_ws_, quant_scratch_, static_cast<void*>(partials_), static_cast<void*>(params_dev_),
                     static_cast<void*>(tokens_dev_)}) {
@@ -180,7 +183,7 @@ class cuda_backend final : public backend {
   void rmsnorm(const void* x, int n, int width, const weight& w, float eps, void* out) override {
     flush();
     set_device();
-    if (can_hold_for_gemv() && x != out) {
+    if (can_hold_for_gemv(n) && x != out) {
       held_ = held_op{held_kind::norm, const_cast<void*>(x), nullptr, static_cast<const float*>(w.data), eps, out, n,
                       width};
       return;
@@ -191,7 +194,7 @@ class cuda_backend final : public backend {
                    void* out) override {
     flush();
     set_device();
-    if (can_hold_for_gemv() && out != residual && out != x) {
+    if (can_hold_for_gemv(n) && out != residual && out != x) {
       held_ = held_op{held_kind::norm, residual, x, static_cast<const float*>(w.data), eps, out, n, width};
       return;
     }
@@ -208,14 +211,21 @@ class cuda_backend final : public backend {
     if (n <= 0) return flush();
     set_device();
     if (w.type == dtype::i8 || w.type == dtype::f8e4m3) return quant_linear(x, n, w, bias, out);
-    if (small_gemm_ && t_ == dtype::bf16 && w.type == dtype::bf16 &&
+    if (small_gemm_ && n <= small_gemm_max_n_ && t_ == dtype::bf16 && w.type == dtype::bf16 &&
         gemv_supported(n, static_cast<int>(w.rows), static_cast<int>(w.cols)) && aligned(x) && aligned(w.data) &&
         aligned(out)) {
       return small_linear(x, n, w, bias, out);
     }
     flush();
-    const float one = 1.0f, zero = 0.0f;
     const int rows = static_cast<int>(w.rows), cols = static_cast<int>(w.cols);
+    // Decode batch sizes: the algorithm timed fastest for this shape (lt_gemm.hpp); prefill keeps
+    // cublasGemmEx's choice, which ran at ~755 TFLOP/s there.
+    if (lt_ != nullptr && t_ == dtype::bf16 && w.type == dtype::bf16 && n <= gemm_tune_max_n &&
+        lt_->run(w.data, x, out, rows, n, cols, stream_, capturing_, partials_, partial_floats_ * sizeof(float))) {
+      if (!bias.empty()) launch_add_bias(t_, out, static_cast<const float*>(bias.data), n, rows, stream_);
+      return;
+    }
+    const float one = 1.0f, zero = 0.0f;
     CONVEYOR_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, w.data,
                                        cuda_type(w.type), cols, x, cuda_type(t_), cols, &zero, out, cuda_type(t_),
                                        rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
@@ -238,6 +248,13 @@ class cuda_backend final : public backend {
     set_device();
     if (held_.kind == held_kind::rope && held_.a == qkv && held_.n == n && held_.shape.num_heads == shape.num_heads &&
         held_.shape.num_kv_heads == shape.num_kv_heads && held_.shape.head_dim == shape.head_dim) {
+      if (fuse_attention_) {  // the decode attention may take both (launch_attention decides)
+        held_.kind = held_kind::rope_kv;
+        held_.slots = slots;
+        held_.k_cache = k_cache;
+        held_.v_cache = v_cache;
+        return;
+      }
       const held_op h = held_;
       held_.kind = held_kind::none;
       launch_rope_kv(t_, h.a, n, h.shape, h.positions, h.inv_freq, h.scaling, slots, k_cache, v_cache, stream_, pdl_);
@@ -248,15 +265,25 @@ class cuda_backend final : public backend {
   }
   void attention(const void* qkv, const attn_shape& shape, const attention_batch& batch, const kv_layout& layout,
                  const void* k_cache, const void* v_cache, void* out) override {
-    flush();
     set_device();
+    const held_op& h = held_;
+    if (h.kind == held_kind::rope_kv && h.a == qkv && h.k_cache == k_cache && h.v_cache == v_cache &&
+        h.shape.num_heads == shape.num_heads && h.shape.num_kv_heads == shape.num_kv_heads &&
+        h.shape.head_dim == shape.head_dim) {
+      const attention_rope_kv rope{h.a, h.n, h.positions, h.inv_freq, h.scaling, h.slots, h.k_cache, h.v_cache};
+      held_.kind = held_kind::none;
+      launch_attention(t_, qkv, shape, batch, layout, k_cache, v_cache, out, partials_, partial_floats_, num_sms_,
+                       tune_, stream_, &rope);
+      return;
+    }
+    flush();
     launch_attention(t_, qkv, shape, batch, layout, k_cache, v_cache, out, partials_, partial_floats_, num_sms_,
                      tune_, stream_);
   }
   void silu_mul(const void* gate_up, int n, int ffn, void* out) override {
     flush();
     set_device();
-    if (can_hold_for_gemv() && out != gate_up) {
+    if (can_hold_for_gemv(n) && out != gate_up) {
       held_ = held_op{held_kind::silu, const_cast<void*>(gate_up), nullptr, nullptr, 0.0f, out, n, ffn};
       return;
     }
@@ -340,9 +367,10 @@ class cuda_backend final : public backend {
   }
 
  private:
-  enum class held_kind { none, norm, silu, rope };
+  enum class held_kind { none, norm, silu, rope, rope_kv };
   /// An op held back for fusion with the next call. norm: out = rmsnorm(a (+= b when b is set)) * w;
-  /// silu: out = silu_mul(a) with width = ffn; rope: rope of the qkv rows at a.
+  /// silu: out = silu_mul(a) with width = ffn; rope: rope of the qkv rows at a; rope_kv: that rope
+  /// and the kv_write after it (slots, caches), for the decode attention to do.
   struct held_op {
     held_kind kind = held_kind::none;
     void* a = nullptr;
@@ -356,11 +384,14 @@ class cuda_backend final : public backend {
     const std::int32_t* positions = nullptr;
     const float* inv_freq = nullptr;
     float scaling = 1.0f;
+    const std::int32_t* slots = nullptr;
+    void* k_cache = nullptr;
+    void* v_cache = nullptr;
   };
 
   /// rope waits for kv_write; rmsnorm and silu_mul wait for a small linear only where one takes them.
   bool can_hold() const { return fuse_ && t_ == dtype::bf16; }
-  bool can_hold_for_gemv() const { return can_hold() && small_gemm_; }
+  bool can_hold_for_gemv(int n) const { return can_hold() && small_gemm_ && n <= small_gemm_max_n_; }
   static bool aligned(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
   /// Runs the held op on its own.
@@ -379,6 +410,10 @@ class cuda_backend final : public backend {
         break;
       case held_kind::silu: launch_silu_mul(t_, h.a, h.n, h.width, h.out, stream_, pdl_); break;
       case held_kind::rope: launch_rope(t_, h.a, h.n, h.shape, h.positions, h.inv_freq, h.scaling, stream_); break;
+      case held_kind::rope_kv:
+        launch_rope_kv(t_, h.a, h.n, h.shape, h.positions, h.inv_freq, h.scaling, h.slots, h.k_cache, h.v_cache,
+                       stream_, pdl_);
+        break;
       case held_kind::none: break;
     }
   }
@@ -447,12 +482,14 @@ class cuda_backend final : public backend {
 
   explicit cuda_backend(const cuda_backend_options& o)
       : device_(o.device), t_(o.compute_dtype), rows_per_pass_(o.sample_rows_per_pass), graphs_(o.graphs),
-        small_gemm_(o.small_gemm), fuse_(o.fuse), fuse_norm_(o.fuse_norm), pdl_(o.pdl),
-        gemv_cap_grid_(o.gemv_cap_grid) {
+        small_gemm_(o.small_gemm), small_gemm_max_n_(o.small_gemm_max_n), fuse_(o.fuse), fuse_norm_(o.fuse_norm), pdl_(o.pdl),
+        gemv_cap_grid_(o.gemv_cap_grid), gemm_tune_(o.gemm_tune), fuse_attention_(o.fuse && o.fuse_attention) {
     tune_.gqa_decode = o.gqa_decode;
     tune_.tc_prefill = o.tc_prefill;
     tune_.vec_decode = o.vec_decode;
     tune_.pdl = o.pdl;
+    tune_.wide_decode = o.wide_decode;
+    tune_.tc_decode = o.tc_decode;
     caps_.name = "cuda";
     caps_.host_memory = false;
     caps_.act_dtype = caps_.weight_dtype = caps_.kv_dtype = o.compute_dtype;
@@ -488,6 +525,7 @@ class cuda_backend final : public backend {
       return make_error(errc::out_of_memory, "CUDA backend: no device memory for its workspace");
     }
     CONVEYOR_CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_ws_, cublas_ws_bytes));
+    if (gemm_tune_) lt_ = std::make_unique<lt_gemm>(cublas_ws_, cublas_ws_bytes);
     counter_ = static_cast<unsigned*>(alloc(256));
     if (counter_ == nullptr) return make_error(errc::out_of_memory, "CUDA backend: no device memory for its workspace");
     CONVEYOR_CUDA_CHECK(cudaMemset(counter_, 0, 256));
@@ -563,7 +601,12 @@ class cuda_backend final : public backend {
   int device_;
   dtype t_;
   int rows_per_pass_;
-  bool graphs_, small_gemm_, fuse_, fuse_norm_, pdl_, gemv_cap_grid_;
+  bool graphs_, small_gemm_;
+  int small_gemm_max_n_;
+  bool fuse_, fuse_norm_, pdl_, gemv_cap_grid_, gemm_tune_, fuse_attention_;
+  /// Token counts up to this go through lt_ (decode steps; the largest batch bucket measured).
+  static constexpr int gemm_tune_max_n = 256;
+  std::unique_ptr<lt_gemm> lt_;
   attention_tuning tune_;
   held_op held_;
   bool capturing_ = false;

@@ -80,6 +80,24 @@ struct attention_tuning {
   /// decode, bf16, head_dim 64/128: K and V rows of 32 keys loaded together with 16-byte loads
   bool vec_decode = true;
   bool pdl = false;  ///< decode kernels start as programmatic dependents (device_types.cuh)
+  /// with vec_decode: 16 warps a block where the grid has fewer blocks than SMs (batch 1-8), else 4
+  bool wide_decode = false;
+  /// with vec_decode, head_dim 64, group ≤ 8: the tensor-core decode kernel (unless wide_decode applies)
+  bool tc_decode = true;
+};
+/// rope + kv_write of the step's rows (launch_rope_kv's arguments), handed to launch_attention: the
+/// grouped decode kernel does them in its prologue where one block serves each (sequence, KV head),
+/// one launch fewer a layer; elsewhere launch_attention runs launch_rope_kv first. Memory ends as
+/// rope, kv_write, attention leave it.
+struct attention_rope_kv {
+  void* qkv = nullptr;  ///< the attention's qkv rows (rope writes the roped q and k heads back)
+  int n = 0;            ///< rows
+  const std::int32_t* positions = nullptr;
+  const float* inv_freq = nullptr;
+  float scaling = 1.0f;
+  const std::int32_t* slots = nullptr;
+  void* k_cache = nullptr;
+  void* v_cache = nullptr;
 };
 /// Scratch floats the decode kernel needs for `splits` partial results per (sequence, head).
 std::size_t attention_partial_floats(int num_seqs, int num_heads, int head_dim, int splits);
@@ -87,7 +105,7 @@ std::size_t attention_partial_floats(int num_seqs, int num_heads, int head_dim, 
 void launch_attention(dtype t, const void* qkv, const attn_shape& shape, const attention_batch& batch,
                       const kv_layout& layout, const void* k_cache, const void* v_cache, void* out,
                       float* partials, std::size_t partial_floats, int num_sms, const attention_tuning& tune,
-                      cudaStream_t s);
+                      cudaStream_t s, const attention_rope_kv* rope = nullptr);
 
 // --- sampling.cu ---
 /// Per-row sampling parameters as the device reads them; `u` is sample_uniform(seed, step),

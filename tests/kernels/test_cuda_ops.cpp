@@ -44,6 +44,7 @@ class cuda_ops : public ::testing::TestWithParam<dtype> {
     kernels::cuda_backend_options o;
     o.compute_dtype = t();
     o.small_gemm = true;
+    o.small_gemm_max_n = 16;
     o.fuse = true;
     o.fuse_norm = true;
     auto b = kernels::make_cuda_backend(o);
@@ -507,12 +508,123 @@ TEST_P(cuda_ops, attention_fast_paths_match_cpu) {
   for (int i = 0; i < 64; ++i) dec.seqs.push_back({1, len(rng_)});
   run_attention_case(*b_, rng_, dec);
   run_attention_case(*b_, rng_, {"decode group 8 h16/2 d64", 16, 2, 64, {{1, 700}, {1, 5}, {1, 129}}});
+  // Grids of at least as many blocks as SMs (the tensor-core decode kernel): group 8 with a window,
+  // and group 4 with long contexts in several splits.
+  attn_case g8{"decode 70 seqs group 8 h16/2 d64 window 90", 16, 2, 64, {}, 90};
+  for (int i = 0; i < 70; ++i) g8.seqs.push_back({1, len(rng_)});
+  run_attention_case(*b_, rng_, g8);
+  std::uniform_int_distribution<int> long_len(1, 1500);
+  attn_case split{"decode 20 seqs h32/8 d64 splits", 32, 8, 64, {}};
+  for (int i = 0; i < 20; ++i) split.seqs.push_back({1, long_len(rng_)});
+  split.seqs.push_back({1, 1500});
+  run_attention_case(*b_, rng_, split);
   run_attention_case(*b_, rng_, {"decode window 100 h8/2 d64", 8, 2, 64, {{1, 700}, {1, 50}}, 100});
   run_attention_case(*b_, rng_, {"decode h8/2 d128", 8, 2, 128, {{1, 333}, {1, 1}, {1, 64}, {1, 1100}}});
   run_attention_case(*b_, rng_, {"decode h16/8 d128 window 40", 16, 8, 128, {{1, 97}, {1, 31}}, 40});
   run_attention_case(*b_, rng_, {"prefill h32/8 d64 T300", 32, 8, 64, {{300, 300}}});
   run_attention_case(*b_, rng_, {"prefill window 70 h8/2 d64", 8, 2, 64, {{200, 260}}, 70});
   run_attention_case(*b_, rng_, {"prefill h4/4 d128 chunked", 4, 4, 128, {{65, 130}, {3, 3}}});
+}
+
+// rope -> kv_write -> attention of a decode step: the grouped decode kernel takes the first two where
+// one block serves each (sequence, KV head) (and hands them to rope_kv where not: one long context,
+// several splits). Every buffer must end as the op-by-op CPU twin leaves it.
+TEST_P(cuda_ops, rope_kv_write_attention_decode_matches_op_by_op) {
+  struct dcase {
+    int heads, kv_heads, head_dim;
+    std::vector<int> ctx;  // context per sequence, the new token included
+  };
+  std::uniform_int_distribution<int> len(2, 300);
+  dcase many{32, 8, 64, {}};
+  for (int i = 0; i < 64; ++i) many.ctx.push_back(len(rng_));
+  for (const dcase& c : {many, dcase{16, 2, 64, {1, 129, 700}}, dcase{8, 2, 128, {333, 1, 64}},
+                         dcase{8, 2, 64, {4000}}}) {
+    const int n = static_cast<int>(c.ctx.size()), block_size = 16;
+    kernels::attn_shape sh{c.heads, c.kv_heads, c.head_dim, 1.0f / std::sqrt(static_cast<float>(c.head_dim)), 0};
+    int max_ctx = 0, max_blocks = 1, total_blocks = 0;
+    for (int ctx : c.ctx) {
+      max_ctx = std::max(max_ctx, ctx);
+      max_blocks = std::max(max_blocks, (ctx + block_size - 1) / block_size);
+      total_blocks += (ctx + block_size - 1) / block_size;
+    }
+    const int num_blocks = total_blocks + 3;
+    std::vector<std::int32_t> perm(num_blocks);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng_);
+    std::vector<std::int32_t> table(static_cast<std::size_t>(n) * max_blocks, 0), q_start{0}, pos, slots;
+    int next = 0;
+    for (int s = 0; s < n; ++s) {
+      for (int i = 0; i < (c.ctx[s] + block_size - 1) / block_size; ++i) table[s * max_blocks + i] = perm[next++];
+      q_start.push_back(s + 1);
+      pos.push_back(c.ctx[s] - 1);  // the new token is the last key
+      const int p = c.ctx[s] - 1;
+      slots.push_back(table[s * max_blocks + p / block_size] * block_size + p % block_size);
+    }
+    const std::size_t cache = static_cast<std::size_t>(num_blocks) * block_size * c.kv_heads * c.head_dim;
+    auto k = testing::random_values(rng_, cache, t()), v = testing::random_values(rng_, cache, t());
+    const int width = (c.heads + 2 * c.kv_heads) * c.head_dim;
+    auto qkv = testing::random_values(rng_, static_cast<std::size_t>(n) * width, t(), 2.0f);
+    std::vector<float> inv_freq(c.head_dim / 2);
+    for (int i = 0; i < c.head_dim / 2; ++i) inv_freq[i] = std::pow(5e5f, -2.0f * i / c.head_dim);
+    dev_acts qd(*b_, qkv), kd(*b_, k), vd(*b_, v), out(*b_, static_cast<std::size_t>(n) * c.heads * c.head_dim);
+    dev_bytes pos_d(*b_, pos), slot_d(*b_, slots), freq_d(*b_, inv_freq), qs_d(*b_, q_start), ctx_d(*b_, c.ctx),
+        table_d(*b_, table);
+    kernels::attention_batch batch{n, qs_d.as<std::int32_t>(), ctx_d.as<std::int32_t>(), table_d.as<std::int32_t>(),
+                                   max_blocks, max_ctx, 1};
+    const kernels::kv_layout layout{num_blocks, block_size};
+    out.poison();
+    b_->rope(qd.get_ptr(), n, sh, pos_d.as<std::int32_t>(), freq_d.as<float>(), 1.0f);
+    b_->kv_write(qd.get_ptr(), n, sh, slot_d.as<std::int32_t>(), layout, kd.get_ptr(), vd.get_ptr());
+    b_->attention(qd.get_ptr(), sh, batch, layout, kd.get_ptr(), vd.get_ptr(), out.get_ptr());
+    kernels::cpu::rope(qkv.data(), n, sh, pos.data(), inv_freq.data(), 1.0f);
+    kernels::cpu::kv_write(qkv.data(), n, sh, slots.data(), k.data(), v.data());
+    const std::string shape = " h" + std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) + " d" +
+                              std::to_string(c.head_dim) + " seqs " + std::to_string(n);
+    const std::vector<float> q_dev = qd.get(), k_dev = kd.get(), v_dev = vd.get();
+    EXPECT_CLOSE(q_dev, qkv, t(), tag("rope+kv_write+attention qkv" + shape));
+    EXPECT_CLOSE(k_dev, k, t(), tag("rope+kv_write+attention k" + shape));
+    EXPECT_EQ(v_dev, v) << "rope+kv_write+attention v" << shape;
+    // The attention reference reads the roped rows the device wrote (checked just above): a one-ulp
+    // difference in a roped bf16 query moves a score over 4000 keys enough to fail the tolerance.
+    std::vector<float> ref(static_cast<std::size_t>(n) * c.heads * c.head_dim);
+    kernels::attention_batch hb{n, q_start.data(), c.ctx.data(), table.data(), max_blocks, max_ctx, 1};
+    kernels::cpu::attention(q_dev.data(), sh, hb, layout, k_dev.data(), v_dev.data(), ref.data());
+    EXPECT_CLOSE(out.get(), ref, t(), tag("rope+kv_write+attention out" + shape));
+  }
+}
+
+// A decode-sized linear seen first while recording: the default backend times its algorithms then
+// (on a side stream, lt_gemm.hpp), and the recording replays with the inputs present at replay time.
+TEST_P(cuda_ops, capture_with_linear_tuned_while_recording) {
+  if (!b_->can_capture()) GTEST_SKIP() << "backend records nothing";
+  for (auto [n, rows, cols] : {std::tuple{40, 256, 512}, {64, 3072, 2048}, {1, 512, 256}}) {
+    auto wh = testing::random_values(rng_, static_cast<std::size_t>(rows) * cols, t(), 0.05f);
+    kernels::weight w = upload_matrix(wh, rows, cols);
+    dev_acts xd(*b_, static_cast<std::size_t>(n) * cols), out(*b_, static_cast<std::size_t>(n) * rows);
+    b_->begin_capture();
+    b_->linear(xd.get_ptr(), n, w, {}, out.get_ptr());
+    const kernels::capture_id id = b_->end_capture();
+    ASSERT_NE(id, 0u);
+    for (int round = 0; round < 2; ++round) {
+      auto x = testing::random_values(rng_, static_cast<std::size_t>(n) * cols, t());
+      xd.set(x);
+      out.poison();
+      b_->replay(id);
+      std::vector<float> ref(static_cast<std::size_t>(n) * rows);
+      kernels::cpu::linear(x.data(), n, wh.data(), rows, cols, nullptr, ref.data());
+      EXPECT_CLOSE(out.get(), ref, t(), tag("replayed tuned linear n" + std::to_string(n)));
+    }
+    // The same shape again, outside a recording: the choice made while recording.
+    auto x = testing::random_values(rng_, static_cast<std::size_t>(n) * cols, t());
+    xd.set(x);
+    out.poison();
+    b_->linear(xd.get_ptr(), n, w, {}, out.get_ptr());
+    std::vector<float> ref(static_cast<std::size_t>(n) * rows);
+    kernels::cpu::linear(x.data(), n, wh.data(), rows, cols, nullptr, ref.data());
+    EXPECT_CLOSE(out.get(), ref, t(), tag("tuned linear n" + std::to_string(n)));
+    b_->drop_capture(id);
+    b_->release(const_cast<void*>(w.data));
+  }
 }
 
 // A recorded op sequence replays with the inputs present at replay time.

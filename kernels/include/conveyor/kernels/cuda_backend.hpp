@@ -24,11 +24,16 @@ struct cuda_backend_options {
   // Speed paths; each can be switched to measure it (bench/conveyor_bench) or to rule it out. The
   // defaults are what measured fastest on the H200 (bench/NOTES.md).
   bool graphs = true;       ///< can_capture(): the executor records decode steps as CUDA graphs
-  /// bf16 linear with n ≤ 16 on the tensor-core GEMV instead of cuBLAS. Off until batch 8 is measured
-  /// with it: at batch 1 it is 7% faster than cuBLAS now, at batch 8 it was slower (bench/NOTES.md).
-  bool small_gemm = false;
+  /// bf16 linear with n ≤ small_gemm_max_n (at most 16) tokens on the tensor-core GEMV instead of
+  /// cuBLAS, with the rmsnorm / silu_mul before it folded in. Measured (bench/NOTES.md, session 3):
+  /// batch 1 6% faster than cuBLAS, batch 8 25% slower, so by default only single-token steps.
+  bool small_gemm = true;
+  int small_gemm_max_n = 1;
   bool fuse = true;         ///< bf16: rope into kv_write; with small_gemm also rmsnorm / silu_mul into the GEMV
   bool fuse_norm = true;    ///< with small_gemm and fuse: rmsnorm into a GEMV that runs as one wave
+  /// with fuse: rope + kv_write of a decode step done by the grouped decode attention kernel (bf16,
+  /// one split per sequence), one launch fewer a layer
+  bool fuse_attention = true;
   /// with small_gemm: a GEMV of more tiles than fit at once runs on the resident blocks, each looping
   /// over tiles (off: one block per tile). Not yet ablated in wall time (bench/NOTES.md, session 2).
   bool gemv_cap_grid = true;
@@ -38,7 +43,18 @@ struct cuda_backend_options {
   bool gqa_decode = true;  ///< decode attention: one block per KV head serves its query-head group
   /// with gqa_decode, bf16, head_dim 64/128: a warp loads its 32 keys' K and V rows at once (16-byte loads)
   bool vec_decode = true;
+  /// with vec_decode: 16 warps a block where the decode grid has fewer blocks than SMs (batch 1-8).
+  /// Off: ncu had the kernel 8% faster at batch 1, but the steps measured 2% slower (bench/NOTES.md).
+  bool wide_decode = false;
+  /// with vec_decode, head_dim 64, group ≤ 8: decode attention on tensor cores (except where
+  /// wide_decode takes the grid); the vec kernel was issue-bound (batch 64 −8%, batch 1 −5% a step)
+  bool tc_decode = true;
   bool tc_prefill = true;  ///< bf16 prefill attention on tensor cores (head_dim 64 or 128)
+  /// bf16 linears of ≤ 256 tokens through cuBLASLt, with the algorithm timed fastest for the shape
+  /// at its first call (cuBLAS's own choice among the candidates); off: cublasGemmEx's choice. Off:
+  /// it picked nearly cuBLAS's own kernels, and the steps measured no faster in three runs
+  /// (3-5% slower at batch 64 in two of them; bench/NOTES.md, session 3).
+  bool gemm_tune = false;
 };
 
 /// Creates a backend on `options.device`: one stream, one cuBLAS handle, workspace allocated here.

@@ -1,0 +1,175 @@
+#include "lt_gemm.hpp"
+
+#include <algorithm>
+#include <limits>
+#include <mutex>
+#include <vector>
+
+#include "check.hpp"
+
+namespace conveyor::kernels::cuda {
+
+namespace {
+
+#define CONVEYOR_LT_CHECK(call) CONVEYOR_CUBLAS_CHECK(call)
+
+/// The algorithm chosen for (rows, cols, token bucket), shared by every backend of the process.
+struct choice {
+  bool use_lt = false;
+  cublasLtMatmulAlgo_t algo{};
+};
+std::mutex choices_mu;
+std::map<std::array<int, 3>, choice>& choices() {
+  static std::map<std::array<int, 3>, choice> m;
+  return m;
+}
+
+int bucket(int n) {
+  int b = 1;
+  while (b < n) b *= 2;
+  return b;
+}
+
+constexpr int max_candidates = 16;
+/// An algorithm replaces cublasGemmEx's own choice only when this much faster (timing noise).
+constexpr float min_gain = 0.97f;
+
+}  // namespace
+
+lt_gemm::lt_gemm(void* workspace, std::size_t workspace_bytes) : ws_(workspace), ws_bytes_(workspace_bytes) {
+  CONVEYOR_LT_CHECK(cublasLtCreate(&lt_));
+  // Made here, not at the first tuning: that may run while the backend's stream is captured.
+  CONVEYOR_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
+  // Own cuBLAS handle on the side stream for timing the default (cublasSetStream on the backend's
+  // handle would reset its fixed workspace); same workspace, used by one GEMM at a time.
+  CONVEYOR_CUBLAS_CHECK(cublasCreate(&blas_));
+  CONVEYOR_CUBLAS_CHECK(cublasSetStream(blas_, side_));
+  CONVEYOR_CUBLAS_CHECK(cublasSetWorkspace(blas_, ws_, ws_bytes_));
+  for (auto& e : ev_) CONVEYOR_CUDA_CHECK(cudaEventCreate(&e));
+}
+
+lt_gemm::~lt_gemm() {
+  for (auto& [k, p] : plans_) {
+    if (p.a != nullptr) cublasLtMatrixLayoutDestroy(p.a);
+    if (p.b != nullptr) cublasLtMatrixLayoutDestroy(p.b);
+    if (p.c != nullptr) cublasLtMatrixLayoutDestroy(p.c);
+    if (p.desc != nullptr) cublasLtMatmulDescDestroy(p.desc);
+  }
+  for (auto& e : ev_) {
+    if (e != nullptr) cudaEventDestroy(e);
+  }
+  if (blas_ != nullptr) cublasDestroy(blas_);
+  if (side_ != nullptr) {
+    cudaStreamSynchronize(side_);
+    cudaStreamDestroy(side_);
+  }
+  if (lt_ != nullptr) cublasLtDestroy(lt_);
+}
+
+bool lt_gemm::run( const void* w, const void* x, void* out, int rows, int n, int cols,
+                  cudaStream_t stream, bool capturing, void* flush, std::size_t flush_bytes) {
+  plan& p = plan_for(w, x, out, rows, n, cols, stream, capturing, flush, flush_bytes);
+  if (!p.use_lt) return false;
+  const float one = 1.0f, zero = 0.0f;
+  CONVEYOR_LT_CHECK(
+      cublasLtMatmul(lt_, p.desc, &one, w, p.a, x, p.b, &zero, out, p.c, out, p.c, &p.algo, ws_, ws_bytes_, stream));
+  return true;
+}
+
+lt_gemm::plan& lt_gemm::plan_for(const void* w, const void* x, void* out, int rows, int n,
+                                 int cols, cudaStream_t stream, bool capturing, void* flush, std::size_t flush_bytes) {
+  const key k{rows, cols, n};
+  if (auto it = plans_.find(k); it != plans_.end()) return it->second;
+  plan& p = plans_[k];
+  CONVEYOR_LT_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
+  CONVEYOR_LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof(op_t)));
+  CONVEYOR_LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof(op_n)));
+  // Column-major views of the row-major tensors: W is cols × rows (op T), x cols × n, out rows × n.
+  CONVEYOR_LT_CHECK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, cols, rows, cols));
+  CONVEYOR_LT_CHECK(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, cols, n, cols));
+  CONVEYOR_LT_CHECK(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_16BF, rows, n, rows));
+
+  const std::array<int, 3> ck{rows, cols, bucket(n)};
+  std::lock_guard<std::mutex> lock(choices_mu);
+  auto it = choices().find(ck);
+  if (it == choices().end()) {
+    tune(p, w, x, out, rows, n, cols, stream, capturing, flush, flush_bytes);
+    choices()[ck] = choice{p.use_lt, p.algo};
+    return p;
+  }
+  p.use_lt = false;
+  if (it->second.use_lt) {  // tuned at another n of the bucket: is the algorithm valid here?
+    cublasLtMatmulHeuristicResult_t r{};
+    if (cublasLtMatmulAlgoCheck(lt_, p.desc, p.a, p.b, p.c, p.c, &it->second.algo, &r) == CUBLAS_STATUS_SUCCESS &&
+        r.state == CUBLAS_STATUS_SUCCESS && r.workspaceSize <= ws_bytes_) {
+      p.use_lt = true;
+      p.algo = it->second.algo;
+    }
+  }
+  return p;
+}
+
+void lt_gemm::tune(plan& p, const void* w, const void* x, void* out, int rows, int n, int cols,
+                   cudaStream_t stream, bool capturing, void* flush, std::size_t flush_bytes) {
+  p.use_lt = false;
+  cublasLtMatmulPreference_t pref = nullptr;
+  CONVEYOR_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  CONVEYOR_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes_,
+                                                         sizeof(ws_bytes_)));
+  std::array<cublasLtMatmulHeuristicResult_t, max_candidates> cand{};
+  int found = 0;
+  const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.a, p.b, p.c, p.c, pref, max_candidates,
+                                                           cand.data(), &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (hs != CUBLAS_STATUS_SUCCESS || found <= 0) return;
+
+  auto& ev = ev_;
+  cublasHandle_t h = blas_;
+  if (!capturing) {  // x is written by work still queued on the stream
+    CONVEYOR_CUDA_CHECK(cudaEventRecord(ev[2 * reps], stream));
+    CONVEYOR_CUDA_CHECK(cudaStreamWaitEvent(side_, ev[2 * reps], 0));
+  }
+  const float one = 1.0f, zero = 0.0f;
+  // Median of `reps` runs, each after L2 was overwritten; +inf where the launch is refused.
+  auto time_it = [&](auto&& launch) {
+    if (!launch()) return std::numeric_limits<float>::infinity();
+    std::vector<float> t;
+    for (int r = 0; r < reps; ++r) {
+      if (flush != nullptr && flush_bytes > 0) CONVEYOR_CUDA_CHECK(cudaMemsetAsync(flush, r, flush_bytes, side_));
+      CONVEYOR_CUDA_CHECK(cudaEventRecord(ev[2 * r], side_));
+      launch();
+      CONVEYOR_CUDA_CHECK(cudaEventRecord(ev[2 * r + 1], side_));
+    }
+    CONVEYOR_CUDA_CHECK(cudaEventSynchronize(ev[2 * reps - 1]));
+    for (int r = 0; r < reps; ++r) {
+      float ms = 0.0f;
+      CONVEYOR_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[2 * r], ev[2 * r + 1]));
+      t.push_back(ms);
+    }
+    std::nth_element(t.begin(), t.begin() + reps / 2, t.end());
+    return t[reps / 2];
+  };
+  const float t_default = time_it([&] {
+    return cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, w, CUDA_R_16BF, cols, x, CUDA_R_16BF, cols,
+                        &zero, out, CUDA_R_16BF, rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) ==
+           CUBLAS_STATUS_SUCCESS;
+  });
+  float best = t_default * min_gain;
+  for (int i = 0; i < found; ++i) {
+    if (cand[i].state != CUBLAS_STATUS_SUCCESS || cand[i].workspaceSize > ws_bytes_) continue;
+    const float t = time_it([&] {
+      return cublasLtMatmul(lt_, p.desc, &one, w, p.a, x, p.b, &zero, out, p.c, out, p.c, &cand[i].algo, ws_,
+                            ws_bytes_, side_) == CUBLAS_STATUS_SUCCESS;
+    });
+    if (t < best) {
+      best = t;
+      p.use_lt = true;
+      p.algo = cand[i].algo;
+    }
+  }
+  CONVEYOR_CUDA_CHECK(cudaStreamSynchronize(side_));
+  cudaGetLastError();  // a refused candidate launch leaves no error behind
+}
+
+}  // namespace conveyor::kernels::cuda
