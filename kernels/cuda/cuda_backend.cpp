@@ -453,6 +453,12 @@ class cuda_backend final : public backend {
     tune_.tc_prefill = o.tc_prefill;
     tune_.vec_decode = o.vec_decode;
     tune_.pdl = o.pdl;
+    if (o.batch_invariant && o.compute_dtype == dtype::bf16) {
+      // The GEMV for every bf16 linear of ≤ 16 rows, and fixed key splits in decode attention.
+      small_gemm_ = true;
+      tune_.split_len = batch_invariant_split_len;
+      caps_.row_invariant_rows = 16;
+    }
     caps_.name = "cuda";
     caps_.host_memory = false;
     caps_.act_dtype = caps_.weight_dtype = caps_.kv_dtype = o.compute_dtype;

@@ -80,6 +80,10 @@ struct attention_tuning {
   /// decode, bf16, head_dim 64/128: K and V rows of 32 keys loaded together with 16-byte loads
   bool vec_decode = true;
   bool pdl = false;  ///< decode kernels start as programmatic dependents (device_types.cuh)
+  /// > 0: decode splits of exactly this many keys (rounded up to 32), however many sequences the
+  /// call has: a row's result then depends on its own context only (batch_invariant). 0: the split
+  /// count is chosen to fill the GPU.
+  int split_len = 0;
 };
 /// Scratch floats the decode kernel needs for `splits` partial results per (sequence, head).
 std::size_t attention_partial_floats(int num_seqs, int num_heads, int head_dim, int splits);
