@@ -156,9 +156,11 @@ int main(int argc, char** argv) {
         cur.seconds += seconds_since(t);
         cur.tokens.push_back(std::move(res));
       }
-      if (r == 0) best.tokens = cur.tokens;  // warm-up: its tokens and counters are the same
-      if (r == 0) best.stats = cur.stats;
-      if (r > 0 && cur.seconds < best.seconds) best.seconds = cur.seconds;
+      if (r == 0) best.tokens = cur.tokens;  // every run draws the same tokens
+      if (r > 0 && cur.seconds < best.seconds) {
+        best.seconds = cur.seconds;
+        best.stats = cur.stats;  // counters and step seconds of the timed run, not the warm-up's
+      }
     }
     return best;
   };
