@@ -46,6 +46,14 @@ result<std::unique_ptr<kernels::backend>> make_backend(const flags& f, int threa
     kernels::cuda_backend_options o;
     o.device = device_ordinal;
     o.compute_dtype = dtype == "f32" ? kernels::dtype::f32 : kernels::dtype::bf16;
+    // Speculative decoding turns on row-invariant kernels (bf16): the verification pass then computes
+    // exactly what plain decode steps would, so greedy output stays the model's own.
+    const bool speculative = f.has("draft") || f.has("draft-layers");
+    const std::string inv = f.get("batch-invariant").value_or(speculative ? "on" : "off");
+    if (inv != "on" && inv != "off") {
+      return make_error(errc::invalid_argument, "--batch-invariant must be on or off, got \"" + inv + "\"");
+    }
+    o.batch_invariant = inv == "on";
     auto b = kernels::make_cuda_backend(o);
     if (!b) return make_error(b.err().code, "--device cuda: " + b.err().message);
     return std::move(b).value();
@@ -85,7 +93,7 @@ status write_prompt_logits(engine::local_pipeline& pipe, const std::vector<int>&
 int generate_main(const args& argv) {
   auto f = flags::parse(argv, {"model", "prompt-ids", "prompt", "max-new-tokens", "temperature", "top-k", "top-p", "seed",
                                "stages", "format", "ignore-eos", "threads", "device", "dtype", "logits-out", "tp", "batch", "timing",
-                               "quant", "quant-lm-head", "draft", "draft-layers", "spec-k", "spec-exact"},
+                               "quant", "quant-lm-head", "draft", "draft-layers", "spec-k", "spec-exact", "batch-invariant"},
                         {"ignore-eos", "timing", "quant-lm-head", "spec-exact"});
   if (!f) return fail(f.err());
   auto model = f->get("model");

@@ -1109,6 +1109,21 @@ void run_rope_kv(const attention_rope_kv& r, dtype t, const attn_shape& sh, cons
   launch_rope_kv(t, r.qkv, r.n, sh, r.positions, r.inv_freq, r.scaling, r.slots, r.k_cache, r.v_cache, s, tune.pdl);
 }
 
+// Row-invariant splits (attention_tuning::split_len): runs of `len` keys from each row's first key,
+// so a row's partial results, and the order the combine adds them, depend on its own context only;
+// a split past a row's last key leaves (m = -inf, l = 0, o = 0), which adds exact zeros, and one
+// non-empty split combined equals the single-split path's acc / l. Where the scratch cannot hold
+// that many partial results the runs double (then rows are invariant only among calls alike).
+void fixed_splits(const attention_batch& b, int heads, int D, int len, std::size_t partial_floats, int& splits,
+                  int& split_len) {
+  split_len = (len + 31) / 32 * 32;
+  splits = std::max(1, (b.max_ctx_len + split_len - 1) / split_len);
+  while (splits > 1 && attention_partial_floats(b.num_seqs, heads, D, splits) > partial_floats) {
+    split_len *= 2;
+    splits = std::max(1, (b.max_ctx_len + split_len - 1) / split_len);
+  }
+}
+
 template <class T, int DC, int G>
 void launch_gqa(const T* qkv, const attn_shape& sh, const attention_batch& b, const kv_layout& layout, const T* k,
                 const T* v, T* out, float* partials, std::size_t partial_floats, int num_sms,
@@ -1121,11 +1136,16 @@ void launch_gqa(const T* qkv, const attn_shape& sh, const attention_batch& b, co
   while (splits > 1 && attention_partial_floats(b.num_seqs, sh.num_heads, D, splits) > partial_floats) --splits;
   int split_len = (b.max_ctx_len + splits - 1) / splits;
   split_len = (split_len + 31) / 32 * 32;
+  if (tune.split_len > 0) fixed_splits(b, sh.num_heads, D, tune.split_len, partial_floats, splits, split_len);
   const dim3 grid(splits, sh.num_kv_heads, b.num_seqs);
   bool launched = false;
   if constexpr (std::is_same_v<T, __nv_bfloat16> && (DC == 2 || (DC == 4 && G <= 4))) {
     if (tune.vec_decode && D == 32 * DC) {
-      const bool fuse = rope != nullptr && splits == 1 && rope->n == b.num_seqs;
+      // Not under fixed splits (batch_invariant): a verification step hands attention one query row
+      // per "sequence", and rows of one real sequence read each other's new keys, which a fused
+      // prologue of another block may not have written yet; the unfused order also keeps plain decode
+      // and verification on the same arithmetic.
+      const bool fuse = rope != nullptr && splits == 1 && rope->n == b.num_seqs && tune.split_len == 0;
       if (rope != nullptr && !fuse) run_rope_kv(*rope, dtype::bf16, sh, tune, s);
       const attention_rope_kv r = fuse ? *rope : attention_rope_kv{};
       rope = nullptr;
@@ -1224,6 +1244,7 @@ void run(const T* qkv, const attn_shape& sh, const attention_batch& b, const kv_
     while (splits > 1 && attention_partial_floats(b.num_seqs, sh.num_heads, D, splits) > partial_floats) --splits;
     int split_len = (b.max_ctx_len + splits - 1) / splits;
     split_len = (split_len + 31) / 32 * 32;
+    if (tune.split_len > 0) fixed_splits(b, sh.num_heads, D, tune.split_len, partial_floats, splits, split_len);
     decode_kernel<T, DC><<<dim3(splits, sh.num_heads, b.num_seqs), block_threads, 0, s>>>(
         qkv, sh.num_heads, sh.num_kv_heads, D, sh.scale, sh.sliding_window, b.q_start, b.ctx_len, b.block_table,
         b.max_blocks_per_seq, layout.block_size, k, v, split_len, partials, out);

@@ -490,6 +490,13 @@ class cuda_backend final : public backend {
     tune_.pdl = o.pdl;
     tune_.wide_decode = o.wide_decode;
     tune_.tc_decode = o.tc_decode;
+    if (o.batch_invariant && o.compute_dtype == dtype::bf16) {
+      // The GEMV for every bf16 linear of ≤ 16 rows, and fixed key splits in decode attention.
+      small_gemm_ = true;
+      small_gemm_max_n_ = 16;
+      tune_.split_len = batch_invariant_split_len;
+      caps_.row_invariant_rows = 16;
+    }
     caps_.name = "cuda";
     caps_.host_memory = false;
     caps_.act_dtype = caps_.weight_dtype = caps_.kv_dtype = o.compute_dtype;

@@ -84,6 +84,10 @@ struct attention_tuning {
   bool wide_decode = false;
   /// with vec_decode, head_dim 64, group ≤ 8: the tensor-core decode kernel (unless wide_decode applies)
   bool tc_decode = true;
+  /// > 0: decode splits of exactly this many keys (rounded up to 32), however many sequences the
+  /// call has: a row's result then depends on its own context only (batch_invariant). 0: the split
+  /// count is chosen to fill the GPU.
+  int split_len = 0;
 };
 /// rope + kv_write of the step's rows (launch_rope_kv's arguments), handed to launch_attention: the
 /// grouped decode kernel does them in its prologue where one block serves each (sequence, KV head),

@@ -140,10 +140,11 @@ TEST_P(speculative_golden, greedy_output_equals_plain_decoding) {
     const auto& st = (*spec)->stats();
     EXPECT_EQ(st.emitted, static_cast<std::int64_t>(all.size() * golden_.prompts[0].greedy.size()));
     if (v.keep_layers == cfg->num_layers) {
-      // The draft is the target: every draft is kept, k + 1 tokens per step but the last ones.
+      // The draft is the target: every draft is kept, k + 1 tokens per step but the last ones, after
+      // the prompt's step (its 1 token).
       EXPECT_EQ(st.accepted, st.proposed);
       EXPECT_DOUBLE_EQ(st.acceptance_rate(), 1.0);
-      EXPECT_EQ(st.rounds, static_cast<std::int64_t>(all.size()) * ((24 + v.k) / (v.k + 1)));
+      EXPECT_EQ(st.rounds, static_cast<std::int64_t>(all.size()) * (1 + (23 + v.k) / (v.k + 1)));
     }
   }
 }
@@ -305,15 +306,17 @@ TEST(speculative_rejection_sampling, warped_probs_is_the_distribution_sample_row
   EXPECT_EQ(p, (std::vector<double>{0, 1, 0, 0, 0, 0}));
 }
 
-// End to end on tiny-llama: the first token of 1500 seeded requests under rejection sampling (draft
-// = the model's first three layers, top-k 4) follows the target's distribution after the prompt.
+// End to end on tiny-llama: 1500 seeded requests under rejection sampling (draft = the model's first
+// three layers, top-k 4). The first token is the target's own draw after the prompt (the prompt goes
+// through the target alone, as in plain decoding); the second is the first verified one, and follows
+// the target's marginal sum over t0 of p(t0) p(t1 | t0).
 TEST(speculative_rejection_sampling, end_to_end_first_token_follows_the_target) {
   auto b = kernels::make_cpu_backend({});
   const auto golden = testing::load_golden("tiny-llama");
   const auto& prompt = golden.prompts[1].input_ids;
   constexpr int n = 1500;
-  auto target = make(*b, golden.dir, 1, options(4096, n, n * 2));
-  auto draft = make(*b, golden.dir, 1, options(4096, n, n * 2), 3);
+  auto target = make(*b, golden.dir, 1, options(4096, n, n * 3));
+  auto draft = make(*b, golden.dir, 1, options(4096, n, n * 3), 3);
   ASSERT_TRUE(target && draft);
   kernels::sample_params sp;
   sp.temperature = 1.5f;
@@ -333,11 +336,32 @@ TEST(speculative_rejection_sampling, end_to_end_first_token_follows_the_target) 
   const int vocab = target->config().vocab_size;
   std::vector<double> p;
   engine::warped_probs(out->logits.data(), vocab, sp, p);
+  // The second token's marginal: every possible first token t0, the target's distribution after it.
+  std::vector<double> p2(vocab, 0.0);
+  for (int t0 = 0; t0 < vocab; ++t0) {
+    if (p[t0] == 0.0) continue;
+    std::vector<std::int32_t> ids = prompt;
+    ids.push_back(t0);
+    ASSERT_TRUE(target->blocks().reserve(-1, static_cast<int>(ids.size())).ok());
+    engine::step_plan plan2;
+    engine::sequence_step s2;
+    s2.seq_id = -1;
+    s2.tokens = ids;
+    s2.block_table = target->blocks().table(-1);
+    s2.logits = engine::logits_mode::last;
+    plan2.seqs.push_back(s2);
+    auto out2 = target->step(plan2);
+    target->blocks().release(-1);
+    ASSERT_TRUE(out2.ok());
+    std::vector<double> q;
+    engine::warped_probs(out2->logits.data(), vocab, sp, q);
+    for (int t = 0; t < vocab; ++t) p2[t] += p[t0] * q[t];
+  }
   std::vector<engine::generation_request> reqs;
   for (int i = 0; i < n; ++i) {
     engine::generation_request r;
     r.prompt = prompt;
-    r.max_new_tokens = 2;
+    r.max_new_tokens = 3;  // the prompt's token, then one verification of 1 draft token (k = min(2, 3 - 1 - 1))
     r.stop_at_eos = false;
     r.sampling = sp;
     r.sampling.seed = 5000 + i;
@@ -347,10 +371,21 @@ TEST(speculative_rejection_sampling, end_to_end_first_token_follows_the_target) 
   ASSERT_TRUE(spec.ok());
   auto res = (*spec)->generate(reqs);
   ASSERT_TRUE(res.ok()) << res.err().message;
-  std::vector<int> counts(vocab, 0);
-  for (const auto& r : *res) ++counts[r.tokens.at(0)];
+  std::vector<int> counts(vocab, 0), counts2(vocab, 0);
+  for (const auto& r : *res) {
+    ++counts[r.tokens.at(0)];
+    ++counts2[r.tokens.at(1)];
+  }
   bool impossible = false;
   EXPECT_LT(chi_square(counts, p, n, &impossible), 16.27);  // 3 dof, 0.999
+  EXPECT_FALSE(impossible);
+  // 0.999 quantiles of chi-square by degrees of freedom (at most 4 x 4 - 1 categories' worth).
+  const double q999[] = {0, 10.83, 13.82, 16.27, 18.47, 20.52, 22.46, 24.32, 26.12, 27.88, 29.59, 31.26, 32.91,
+                         34.53, 36.12, 37.70};
+  const int dof = static_cast<int>(std::count_if(p2.begin(), p2.end(), [](double x) { return x > 0.0; })) - 1;
+  ASSERT_GE(dof, 1);
+  ASSERT_LE(dof, 15);
+  EXPECT_LT(chi_square(counts2, p2, n, &impossible), q999[dof]);
   EXPECT_FALSE(impossible);
   const auto& st = (*spec)->stats();
   EXPECT_GT(st.proposed, 0);

@@ -61,8 +61,11 @@ result<std::unique_ptr<stage_executor>> stage_executor::create(kernels::backend&
   const int max_ctx = std::max(1, std::min(options.kv_blocks * options.kv_block_size,
                                            std::max(config.max_position_embeddings, options.kv_block_size)));
   ex->max_blocks_per_seq_ = (max_ctx + options.kv_block_size - 1) / options.kv_block_size;
-  const std::size_t ints = 3 * t + 2 * options.max_seqs + 1 +
-                           static_cast<std::size_t>(options.max_seqs) * ex->max_blocks_per_seq_ + max_rows;
+  std::size_t ints = 3 * t + 2 * options.max_seqs + 1 +
+                     static_cast<std::size_t>(options.max_seqs) * ex->max_blocks_per_seq_ + max_rows;
+  if (const std::size_t rw = std::min<std::size_t>(t, std::max(0, backend.caps().row_invariant_rows)); rw > 0) {
+    ints += 2 * rw + 1 + rw * ex->max_blocks_per_seq_;  // row-wise q_start, ctx_len and block tables
+  }
   ex->plan_ints_ = device_buffer(backend, ints * sizeof(std::int32_t));
   ex->host_ints_.reserve(ints);
   for (const device_buffer* b : {&ex->inv_freq_, &ex->residual_, &ex->normed_, &ex->delta_, &ex->plan_ints_}) {
@@ -201,10 +204,30 @@ void stage_executor::upload_plan(const step_plan& plan, bool fixed_shape) {
       for (int i = 0; i + 1 < n; ++i) v.push_back(row0 + i);
     row0 += n;
   }
+  const int logit_rows = static_cast<int>(v.size() - rows_at);
+  // Row-wise attention: token i of sequence s becomes a sequence of its own, whose context ends at
+  // its position, with s's block table; the backend then computes every row as a decode step.
+  const bool rows = row_wise(total);
+  const std::size_t row_q_at = v.size();
+  if (rows) {
+    for (int i = 0; i <= total; ++i) v.push_back(i);
+    for (const auto& s : plan.seqs)
+      for (int i = 0; i < static_cast<int>(s.tokens.size()); ++i) v.push_back(s.start_pos + i + 1);
+    for (std::size_t si = 0; si < plan.seqs.size(); ++si) {
+      const std::size_t from = table_at + si * max_blocks;
+      for (std::size_t i = 0; i < plan.seqs[si].tokens.size(); ++i) {
+        for (int j = 0; j < max_blocks; ++j) {
+          const std::int32_t block = v[from + j];
+          v.push_back(block);
+        }
+      }
+    }
+  }
   backend_.upload(plan_ints_.get(), v.data(), v.size() * sizeof(std::int32_t));
   const auto* base = plan_ints_.as<const std::int32_t>();
   pv_ = plan_view{base, base + total, base + 2 * total, base + q_start_at, base + ctx_at, base + table_at,
-                  base + rows_at, total, num_seqs, static_cast<int>(v.size() - rows_at), max_ctx, max_q};
+                  base + rows_at, total, num_seqs, logit_rows, max_ctx, max_q, rows,
+                  base + row_q_at, base + row_q_at + total + 1, base + row_q_at + 2 * total + 1};
   (void)max_blocks;
   table_stride_ = max_blocks;
 }
@@ -240,8 +263,11 @@ status stage_executor::run_layer(int li, int n, bool first) {
   shape.sliding_window = config_.sliding_window[layer];
   b.rope(qkv_.get(), n, shape, pv_.positions, inv_freq_.as<const float>(), attention_scaling_);
   b.kv_write(qkv_.get(), n, shape, pv_.slots, kv_.layout(), kv_.k(li), kv_.v(li));
-  kernels::attention_batch batch{pv_.num_seqs, pv_.q_start, pv_.ctx_len, pv_.block_table, table_stride_,
-                                 pv_.max_ctx, pv_.max_q};
+  const kernels::attention_batch batch =
+      pv_.row_wise ? kernels::attention_batch{pv_.num_tokens, pv_.row_q_start, pv_.row_ctx_len, pv_.row_block_table,
+                                              table_stride_, pv_.max_ctx, 1}
+                   : kernels::attention_batch{pv_.num_seqs, pv_.q_start, pv_.ctx_len, pv_.block_table, table_stride_,
+                                              pv_.max_ctx, pv_.max_q};
   b.attention(qkv_.get(), shape, batch, kv_.layout(), kv_.k(li), kv_.v(li), attn_.get());
   b.linear(attn_.get(), n, w.o, w.o_bias, delta_.get());
   CONVEYOR_TRY(reduce(delta_.get(), n));
@@ -277,8 +303,13 @@ status stage_executor::run_ops(int n) {
   return ok_status();
 }
 
+bool stage_executor::row_wise(int tokens) const { return tokens <= backend_.caps().row_invariant_rows; }
+
 bool stage_executor::capturable(const step_plan& plan) const {
   if (!backend_.can_capture() || observer_ || collective_ != nullptr) return false;
+  // A row-wise step (verification passes of speculative decoding) is recorded like a decode step:
+  // its attention is the decode kernels', which read every length from the plan on the device.
+  if (row_wise(plan.num_tokens())) return true;
   return std::all_of(plan.seqs.begin(), plan.seqs.end(), [](const sequence_step& s) { return s.tokens.size() == 1; });
 }
 

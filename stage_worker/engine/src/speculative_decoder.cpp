@@ -58,6 +58,40 @@ result<std::vector<generation_result>> speculative_decoder::generate(const std::
     return e;
   };
   const auto& eos = target_.config().eos_token_ids;
+  // The prompt goes through the target alone first, as in plain decoding, and the token it draws is
+  // the first one out. Merged into the first verification pass instead, a prompt longer than the
+  // row-invariant kernels cover would be computed by a GEMM k rows bigger than plain decoding's,
+  // which may round its KV differently in bf16; this way the prompt's KV and first token come from
+  // the very steps plain decoding runs. Counted as a round of no proposals
+  // (what plain decoding gains per step).
+  {
+    std::vector<feed> feeds;
+    std::vector<std::size_t> of;
+    for (std::size_t i = 0; i < seqs.size(); ++i) {
+      if (seqs[i].done) continue;
+      feed f;
+      f.seq = seqs[i].id;
+      f.tokens = &seqs[i].tokens;
+      f.cached = &seqs[i].target_cached;
+      f.params = requests[i].sampling;
+      feeds.push_back(std::move(f));
+      of.push_back(i);
+    }
+    if (auto st = advance(target_, feeds, &stats_.target_steps, &stats_.target_seconds); !st) return fail(st.err());
+    for (std::size_t j = 0; j < feeds.size(); ++j) {
+      running& s = seqs[of[j]];
+      const std::int32_t tok = feeds[j].rows[0];
+      s.tokens.push_back(tok);
+      ++stats_.emitted;
+      ++stats_.rounds;
+      const bool is_eos = requests[of[j]].stop_at_eos && std::find(eos.begin(), eos.end(), tok) != eos.end();
+      if (is_eos || s.tokens.size() - s.prompt_len >= static_cast<std::size_t>(requests[of[j]].max_new_tokens)) {
+        s.done = true;
+        results[of[j]].finish_reason = is_eos ? "stop" : "length";
+        release(s);
+      }
+    }
+  }
   for (;;) {
     std::vector<std::size_t> active;
     for (std::size_t i = 0; i < seqs.size(); ++i)

@@ -43,6 +43,10 @@ struct backend_caps {
   dtype kv_dtype = dtype::f32;      ///< K/V cache elements
   bool int8_weights = false;  ///< `linear` takes i8 matrices with per-row scales
   bool fp8_weights = false;   ///< `linear` takes f8e4m3 matrices with per-row scales
+  /// > 0: steps of up to this many tokens are row-invariant (every row bit-identical to a step of
+  /// that token alone) when their attention is issued one query row per sequence; the executor then
+  /// does that. 0: no such promise (rows of a bigger call may round differently).
+  int row_invariant_rows = 0;
 };
 
 /// Head geometry of one attention layer.

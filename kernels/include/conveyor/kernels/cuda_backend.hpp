@@ -55,7 +55,19 @@ struct cuda_backend_options {
   /// it picked nearly cuBLAS's own kernels, and the steps measured no faster in three runs
   /// (3-5% slower at batch 64 in two of them; bench/NOTES.md, session 3).
   bool gemm_tune = false;
+
+  /// Row-invariant numerics (bf16; speculative decoding turns it on): a step of up to 16 tokens
+  /// computes every token's row with the very arithmetic a step of that token alone would use, so a
+  /// verification pass of k + 1 tokens gives bit for bit the logits of k + 1 decode steps. bf16
+  /// linears of ≤ 16 rows run on the GEMV (whatever small_gemm says: its reduction order over K does
+  /// not depend on the number of rows), and attention splits keys into fixed runs of 256
+  /// (batch_invariant_split_len) instead of a split count chosen from the batch, with the executor
+  /// passing such steps one query row per sequence (caps().row_invariant_rows).
+  bool batch_invariant = false;
 };
+
+/// Keys per flash-decoding split under batch_invariant.
+inline constexpr int batch_invariant_split_len = 256;
 
 /// Creates a backend on `options.device`: one stream, one cuBLAS handle, workspace allocated here.
 /// Returns an error value (not an exception, not an abort) when there is no usable device, the

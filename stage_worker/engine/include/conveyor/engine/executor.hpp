@@ -107,7 +107,13 @@ class stage_executor {
   struct plan_view {
     const std::int32_t *ids, *positions, *slots, *q_start, *ctx_len, *block_table, *logit_rows;
     int num_tokens, num_seqs, num_logit_rows, max_ctx, max_q;
+    /// Row-wise attention (the backend's row_invariant_rows covers the step): every token as a
+    /// sequence of one query row, its context ending at its own position, its sequence's block table.
+    bool row_wise;
+    const std::int32_t *row_q_start, *row_ctx_len, *row_block_table;
   } pv_{};
+  /// True when a step of `tokens` tokens runs its attention row-wise (see plan_view).
+  bool row_wise(int tokens) const;
   hidden_observer observer_;
   std::vector<float> observe_buf_;
   /// Recorded decode steps by (tokens, sequences, logit rows, block-table stride).
