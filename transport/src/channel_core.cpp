@@ -67,8 +67,7 @@ bool channel_core::frame_ready() const { return deliverable_.load(std::memory_or
 
 void channel_core::update_deliverable() {
   // With mu_ held.
-  deliverable_.store((!ready_.empty() && ready_.begin()->first == next_deliver_) || failure_.has_value(),
-                     std::memory_order_release);
+  deliverable_.store(next_ready() || failure_.has_value(), std::memory_order_release);
 }
 
 void channel_core::spin(const std::function<bool()>& done, deadline until) {
@@ -92,11 +91,8 @@ result<frame> channel_core::receive(deadline until) {
   if (!frame_ready()) spin([this] { return frame_ready(); }, until);
   std::unique_lock lock(mu_);
   for (;;) {
-    if (!ready_.empty() && ready_.begin()->first == next_deliver_) {
-      auto node = ready_.extract(ready_.begin());
-      ++next_deliver_;
-      update_deliverable();
-      result<frame> f = std::move(node.mapped());
+    if (next_ready()) {
+      result<frame> f = take_next();
       if (f.ok()) buffered_bytes_ -= f->payload.size();
       lock.unlock();
       // Rendezvous frames may wait for the room this one frees (flow control); only then is the
@@ -109,8 +105,7 @@ result<frame> channel_core::receive(deadline until) {
     }
     // Frames that arrived whole before a failure are still delivered; after them, the failure.
     if (failure_) return *failure_;
-    if (cv_.wait_until(lock, until) == std::cv_status::timeout &&
-        !(!ready_.empty() && ready_.begin()->first == next_deliver_) && !failure_) {
+    if (cv_.wait_until(lock, until) == std::cv_status::timeout && !next_ready() && !failure_) {
       return make_error(errc::io, name(id()) + ": no frame before the receive deadline");
     }
   }
@@ -157,6 +152,11 @@ status channel_core::open(const worker_address& peer) {
 }
 
 void channel_core::tick(clock::time_point now) {
+  // Frames mark heard_/sent_ and the clock is read here, once a tick, not once a frame (a clock read
+  // is a measurable part of a small frame's trip); both times are late by at most one tick.
+  if (heard_) last_heard_ = now;
+  if (sent_) last_sent_ = now;
+  heard_ = sent_ = false;
   if (closed_ || ep_ == nullptr || peer_instance_ == 0) return;
   auto timeout = worker_->config().peer_timeout;
   if (now - last_heard_ > timeout) {
@@ -221,7 +221,7 @@ ucs_status_t channel_core::on_frame(const wire::preamble& p, const void* header,
                                     void* data, std::size_t length, const ucp_am_recv_param_t* param) {
   bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
   if (!from_current_peer(p)) return rndv ? UCS_ERR_NOT_CONNECTED : UCS_OK;
-  last_heard_ = clock::now();
+  heard_ = true;
   // Built only on the error paths: a string per frame is measurable at small-frame latencies.
   auto where = [&] { return name(id()) + ", frame " + std::to_string(p.seq); };
   if (p.payload_bytes > options_.max_payload_bytes) {
@@ -247,11 +247,7 @@ ucs_status_t channel_core::on_frame(const wire::preamble& p, const void* header,
     auto* h = static_cast<const std::byte*>(header) + sizeof(wire::preamble);
     payload_buffer payload(worker_->pool(), length);
     if (length != 0) std::memcpy(payload.data(), data, length);
-    {
-      std::lock_guard lock(mu_);
-      buffered_bytes_ += length;
-    }
-    finish(p.seq, std::vector<std::byte>(h, h + p.header_bytes), std::move(payload));
+    finish(p.seq, std::vector<std::byte>(h, h + p.header_bytes), std::move(payload), length);
     return UCS_OK;
   }
   auto& pf = partial(p);
@@ -298,7 +294,7 @@ ucs_status_t channel_core::on_separate_header(const wire::preamble& p, void* dat
                                               const ucp_am_recv_param_t* param) {
   bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
   if (!from_current_peer(p)) return rndv ? UCS_ERR_NOT_CONNECTED : UCS_OK;
-  last_heard_ = clock::now();
+  heard_ = true;
   // Built only on the error paths: a string per frame is measurable at small-frame latencies.
   auto where = [&] { return name(id()) + ", frame " + std::to_string(p.seq); };
   if (length != p.header_bytes || length > options_.header_limits.max_header_bytes) {
@@ -408,11 +404,13 @@ void channel_core::try_finish(std::uint64_t seq) {
   finish(seq, std::move(done.header_bytes), std::move(done.payload));
 }
 
-void channel_core::finish(std::uint64_t seq, std::vector<std::byte> header_bytes, payload_buffer payload) {
+void channel_core::finish(std::uint64_t seq, std::vector<std::byte> header_bytes, payload_buffer payload,
+                          std::size_t uncounted) {
   auto where = [&] { return name(id()) + ", frame " + std::to_string(seq) + ": "; };
   auto header = decode_header(header_bytes, options_.header_limits);
   status size_ok = header.ok() ? check_payload_size(*header, payload.size()) : status(header.err());
   std::lock_guard lock(mu_);
+  buffered_bytes_ += uncounted;
   if (!size_ok.ok()) {
     buffered_bytes_ -= payload.size();
     deliver(seq, make_error(size_ok.err().code, where() + size_ok.err().message));
@@ -424,9 +422,33 @@ void channel_core::finish(std::uint64_t seq, std::vector<std::byte> header_bytes
 void channel_core::deliver(std::uint64_t seq, result<frame> f) {
   // Called with mu_ held.
   bool wake = seq == next_deliver_;
-  ready_.emplace(seq, std::move(f));
+  if (wake && !next_) {
+    next_.emplace(std::move(f));  // the usual, in-order case: no map node per frame
+  } else {
+    ready_.emplace(seq, std::move(f));
+  }
   if (wake) update_deliverable();
   if (wake) cv_.notify_all();
+}
+
+bool channel_core::next_ready() const {
+  return next_.has_value() || (!ready_.empty() && ready_.begin()->first == next_deliver_);
+}
+
+result<frame> channel_core::take_next() {
+  // With mu_ held and next_ready(). next_ holds frame next_deliver_ when it is set (deliver puts
+  // only that frame there), so the map cannot hold it too.
+  std::optional<result<frame>> out;
+  if (next_) {
+    out.emplace(std::move(*next_));
+    next_.reset();
+  } else {
+    auto node = ready_.extract(ready_.begin());
+    out.emplace(std::move(node.mapped()));
+  }
+  ++next_deliver_;
+  update_deliverable();
+  return std::move(*out);
 }
 
 void channel_core::on_bye() {
@@ -440,43 +462,40 @@ void channel_core::on_ep_error(void* arg, ucp_ep_h, ucs_status_t st) {
   self->worker_->post([core = self->shared_from_this()] { core->close(); });
 }
 
-namespace {
-/// What a pending send request carries to its completion callback.
-struct send_ctx {
-  ucx_worker* worker;
-  std::shared_ptr<send_handle::state> state;
-  bool pending;  // UCX returned a request (counted in the worker's outstanding requests)
-};
-}  // namespace
-
 void channel_core::post_am(unsigned id, const void* header, std::size_t header_length, const void* data,
                            std::size_t length, std::shared_ptr<send_handle::state> s) {
+  // The completion context lives in the send's state (no allocation per send); it holds the state
+  // alive only while UCX owns a request, which is never the case for a small eager send (it
+  // completes in the call, and UCX calls no callback then).
+  auto& slot = s->request(worker_);
   ucp_request_param_t rp{};
   rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   rp.cb.send = &channel_core::on_send_done;
-  s->channel = weak_from_this();
-  auto* ctx = new send_ctx{worker_, std::move(s), false};
-  rp.user_data = ctx;
-  last_sent_ = clock::now();
+  if (s->channel.expired()) s->channel = weak_from_this();
+  rp.user_data = &slot;
+  sent_ = true;
   ucs_status_ptr_t req = ucp_am_send_nbx(ep_, id, header, header_length, data, length, &rp);
   if (req == nullptr) {
-    on_send_done(nullptr, UCS_OK, ctx);
+    on_send_done(nullptr, UCS_OK, &slot);
   } else if (UCS_PTR_IS_ERR(req)) {
-    on_send_done(nullptr, UCS_PTR_STATUS(req), ctx);
+    on_send_done(nullptr, UCS_PTR_STATUS(req), &slot);
   } else {
-    // Only sends UCX still owns are tracked (a small eager send usually completes in the call).
-    ctx->pending = true;
+    // Only sends UCX still owns are tracked. The callback cannot run before this (it runs from a
+    // progress pass, under the worker lock this thread holds).
+    slot.pending = true;
     worker_->request_started();
-    in_flight_[ctx->state.get()] = ctx->state;
+    in_flight_[s.get()] = s;
+    slot.keep = std::move(s);
   }
 }
 
 void channel_core::on_send_done(void* request, ucs_status_t st, void* user_data) {
-  auto* ctx = static_cast<send_ctx*>(user_data);
+  auto* slot = static_cast<send_handle::state::request_slot*>(user_data);
+  auto keep = std::move(slot->keep);  // keeps the state alive until this returns
+  auto& s = *slot->owner;
   if (request != nullptr) ucp_request_free(request);
-  if (ctx->pending) ctx->worker->request_done();
-  auto& s = *ctx->state;
-  if (ctx->pending) {
+  if (slot->pending) {
+    slot->worker->request_done();
     if (auto core = s.channel.lock()) core->in_flight_.erase(&s);
   }
   if (st == UCS_OK) {
@@ -488,7 +507,6 @@ void channel_core::on_send_done(void* request, ucs_status_t st, void* user_data)
     s.complete_one(make_error(errc::io, who + ": send failed: " + ucs_status_string(st) +
                                             (why ? " (" + why->message + ")" : std::string())));
   }
-  delete ctx;
 }
 
 void channel_core::start_send(std::shared_ptr<send_handle::state> s) {
