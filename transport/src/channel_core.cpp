@@ -236,18 +236,34 @@ ucs_status_t channel_core::on_frame(const wire::preamble& p, const void* header,
                                                    std::to_string(options_.header_limits.max_header_bytes)));
     return rndv ? UCS_ERR_EXCEEDS_LIMIT : UCS_OK;
   }
-  if (length != p.payload_bytes) {
-    reject(p.seq, make_error(errc::bad_format, where() + ": " + std::to_string(length) + " payload bytes arrived, " +
+  // A small payload may travel inside the AM header, after the frame header (wire::flag_payload_inline).
+  const bool payload_inline = (p.flags & wire::flag_payload_inline) != 0;
+  const std::size_t inline_len = header_length - sizeof(wire::preamble);
+  if (payload_inline && (rndv || length != 0 || (p.flags & wire::flag_header_separate) != 0 || inline_len < p.header_bytes)) {
+    reject(p.seq, make_error(errc::bad_format, where() + ": malformed inline-payload frame (" +
+                                                   std::to_string(inline_len) + " bytes after the preamble, header of " +
+                                                   std::to_string(p.header_bytes) + ", " + std::to_string(length) +
+                                                   " data bytes)"));
+    return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK;
+  }
+  const std::size_t arrived = payload_inline ? inline_len - p.header_bytes : length;
+  if (arrived != p.payload_bytes) {
+    reject(p.seq, make_error(errc::bad_format, where() + ": " + std::to_string(arrived) + " payload bytes arrived, " +
                                                    std::to_string(p.payload_bytes) + " announced (truncated)"));
     return rndv ? UCS_ERR_MESSAGE_TRUNCATED : UCS_OK;
   }
-  if (!rndv && (p.flags & wire::flag_header_separate) == 0 && header_length - sizeof(wire::preamble) == p.header_bytes &&
+  if (!rndv && (p.flags & wire::flag_header_separate) == 0 && (payload_inline || inline_len == p.header_bytes) &&
       partial_.find(p.seq) == partial_.end()) {
     // The common small frame: header and payload both here, nothing to pair up (no partial entry).
     auto* h = static_cast<const std::byte*>(header) + sizeof(wire::preamble);
-    payload_buffer payload(worker_->pool(), length);
-    if (length != 0) std::memcpy(payload.data(), data, length);
-    finish(p.seq, std::vector<std::byte>(h, h + p.header_bytes), std::move(payload), length);
+    const void* src = payload_inline ? static_cast<const void*>(h + p.header_bytes) : data;
+    payload_buffer payload(worker_->pool(), arrived);
+    if (arrived != 0) std::memcpy(payload.data(), src, arrived);
+    finish(p.seq, std::vector<std::byte>(h, h + p.header_bytes), std::move(payload), arrived);
+    return UCS_OK;
+  }
+  if (payload_inline) {
+    reject(p.seq, make_error(errc::bad_format, where() + ": an inline-payload frame reuses a sequence number"));
     return UCS_OK;
   }
   auto& pf = partial(p);
@@ -522,6 +538,18 @@ void channel_core::start_send(std::shared_ptr<send_handle::state> s) {
   p.seq = next_send_seq_++;
   p.payload_bytes = s->payload.size;
   assert(s->header_offset <= s->separate_header.size());
+  if (s->payload_inline) {
+    // send_owned appended the payload to the header (and checked it fits a UCX AM header): one
+    // header-only message, which UCX 1.13 can send inline ("short"); with both a header and data
+    // it always takes the buffered-copy path.
+    assert(s->header_offset == sizeof p);
+    p.header_bytes = static_cast<std::uint32_t>(s->separate_header.size() - sizeof p - s->payload.size);
+    p.flags = wire::flag_payload_inline;
+    std::memcpy(s->separate_header.data(), &p, sizeof p);
+    s->expect(1);
+    post_am(wire::am_frame, s->separate_header.data(), s->separate_header.size(), nullptr, 0, s);
+    return;
+  }
   const std::size_t header_size = s->separate_header.size() - s->header_offset;
   p.header_bytes = static_cast<std::uint32_t>(header_size);
   if (sizeof p + header_size <= worker_->max_am_header()) {

@@ -116,7 +116,7 @@ bool is_compact(std::span<const std::byte> bytes) {
   return bytes.size() >= 4 && bytes[0] == tag[0] && bytes[1] == tag[1] && bytes[2] == tag[2];
 }
 
-bool encode(const frame_header& h, std::size_t headroom, std::vector<std::byte>& out) {
+bool encode(const frame_header& h, std::size_t headroom, std::size_t tailroom, std::vector<std::byte>& out) {
   // Only the dtypes frame.capnp knows travel (the Cap'n Proto path handles any other the same way).
   if (h.tensor.type > kernels::dtype::i32 || h.kind > frame_kind::control) return false;
   std::byte buf[max_bytes];
@@ -150,6 +150,7 @@ bool encode(const frame_header& h, std::size_t headroom, std::vector<std::byte>&
   }
   if (!w.fits()) return false;
   auto n = static_cast<std::size_t>(w.pos() - buf);
+  out.reserve(headroom + n + tailroom);
   out.resize(headroom + n);
   std::memcpy(out.data() + headroom, buf, n);
   return true;

@@ -41,9 +41,9 @@ inline constexpr std::size_t max_bytes = 256;
 /// True when `bytes` starts with the compact tag (any version byte: a newer one is rejected by decode).
 bool is_compact(std::span<const std::byte> bytes);
 
-/// Appends the compact form after `headroom` bytes; false (and `out` unspecified) when it would be
-/// over max_bytes.
-bool encode(const frame_header& h, std::size_t headroom, std::vector<std::byte>& out);
+/// Writes the compact form after `headroom` bytes, with capacity for `tailroom` more; false (and
+/// `out` unspecified) when it would be over max_bytes.
+bool encode(const frame_header& h, std::size_t headroom, std::size_t tailroom, std::vector<std::byte>& out);
 
 /// Parses the compact form structurally (bounds, varint overflow, enum ranges, counts, trailing
 /// bytes). The plan checks shared with the Cap'n Proto form are frame_codec's.

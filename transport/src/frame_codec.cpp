@@ -88,10 +88,12 @@ schema::LogitsMode to_wire(logits_mode m) {
   return schema::LogitsMode::NONE;
 }
 
-std::vector<std::byte> flatten(capnp::MessageBuilder& message, std::size_t headroom = 0) {
+std::vector<std::byte> flatten(capnp::MessageBuilder& message, std::size_t headroom = 0, std::size_t tailroom = 0) {
   // Straight into the vector (no intermediate kj::Array).
   auto segments = message.getSegmentsForOutput();
-  std::vector<std::byte> out(headroom + capnp::computeSerializedSizeInWords(segments) * sizeof(capnp::word));
+  std::vector<std::byte> out;
+  out.reserve(headroom + capnp::computeSerializedSizeInWords(segments) * sizeof(capnp::word) + tailroom);
+  out.resize(headroom + capnp::computeSerializedSizeInWords(segments) * sizeof(capnp::word));
   kj::ArrayOutputStream stream(kj::arrayPtr(reinterpret_cast<kj::byte*>(out.data()) + headroom, out.size() - headroom));
   capnp::writeMessage(stream, segments);
   return out;
@@ -246,10 +248,11 @@ status check_payload_size(const frame_header& header, std::uint64_t size) {
   return ok_status();
 }
 
-result<std::vector<std::byte>> encode_header(const frame_header& h, std::size_t headroom, header_form form) {
+result<std::vector<std::byte>> encode_header(const frame_header& h, std::size_t headroom, header_form form,
+                                             std::size_t tailroom) {
   // Small headers (a decode step) in the compact form; Cap'n Proto for the rest (compact_header.hpp).
   std::vector<std::byte> out;
-  if (form == header_form::automatic && compact::encode(h, headroom, out)) return out;
+  if (form == header_form::automatic && compact::encode(h, headroom, tailroom, out)) return out;
   try {
     // A first segment on the stack, sized for the usual header: MallocMessageBuilder's default
     // first segment is an 8 KiB calloc per message, a good part of a small frame's cost.
@@ -290,7 +293,7 @@ result<std::vector<std::byte>> encode_header(const frame_header& h, std::size_t 
     t.setDtype(to_wire(h.tensor.type));
     auto shape = t.initShape(static_cast<unsigned>(h.tensor.shape.size()));
     for (std::size_t j = 0; j < h.tensor.shape.size(); ++j) shape.set(j, h.tensor.shape[j]);
-    return flatten(message, headroom);
+    return flatten(message, headroom, tailroom);
   } catch (const kj::Exception& e) {
     // Only a list over Cap'n Proto's 2^29-element limit gets here: a caller bug, but report it as a value.
     return make_error(errc::invalid_argument, std::string("frame header: cannot encode: ") + e.getDescription().cStr());

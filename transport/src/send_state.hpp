@@ -26,6 +26,8 @@ class send_handle::state {
   /// for the same reason.
   std::vector<std::byte> separate_header;
   std::size_t header_offset = 0;
+  /// The payload's bytes were appended to separate_header (wire::flag_payload_inline).
+  bool payload_inline = false;
   std::vector<std::byte> separate_preamble;
   payload_view payload;
   std::weak_ptr<channel_core> channel;

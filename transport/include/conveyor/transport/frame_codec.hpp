@@ -30,10 +30,11 @@ std::uint32_t frame_schema_version();
 enum class header_form { automatic, capnp };
 
 /// Encodes `header` (see header_form) after `headroom` bytes left for the caller (a channel writes
-/// its wire preamble there, sparing a copy per frame). The Cap'n Proto form is an unpacked message
-/// (flat bytes, word-aligned).
+/// its wire preamble there, sparing a copy per frame), with capacity for `tailroom` more bytes (a
+/// channel appends a small payload there). The Cap'n Proto form is an unpacked message (flat
+/// bytes, word-aligned).
 result<std::vector<std::byte>> encode_header(const frame_header& header, std::size_t headroom = 0,
-                                             header_form form = header_form::automatic);
+                                             header_form form = header_form::automatic, std::size_t tailroom = 0);
 
 /// Decodes and validates a header in either form: structure, enum values, plan consistency (block tables cover
 /// the positions, no negative positions), tensor shape.
