@@ -27,7 +27,7 @@ class buffer_pool {
   }
 
   /// Buffers kept per size class: a channel has a few frames in flight, not dozens.
-  static constexpr std::size_t max_per_class = 4;
+  static constexpr std::size_t max_per_class = 16;
 
   std::byte* take(std::size_t capacity) {
     {

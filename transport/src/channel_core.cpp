@@ -11,6 +11,10 @@
 namespace conveyor::transport {
 namespace {
 
+/// Payloads from this size on take the bulk endpoint (open() says why); smaller ones are sent
+/// eagerly (copied) by UCX either way.
+constexpr std::size_t bulk_min_payload = std::size_t{256} << 10;
+
 std::string name(std::uint64_t id) { return "channel " + std::to_string(id); }
 
 std::vector<std::byte> preamble_bytes(const wire::preamble& p, std::span<const std::byte> inline_header) {
@@ -135,6 +139,18 @@ status channel_core::open(const worker_address& peer) {
     ep_ = nullptr;
     return make_error(errc::io, name(id()) + ": cannot reach the peer's worker address: " + ucs_status_string(st));
   }
+  if (peer_mode_) {
+    // Large payloads go through a second endpoint without UCX error handling: with PEER mode,
+    // UCX 1.13 disables its zero-copy rendezvous on tcp and streams through a bounce buffer (one
+    // more copy on the receiver; ucx_perftest -e measured 0.8x of plain perftest, frames 0.7x).
+    // Failure detection does not suffer: the PEER endpoint above sees the dead peer (same process,
+    // same host) and close() then force-closes this one and fails what it still owes.
+    ucp_ep_params_t bulk{};
+    bulk.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+    bulk.address = ep.address;
+    bulk.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+    if (ucp_ep_create(worker_->handle(), &bulk, &bulk_ep_) != UCS_OK) bulk_ep_ = nullptr;  // ep_ carries all then
+  }
   channel_hello hello{frame_schema_version(), id(), worker_->instance(), options_.max_payload_bytes};
   auto bytes = encode_hello(hello);
   assert(bytes.ok());
@@ -146,7 +162,7 @@ status channel_core::open(const worker_address& peer) {
   s->am_header = preamble_bytes(p, *bytes);
   s->channel = weak_from_this();
   s->expect(1);
-  post_am(wire::am_hello, s->am_header.data(), s->am_header.size(), nullptr, 0, s);
+  post_am(ep_, wire::am_hello, s->am_header.data(), s->am_header.size(), nullptr, 0, s);
   last_heard_ = last_sent_ = clock::now();
   return ok_status();
 }
@@ -172,7 +188,7 @@ void channel_core::tick(clock::time_point now) {
     auto s = std::make_shared<send_handle::state>();
     s->am_header = preamble_bytes(p, {});
     s->expect(1);
-    post_am(wire::am_heartbeat, s->am_header.data(), s->am_header.size(), nullptr, 0, s);
+    post_am(ep_, wire::am_heartbeat, s->am_header.data(), s->am_header.size(), nullptr, 0, s);
   }
 }
 
@@ -478,7 +494,7 @@ void channel_core::on_ep_error(void* arg, ucp_ep_h, ucs_status_t st) {
   self->worker_->post([core = self->shared_from_this()] { core->close(); });
 }
 
-void channel_core::post_am(unsigned id, const void* header, std::size_t header_length, const void* data,
+void channel_core::post_am(ucp_ep_h ep, unsigned id, const void* header, std::size_t header_length, const void* data,
                            std::size_t length, std::shared_ptr<send_handle::state> s) {
   // The completion context lives in the send's state (no allocation per send); it holds the state
   // alive only while UCX owns a request, which is never the case for a small eager send (it
@@ -490,7 +506,7 @@ void channel_core::post_am(unsigned id, const void* header, std::size_t header_l
   if (s->channel.expired()) s->channel = weak_from_this();
   rp.user_data = &slot;
   sent_ = true;
-  ucs_status_ptr_t req = ucp_am_send_nbx(ep_, id, header, header_length, data, length, &rp);
+  ucs_status_ptr_t req = ucp_am_send_nbx(ep, id, header, header_length, data, length, &rp);
   if (req == nullptr) {
     on_send_done(nullptr, UCS_OK, &slot);
   } else if (UCS_PTR_IS_ERR(req)) {
@@ -538,6 +554,12 @@ void channel_core::start_send(std::shared_ptr<send_handle::state> s) {
   p.seq = next_send_seq_++;
   p.payload_bytes = s->payload.size;
   assert(s->header_offset <= s->separate_header.size());
+  // Large payloads through the endpoint that can stream them zero-copy (see open()).
+  ucp_ep_h ep = ep_;
+  if (bulk_ep_ != nullptr && s->payload.size >= bulk_min_payload) {
+    ep = bulk_ep_;
+    s->on_bulk_ep = true;
+  }
   if (s->payload_inline) {
     // send_owned appended the payload to the header (and checked it fits a UCX AM header): one
     // header-only message, which UCX 1.13 can send inline ("short"); with both a header and data
@@ -547,7 +569,7 @@ void channel_core::start_send(std::shared_ptr<send_handle::state> s) {
     p.flags = wire::flag_payload_inline;
     std::memcpy(s->separate_header.data(), &p, sizeof p);
     s->expect(1);
-    post_am(wire::am_frame, s->separate_header.data(), s->separate_header.size(), nullptr, 0, s);
+    post_am(ep, wire::am_frame, s->separate_header.data(), s->separate_header.size(), nullptr, 0, s);
     return;
   }
   const std::size_t header_size = s->separate_header.size() - s->header_offset;
@@ -556,12 +578,12 @@ void channel_core::start_send(std::shared_ptr<send_handle::state> s) {
     if (s->header_offset == sizeof p) {
       std::memcpy(s->separate_header.data(), &p, sizeof p);  // into the room left in front
       s->expect(1);
-      post_am(wire::am_frame, s->separate_header.data(), s->separate_header.size(), s->payload.data, s->payload.size, s);
+      post_am(ep, wire::am_frame, s->separate_header.data(), s->separate_header.size(), s->payload.data, s->payload.size, s);
       return;
     }
     s->am_header = preamble_bytes(p, std::span(s->separate_header).subspan(s->header_offset));
     s->expect(1);
-    post_am(wire::am_frame, s->am_header.data(), s->am_header.size(), s->payload.data, s->payload.size, s);
+    post_am(ep, wire::am_frame, s->am_header.data(), s->am_header.size(), s->payload.data, s->payload.size, s);
     return;
   }
   // Too big for a UCX AM header: the header goes first as its own message (same ep, so it is
@@ -570,9 +592,9 @@ void channel_core::start_send(std::shared_ptr<send_handle::state> s) {
   s->separate_preamble = preamble_bytes(p, {});
   s->am_header = s->separate_preamble;
   s->expect(2);
-  post_am(wire::am_header, s->separate_preamble.data(), s->separate_preamble.size(),
+  post_am(ep, wire::am_header, s->separate_preamble.data(), s->separate_preamble.size(),
           s->separate_header.data() + s->header_offset, header_size, s);
-  post_am(wire::am_frame, s->am_header.data(), s->am_header.size(), s->payload.data, s->payload.size, s);
+  post_am(ep, wire::am_frame, s->am_header.data(), s->am_header.size(), s->payload.data, s->payload.size, s);
 }
 
 void channel_core::close() {
@@ -591,22 +613,31 @@ void channel_core::close() {
       auto s = std::make_shared<send_handle::state>();
       s->am_header = preamble_bytes(p, {});
       s->expect(1);
-      post_am(wire::am_bye, s->am_header.data(), s->am_header.size(), nullptr, 0, s);
+      post_am(ep_, wire::am_bye, s->am_header.data(), s->am_header.size(), nullptr, 0, s);
     }
     // Without UCX error handling a flush would wait forever on a dead peer: force it then.
     worker_->close_ep(ep_, failed || !peer_mode_, shared_from_this());
     ep_ = nullptr;
   }
-  if (!peer_mode_) {
-    // UCX leaves these pending after a force close when it has no error handling. A peer process
-    // that is gone cannot read the payloads any more; one that is merely silent could still read
-    // (never write) them through cma, which cannot corrupt this process.
-    // TODO(reliability): the UCX requests (and rendezvous receive buffers) leak here.
-    auto why = failure().value_or(make_error(errc::io, name(id()) + ": closed"));
-    for (auto& [raw, weak] : in_flight_) {
-      if (auto s = weak.lock()) s->fail_now(why);
+  if (bulk_ep_ != nullptr) {
+    // No UCX error handling on this one: a flush could wait forever on a dead peer.
+    worker_->close_ep(bulk_ep_, true, shared_from_this());
+    bulk_ep_ = nullptr;
+  }
+  // UCX leaves sends on endpoints without error handling pending after a force close (all of them
+  // over shared memory, the bulk ones over tcp). A peer process that is gone cannot read the
+  // payloads any more; one that is merely silent could still read (never write) them through cma,
+  // which cannot corrupt this process.
+  // TODO(reliability): the UCX requests (and rendezvous receive buffers) leak here.
+  auto why = failure().value_or(make_error(errc::io, name(id()) + ": closed"));
+  for (auto it = in_flight_.begin(); it != in_flight_.end();) {
+    auto s = it->second.lock();
+    if (!peer_mode_ || (s && s->on_bulk_ep)) {
+      if (s) s->fail_now(why);
+      it = in_flight_.erase(it);
+    } else {
+      ++it;
     }
-    in_flight_.clear();
   }
   fail(make_error(errc::io, name(id()) + ": closed"));
   worker_->remove_channel(id());

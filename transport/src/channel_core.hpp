@@ -104,7 +104,7 @@ class channel_core : public std::enable_shared_from_this<channel_core> {
   /// Takes frame next_deliver_ (mu_ held, next_ready()).
   result<frame> take_next();
   void update_deliverable();
-  void post_am(unsigned id, const void* header, std::size_t header_length, const void* data, std::size_t length,
+  void post_am(ucp_ep_h ep, unsigned id, const void* header, std::size_t header_length, const void* data, std::size_t length,
                std::shared_ptr<send_handle::state> s);
   static void on_recv_done(void* request, ucs_status_t st, std::size_t length, void* user_data);
   static void on_send_done(void* request, ucs_status_t st, void* user_data);
@@ -115,6 +115,8 @@ class channel_core : public std::enable_shared_from_this<channel_core> {
 
   // under the worker's ucx_mu_
   ucp_ep_h ep_ = nullptr;
+  /// Without UCX error handling, for large payloads, next to a PEER-mode ep_ (open() says why).
+  ucp_ep_h bulk_ep_ = nullptr;
   bool closed_ = false;
   /// UCX watches the peer (UCP_ERR_HANDLING_MODE_PEER); false on transports that cannot, where the
   /// heartbeat timeout is the only failure detector.

@@ -28,6 +28,8 @@ class send_handle::state {
   std::size_t header_offset = 0;
   /// The payload's bytes were appended to separate_header (wire::flag_payload_inline).
   bool payload_inline = false;
+  /// Sent on the channel's bulk endpoint (no UCX error handling: close() fails it itself).
+  bool on_bulk_ep = false;
   std::vector<std::byte> separate_preamble;
   payload_view payload;
   std::weak_ptr<channel_core> channel;

@@ -306,7 +306,9 @@ void ucx_worker::run(std::promise<status>* started) {
       last_active = now;
       continue;
     }
-    if (now - last_active < config_.busy_poll) continue;
+    if (now - last_active < (outstanding_ > 0 ? std::max(config_.busy_poll, config_.transfer_poll) : config_.busy_poll)) {
+      continue;
+    }
     if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;
     sleeping_.store(true);  // before the queue check: a post() after it sees the flag and wakes us
     {
