@@ -78,11 +78,7 @@ void channel_core::spin(const std::function<bool()>& done, deadline until) {
   auto spin_until = std::min(until, clock::now() + worker_->config().busy_poll);
   {
     ucx_worker::spin_scope spinning(*worker_);
-    for (unsigned pass = 1;; ++pass) {
-      worker_->progress_from_caller();
-      if (done()) return;
-      if ((pass & 7) == 0 && clock::now() >= spin_until) break;  // the clock costs as much as a pass
-    }
+    if (worker_->spin_progress(done, spin_until)) return;
   }
   worker_->spinner_gave_up();
 }
