@@ -426,7 +426,7 @@ void channel_core::try_finish(std::uint64_t seq) {
   if (done.err) {
     std::lock_guard lock(mu_);
     buffered_bytes_ -= done.payload.size();
-    deliver(seq, *done.err);
+    deliver(seq, result<frame>(*done.err));
     return;
   }
   finish(seq, std::move(done.header_bytes), std::move(done.payload));
@@ -441,13 +441,19 @@ void channel_core::finish(std::uint64_t seq, std::vector<std::byte> header_bytes
   buffered_bytes_ += uncounted;
   if (!size_ok.ok()) {
     buffered_bytes_ -= payload.size();
-    deliver(seq, make_error(size_ok.err().code, where() + size_ok.err().message));
+    deliver(seq, result<frame>(make_error(size_ok.err().code, where() + size_ok.err().message)));
     return;
   }
-  deliver(seq, frame{std::move(header).value(), std::move(header_bytes), std::move(payload)});
+  // Built in place and moved as little as possible: each move of a frame is a few vectors' worth
+  // of pointer copies, and a small frame's trip is short enough for that to show.
+  result<frame> f{frame{}};
+  f->header = std::move(*header);
+  f->header_bytes = std::move(header_bytes);
+  f->payload = std::move(payload);
+  deliver(seq, std::move(f));
 }
 
-void channel_core::deliver(std::uint64_t seq, result<frame> f) {
+void channel_core::deliver(std::uint64_t seq, result<frame>&& f) {
   // Called with mu_ held.
   bool wake = seq == next_deliver_;
   if (wake && !next_) {
@@ -466,17 +472,17 @@ bool channel_core::next_ready() const {
 result<frame> channel_core::take_next() {
   // With mu_ held and next_ready(). next_ holds frame next_deliver_ when it is set (deliver puts
   // only that frame there), so the map cannot hold it too.
-  std::optional<result<frame>> out;
-  if (next_) {
-    out.emplace(std::move(*next_));
-    next_.reset();
-  } else {
-    auto node = ready_.extract(ready_.begin());
-    out.emplace(std::move(node.mapped()));
-  }
   ++next_deliver_;
+  if (next_) {
+    result<frame> f = std::move(*next_);
+    next_.reset();
+    update_deliverable();
+    return f;
+  }
+  auto node = ready_.extract(ready_.begin());
+  result<frame> f = std::move(node.mapped());
   update_deliverable();
-  return std::move(*out);
+  return f;
 }
 
 void channel_core::on_bye() {

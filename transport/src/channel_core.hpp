@@ -95,7 +95,7 @@ class channel_core : public std::enable_shared_from_this<channel_core> {
   /// `uncounted`: payload bytes not yet added to buffered_bytes_ (added under the same lock).
   void finish(std::uint64_t seq, std::vector<std::byte> header_bytes, payload_buffer payload,
               std::size_t uncounted = 0);
-  void deliver(std::uint64_t seq, result<frame> f);
+  void deliver(std::uint64_t seq, result<frame>&& f);
   bool from_current_peer(const wire::preamble& p) const;
   /// The next frame (or the failure) can be delivered; one atomic load (spinning receivers poll it).
   bool frame_ready() const;

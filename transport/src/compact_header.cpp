@@ -156,14 +156,13 @@ bool encode(const frame_header& h, std::size_t headroom, std::size_t tailroom, s
   return true;
 }
 
-result<frame_header> decode(std::span<const std::byte> bytes, std::size_t max_seqs, std::size_t max_dims) {
+status decode(std::span<const std::byte> bytes, std::size_t max_seqs, std::size_t max_dims, frame_header& h) {
   if (!is_compact(bytes)) return bad("no compact tag");
   if (bytes[3] != tag[3]) {
     return bad("version " + std::to_string(static_cast<unsigned>(bytes[3])) + ", this build reads version " +
                std::to_string(static_cast<unsigned>(tag[3])));
   }
   reader r(bytes.subspan(4));
-  frame_header h;
   std::uint8_t kd;
   if (!r.u8(kd)) return bad("truncated before the frame kind");
   if ((kd & 0xf) > static_cast<unsigned>(frame_kind::control)) return bad("unknown frame kind " + std::to_string(kd & 0xf));
@@ -219,7 +218,7 @@ result<frame_header> decode(std::span<const std::byte> bytes, std::size_t max_se
     }
   }
   if (r.left() != 0) return bad(std::to_string(r.left()) + " trailing bytes after the last sequence");
-  return h;
+  return ok_status();
 }
 
 }  // namespace conveyor::transport::compact

@@ -45,8 +45,9 @@ bool is_compact(std::span<const std::byte> bytes);
 /// `out` unspecified) when it would be over max_bytes.
 bool encode(const frame_header& h, std::size_t headroom, std::size_t tailroom, std::vector<std::byte>& out);
 
-/// Parses the compact form structurally (bounds, varint overflow, enum ranges, counts, trailing
-/// bytes). The plan checks shared with the Cap'n Proto form are frame_codec's.
-result<frame_header> decode(std::span<const std::byte> bytes, std::size_t max_seqs, std::size_t max_dims);
+/// Parses the compact form into `h` (a default-constructed header; written in place, so a small
+/// frame's header is not moved around) structurally: bounds, varint overflow, enum ranges, counts,
+/// trailing bytes. The plan checks shared with the Cap'n Proto form are frame_codec's.
+status decode(std::span<const std::byte> bytes, std::size_t max_seqs, std::size_t max_dims, frame_header& h);
 
 }  // namespace conveyor::transport::compact

@@ -306,9 +306,10 @@ result<frame_header> decode_header(std::span<const std::byte> bytes, const codec
       return make_error(errc::bad_format, "frame header: " + std::to_string(bytes.size()) +
                                               " bytes, over the limit of " + std::to_string(limits.max_header_bytes));
     }
-    CONVEYOR_TRY_ASSIGN(h, compact::decode(bytes, limits.max_seqs, limits.max_dims));
-    CONVEYOR_TRY(validate(h, limits));
-    return h;
+    result<frame_header> out{frame_header{}};  // filled in place: no moves of the decoded header
+    CONVEYOR_TRY(compact::decode(bytes, limits.max_seqs, limits.max_dims, *out));
+    CONVEYOR_TRY(validate(*out, limits));
+    return out;
   }
   CONVEYOR_TRY_ASSIGN(words, as_words(bytes, limits.max_header_bytes, "frame header"));
   try {
