@@ -97,7 +97,7 @@ result<frame> channel_core::receive(deadline until) {
       lock.unlock();
       // Rendezvous frames may wait for the room this one frees (flow control); only then is the
       // worker needed here.
-      if (f.ok() && has_deferred_.load(std::memory_order_acquire)) {
+      if (has_deferred_.load(std::memory_order_acquire)) {
         ucx_worker::worker_lock w(*worker_);
         pump_deferred();
       }
@@ -302,14 +302,17 @@ ucs_status_t channel_core::on_frame(const wire::preamble& p, const void* header,
     try_finish(p.seq);
     return UCS_OK;
   }
-  bool defer;
+  bool defer, next;
   {
     std::lock_guard lock(mu_);
     // Flow control: beyond the budget, leave the data at the sender (its send stays pending) until
-    // receive() frees room. One frame is always admitted so a single big frame cannot stall.
-    defer = buffered_bytes_ != 0 && buffered_bytes_ + length > options_.max_buffered_bytes;
+    // receive() frees room. The frame receive() waits for is always admitted: the bytes buffered
+    // may belong to frames after it (eager ones are never held back, and over tcp a later small
+    // frame can overtake a big one on the bulk endpoint), which cannot be taken before it.
+    next = p.seq == next_deliver_;
+    defer = !next && buffered_bytes_ != 0 && buffered_bytes_ + length > options_.max_buffered_bytes;
   }
-  if (defer || !deferred_.empty()) {
+  if (!next && (defer || !deferred_.empty())) {
     deferred_.push_back({p.seq, data, length});
     has_deferred_.store(true, std::memory_order_release);
     return UCS_INPROGRESS;
@@ -404,6 +407,22 @@ void channel_core::on_recv_done(void* request, ucs_status_t st, std::size_t, voi
 }
 
 void channel_core::pump_deferred() {
+  if (closed_ || deferred_.empty()) return;
+  std::uint64_t want;
+  {
+    std::lock_guard lock(mu_);
+    want = next_deliver_;
+  }
+  // The frame receive() waits for first, whatever the budget (on_frame says why).
+  for (auto it = deferred_.begin(); it != deferred_.end(); ++it) {
+    if (it->seq == want) {
+      auto d = *it;
+      deferred_.erase(it);
+      if (deferred_.empty()) has_deferred_.store(false, std::memory_order_release);
+      start_rndv(d.seq, d.desc, d.length);
+      break;
+    }
+  }
   while (!deferred_.empty() && !closed_) {
     auto d = deferred_.front();
     {
