@@ -5,6 +5,7 @@
 #include <capnp/message.h>
 #include <capnp/serialize.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -26,12 +27,17 @@ void write(const fs::path& file, const void* data, std::size_t size) {
 }
 
 void write_frame(const fs::path& dir, const std::string& name, const transport::frame_header& h) {
-  auto bytes = transport::encode_header(h);
-  if (!bytes) {
-    std::fprintf(stderr, "%s: %s\n", name.c_str(), bytes.err().message.c_str());
+  // Both wire forms: Cap'n Proto under the name, the compact form (small headers) beside it.
+  auto bytes = transport::encode_header(h, 0, transport::header_form::capnp);
+  auto small = transport::encode_header(h);
+  if (!bytes || !small) {
+    std::fprintf(stderr, "%s: %s\n", name.c_str(), (bytes ? small : bytes).err().message.c_str());
     std::exit(1);
   }
   write(dir / name, bytes->data(), bytes->size());
+  if (small->size() != bytes->size() || !std::equal(small->begin(), small->end(), bytes->begin())) {
+    write(dir / (name + "-compact"), small->data(), small->size());
+  }
 }
 
 void frame_seeds(const fs::path& dir) {

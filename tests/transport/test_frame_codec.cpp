@@ -5,6 +5,7 @@
 #include <capnp/serialize.h>
 
 #include <cstring>
+#include <limits>
 #include <random>
 
 #include "conveyor/schemas/frame.capnp.h"
@@ -28,6 +29,7 @@ frame_header activations_header() {
     p.logits = s == 2 ? logits_mode::all : logits_mode::last;
     p.sample = s != 1;
     p.sampling = {0.8f, 50, 0.95f, 1234u + s, 9u};
+    if (s == 1) p.sample_rows = 3;
     h.seqs.push_back(p);
   }
   h.tensor.type = kernels::dtype::bf16;
@@ -43,18 +45,100 @@ std::vector<std::byte> flat(capnp::MessageBuilder& m) {
   return v;
 }
 
+constexpr header_form both_forms[] = {header_form::automatic, header_form::capnp};
+
 TEST(FrameCodec, RoundTripsEveryField) {
+  for (auto form : both_forms) {
+    auto h = activations_header();
+    auto bytes = encode_header(h, 0, form);
+    ASSERT_TRUE(bytes.ok());
+    auto back = decode_header(*bytes);
+    ASSERT_TRUE(back.ok()) << back.err().message;
+    EXPECT_EQ(*back, h);
+    EXPECT_TRUE(check_payload_size(h, 6 * 2048 * 2).ok());
+  }
+}
+
+TEST(FrameCodec, SmallHeadersTakeTheCompactFormAndLargeOnesCapnProto) {
+  auto small = *encode_header(activations_header());
+  EXPECT_LT(small.size(), 128u);
+  EXPECT_EQ(small[0], std::byte{0xCF});  // the compact tag
+  auto capnp = *encode_header(activations_header(), 0, header_form::capnp);
+  EXPECT_GT(capnp.size(), 2 * small.size());
   auto h = activations_header();
-  auto bytes = encode_header(h);
-  ASSERT_TRUE(bytes.ok());
-  auto back = decode_header(*bytes);
+  h.seqs[0].block_table.assign(1000, 7);
+  auto big = *encode_header(h);
+  EXPECT_NE(big[0], std::byte{0xCF});
+  EXPECT_EQ(*decode_header(big), h);
+  // Extremes of every integer field survive the varints.
+  h = activations_header();
+  h.kind = frame_kind::logits;
+  h.microbatch_id = ~std::uint64_t{0};
+  h.step = std::uint64_t{1} << 63;
+  h.seqs[0].seq_id = std::numeric_limits<std::int64_t>::min();
+  h.seqs[1].seq_id = std::numeric_limits<std::int64_t>::max();
+  h.seqs[0].start_pos = std::numeric_limits<std::int32_t>::max();
+  h.seqs[0].tokens = {std::numeric_limits<std::int32_t>::min(), -1, 0, std::numeric_limits<std::int32_t>::max()};
+  h.seqs[0].sampling.seed = ~std::uint64_t{0};
+  h.seqs[2].sampling = {};  // defaults are elided on the wire
+  h.seqs[2].sample_rows = -4;
+  h.tensor = {kernels::dtype::f16, {0, 3, 1}};
+  auto extremes = *encode_header(h);
+  ASSERT_EQ(extremes[0], std::byte{0xCF});
+  auto back = decode_header(extremes);
   ASSERT_TRUE(back.ok()) << back.err().message;
   EXPECT_EQ(*back, h);
-  EXPECT_TRUE(check_payload_size(h, 6 * 2048 * 2).ok());
+}
+
+TEST(FrameCodec, BadCompactHeadersAreErrors) {
+  auto bytes = *encode_header(activations_header());
+  ASSERT_EQ(bytes[0], std::byte{0xCF});
+  // Every truncation and every extension fails cleanly.
+  for (std::size_t n = 0; n < bytes.size(); ++n) {
+    EXPECT_FALSE(decode_header(std::span<const std::byte>(bytes.data(), n)).ok()) << "truncated to " << n;
+  }
+  auto longer = bytes;
+  longer.push_back(std::byte{0});
+  EXPECT_NE(decode_header(longer).err().message.find("trailing"), std::string::npos);
+  auto newer = bytes;
+  newer[3] = std::byte{2};
+  EXPECT_NE(decode_header(newer).err().message.find("version 2"), std::string::npos);
+  auto kind = bytes;
+  kind[4] = std::byte{0x17};  // dtype 1, kind 7
+  EXPECT_NE(decode_header(kind).err().message.find("frame kind"), std::string::npos);
+  kind[4] = std::byte{0x70};
+  EXPECT_NE(decode_header(kind).err().message.find("dtype"), std::string::npos);
+  // A forged huge count is refused before anything is allocated for it; so is an overlong varint.
+  std::vector<std::byte> huge = {std::byte{0xCF}, std::byte{0x56}, std::byte{0x48}, std::byte{0x01}, std::byte{0x02},
+                                 std::byte{0}, std::byte{0}, std::byte{0}};
+  for (int i = 0; i < 9; ++i) huge.push_back(std::byte{0xff});
+  huge.push_back(std::byte{0x01});
+  EXPECT_FALSE(decode_header(huge).ok());
+  huge.back() = std::byte{0x7f};  // an 11th byte's worth: over 64 bits
+  EXPECT_FALSE(decode_header(huge).ok());
+  // The shared plan checks apply to this form too (InconsistentPlansAreRejected runs both forms).
+  codec_limits tight;
+  tight.max_header_bytes = 16;
+  EXPECT_NE(decode_header(bytes, tight).err().message.find("over the limit"), std::string::npos);
+  // Flipped bytes and random tails behind the tag: never a crash.
+  std::mt19937_64 rng(11);
+  for (std::size_t i = 0; i < bytes.size(); ++i) {
+    for (int bit = 0; bit < 8; ++bit) {
+      auto copy = bytes;
+      copy[i] ^= static_cast<std::byte>(1 << bit);
+      if (auto r = decode_header(copy); r.ok()) EXPECT_TRUE(encode_header(*r).ok());
+    }
+  }
+  for (int i = 0; i < 2000; ++i) {
+    std::vector<std::byte> junk(bytes.begin(), bytes.begin() + 4);
+    junk.resize(4 + rng() % 64);
+    for (std::size_t k = 4; k < junk.size(); ++k) junk[k] = static_cast<std::byte>(rng());
+    (void)decode_header(junk);
+  }
 }
 
 TEST(FrameCodec, DecodesFromAnUnalignedBuffer) {
-  auto bytes = encode_header(activations_header());
+  auto bytes = encode_header(activations_header(), 0, header_form::capnp);
   std::vector<std::byte> shifted(bytes->size() + 1);
   std::memcpy(shifted.data() + 1, bytes->data(), bytes->size());
   auto back = decode_header(std::span<const std::byte>(shifted).subspan(1));
@@ -72,7 +156,7 @@ TEST(FrameCodec, PayloadSizeMismatchNamesBothSizes) {
 }
 
 TEST(FrameCodec, GarbageTruncationAndRandomBytesAreErrors) {
-  auto bytes = *encode_header(activations_header());
+  auto bytes = *encode_header(activations_header(), 0, header_form::capnp);
   EXPECT_FALSE(decode_header({}).ok());
   std::vector<std::byte> odd(bytes.begin(), bytes.begin() + 13);
   EXPECT_NE(decode_header(odd).err().message.find("8-byte words"), std::string::npos);
@@ -111,14 +195,19 @@ TEST(FrameCodec, LimitsBoundSizeAndTraversal) {
   EXPECT_EQ(r.err().code, errc::bad_format);
   codec_limits few;
   few.max_seqs = 2;
-  EXPECT_NE(decode_header(*encode_header(activations_header()), few).err().message.find("sequences"), std::string::npos);
+  for (auto form : both_forms) {
+    EXPECT_NE(decode_header(*encode_header(activations_header(), 0, form), few).err().message.find("sequences"),
+              std::string::npos);
+  }
 }
 
 TEST(FrameCodec, InconsistentPlansAreRejected) {
   auto check = [](frame_header h, const char* needle) {
-    auto r = decode_header(*encode_header(h));
-    ASSERT_FALSE(r.ok()) << "expected: " << needle;
-    EXPECT_NE(r.err().message.find(needle), std::string::npos) << r.err().message;
+    for (auto form : both_forms) {
+      auto r = decode_header(*encode_header(h, 0, form));
+      ASSERT_FALSE(r.ok()) << "expected: " << needle;
+      EXPECT_NE(r.err().message.find(needle), std::string::npos) << r.err().message;
+    }
   };
   auto h = activations_header();
   h.seqs[1].start_pos = -1;
@@ -162,7 +251,7 @@ TEST(FrameCodec, HelloRoundTripsAndCarriesTheSchemaVersion) {
   channel_hello h{frame_schema_version(), 77, 0xfeedface, 1u << 20};
   auto back = decode_hello(*encode_hello(h));
   ASSERT_TRUE(back.ok());
-  EXPECT_EQ(back->schema_version, 1u);
+  EXPECT_EQ(back->schema_version, 2u);
   EXPECT_EQ(back->channel_id, 77u);
   EXPECT_EQ(back->instance, 0xfeedfaceu);
   EXPECT_EQ(back->max_payload_bytes, 1u << 20);

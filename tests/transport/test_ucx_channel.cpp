@@ -196,6 +196,26 @@ TEST_P(UcxChannel, PeerKilledMidStreamFailsTheReceiverWithinBound) {
   echo_once(*ch2, 5, 4u << 20);
 }
 
+TEST_P(UcxChannel, ABigFrameOvertakenBySmallOnesIsNotStarvedByFlowControl) {
+  // Big payloads travel on a second endpoint (tcp), so smaller frames sent after a big one can
+  // arrive first and fill the receive budget; the big frame, which every later one waits for, must
+  // still be admitted, or the channel stalls until the receive deadline.
+  peer_process peer(args("source", {"count=24", "size=2097152", "small=4096"}));
+  channel_options opts;
+  opts.max_buffered_bytes = 1u << 20;
+  auto ch = open(peer, opts);
+  ASSERT_TRUE(ch);
+  std::this_thread::sleep_for(300ms);  // let the small frames pile up against the budget
+  for (int i = 0; i < 24; ++i) {
+    auto f = ch->receive(after(20s));
+    ASSERT_TRUE(f.ok()) << "frame " << i << ": " << f.err().message;
+    std::size_t n = i % 8 == 0 ? 2097152 : 4096;
+    auto want = test::pattern(n, i);
+    ASSERT_EQ(f->payload.size(), n);
+    ASSERT_EQ(0, std::memcmp(f->payload.data(), want.data(), want.size())) << "frame " << i;
+  }
+}
+
 TEST_P(UcxChannel, PeerThatClosesIsReportedAsClosed) {
   peer_process peer(args("source", {"count=2", "size=64", "close=1"}));
   auto ch = open(peer);

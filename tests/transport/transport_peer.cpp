@@ -41,7 +41,7 @@ int run_echo(channel& ch) {
   }
 }
 
-int run_source(channel& ch, std::uint64_t count, std::size_t size, bool close_after) {
+int run_source(channel& ch, std::uint64_t count, std::size_t size, bool close_after, std::size_t small = 0) {
   // A ring of buffers, so `count=0` (forever) keeps a bounded number of frames in flight.
   constexpr std::size_t ring = 8;
   std::vector<std::vector<std::byte>> buffers(ring);
@@ -52,8 +52,10 @@ int run_source(channel& ch, std::uint64_t count, std::size_t size, bool close_af
       pending.pop_front();
     }
     auto& buf = buffers[i % ring];
-    buf = test::pattern(size, i);
-    auto s = ch.send(test::test_header(i, size), {buf.data(), buf.size()});
+    // small != 0: one frame of `size` bytes, then seven of `small` bytes, and so on.
+    const std::size_t n = small != 0 && i % 8 != 0 ? small : size;
+    buf = test::pattern(n, i);
+    auto s = ch.send(test::test_header(i, n), {buf.data(), buf.size()});
     if (!s.ok()) return fail(s.err().message);
     pending.push_back(*s);
   }
@@ -139,7 +141,7 @@ int main(int argc, char** argv) {
   auto ch = (*ctx)->connect(test::from_hex(line), opts);
   if (!ch.ok()) return fail(ch.err().message);
   if (mode == "echo") return run_echo(**ch);
-  if (mode == "source") return run_source(**ch, kv["count"], kv["size"], kv["close"] != 0);
+  if (mode == "source") return run_source(**ch, kv["count"], kv["size"], kv["close"] != 0, kv["small"]);
   if (mode == "hold") {
     std::this_thread::sleep_for(std::chrono::hours(1));
     return 0;

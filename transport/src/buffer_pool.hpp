@@ -26,8 +26,11 @@ class buffer_pool {
     return (size + step - 1) / step * step;
   }
 
-  /// Buffers kept per size class: a channel has a few frames in flight, not dozens.
-  static constexpr std::size_t max_per_class = 4;
+  /// Buffers kept per size class. A receiver holds the frames in flight plus those delivered and not
+  /// yet dropped: transport_bench's sink held 5-8 64-MiB frames (31 of 1 MiB on a loaded 2-core box)
+  /// with 4 in flight, and each buffer past the cap was freed and faulted in again later (16k page
+  /// faults per 64 MiB). max_pooled_bytes bounds the total.
+  static constexpr std::size_t max_per_class = 16;
 
   std::byte* take(std::size_t capacity) {
     {

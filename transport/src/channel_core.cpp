@@ -11,6 +11,10 @@
 namespace conveyor::transport {
 namespace {
 
+/// Payloads from this size on take the bulk endpoint (open() says why); smaller ones are sent
+/// eagerly (copied) by UCX either way.
+constexpr std::size_t bulk_min_payload = std::size_t{256} << 10;
+
 std::string name(std::uint64_t id) { return "channel " + std::to_string(id); }
 
 std::vector<std::byte> preamble_bytes(const wire::preamble& p, std::span<const std::byte> inline_header) {
@@ -67,19 +71,14 @@ bool channel_core::frame_ready() const { return deliverable_.load(std::memory_or
 
 void channel_core::update_deliverable() {
   // With mu_ held.
-  deliverable_.store((!ready_.empty() && ready_.begin()->first == next_deliver_) || failure_.has_value(),
-                     std::memory_order_release);
+  deliverable_.store(next_ready() || failure_.has_value(), std::memory_order_release);
 }
 
 void channel_core::spin(const std::function<bool()>& done, deadline until) {
   auto spin_until = std::min(until, clock::now() + worker_->config().busy_poll);
   {
     ucx_worker::spin_scope spinning(*worker_);
-    for (unsigned pass = 1;; ++pass) {
-      worker_->progress_from_caller();
-      if (done()) return;
-      if ((pass & 7) == 0 && clock::now() >= spin_until) break;  // the clock costs as much as a pass
-    }
+    if (worker_->spin_progress(done, spin_until)) return;
   }
   worker_->spinner_gave_up();
 }
@@ -92,16 +91,13 @@ result<frame> channel_core::receive(deadline until) {
   if (!frame_ready()) spin([this] { return frame_ready(); }, until);
   std::unique_lock lock(mu_);
   for (;;) {
-    if (!ready_.empty() && ready_.begin()->first == next_deliver_) {
-      auto node = ready_.extract(ready_.begin());
-      ++next_deliver_;
-      update_deliverable();
-      result<frame> f = std::move(node.mapped());
+    if (next_ready()) {
+      result<frame> f = take_next();
       if (f.ok()) buffered_bytes_ -= f->payload.size();
       lock.unlock();
       // Rendezvous frames may wait for the room this one frees (flow control); only then is the
       // worker needed here.
-      if (f.ok() && has_deferred_.load(std::memory_order_acquire)) {
+      if (has_deferred_.load(std::memory_order_acquire)) {
         ucx_worker::worker_lock w(*worker_);
         pump_deferred();
       }
@@ -109,8 +105,7 @@ result<frame> channel_core::receive(deadline until) {
     }
     // Frames that arrived whole before a failure are still delivered; after them, the failure.
     if (failure_) return *failure_;
-    if (cv_.wait_until(lock, until) == std::cv_status::timeout &&
-        !(!ready_.empty() && ready_.begin()->first == next_deliver_) && !failure_) {
+    if (cv_.wait_until(lock, until) == std::cv_status::timeout && !next_ready() && !failure_) {
       return make_error(errc::io, name(id()) + ": no frame before the receive deadline");
     }
   }
@@ -140,6 +135,18 @@ status channel_core::open(const worker_address& peer) {
     ep_ = nullptr;
     return make_error(errc::io, name(id()) + ": cannot reach the peer's worker address: " + ucs_status_string(st));
   }
+  if (peer_mode_) {
+    // Large payloads go through a second endpoint without UCX error handling: with PEER mode,
+    // UCX 1.13 disables its zero-copy rendezvous on tcp and streams through a bounce buffer (one
+    // more copy on the receiver; ucx_perftest -e measured 0.8x of plain perftest, frames 0.7x).
+    // Failure detection does not suffer: the PEER endpoint above sees the dead peer (same process,
+    // same host) and close() then force-closes this one and fails what it still owes.
+    ucp_ep_params_t bulk{};
+    bulk.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+    bulk.address = ep.address;
+    bulk.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+    if (ucp_ep_create(worker_->handle(), &bulk, &bulk_ep_) != UCS_OK) bulk_ep_ = nullptr;  // ep_ carries all then
+  }
   channel_hello hello{frame_schema_version(), id(), worker_->instance(), options_.max_payload_bytes};
   auto bytes = encode_hello(hello);
   assert(bytes.ok());
@@ -151,12 +158,17 @@ status channel_core::open(const worker_address& peer) {
   s->am_header = preamble_bytes(p, *bytes);
   s->channel = weak_from_this();
   s->expect(1);
-  post_am(wire::am_hello, s->am_header.data(), s->am_header.size(), nullptr, 0, s);
+  post_am(ep_, wire::am_hello, s->am_header.data(), s->am_header.size(), nullptr, 0, s);
   last_heard_ = last_sent_ = clock::now();
   return ok_status();
 }
 
 void channel_core::tick(clock::time_point now) {
+  // Frames mark heard_/sent_ and the clock is read here, once a tick, not once a frame (a clock read
+  // is a measurable part of a small frame's trip); both times are late by at most one tick.
+  if (heard_) last_heard_ = now;
+  if (sent_) last_sent_ = now;
+  heard_ = sent_ = false;
   if (closed_ || ep_ == nullptr || peer_instance_ == 0) return;
   auto timeout = worker_->config().peer_timeout;
   if (now - last_heard_ > timeout) {
@@ -172,7 +184,7 @@ void channel_core::tick(clock::time_point now) {
     auto s = std::make_shared<send_handle::state>();
     s->am_header = preamble_bytes(p, {});
     s->expect(1);
-    post_am(wire::am_heartbeat, s->am_header.data(), s->am_header.size(), nullptr, 0, s);
+    post_am(ep_, wire::am_heartbeat, s->am_header.data(), s->am_header.size(), nullptr, 0, s);
   }
 }
 
@@ -221,7 +233,7 @@ ucs_status_t channel_core::on_frame(const wire::preamble& p, const void* header,
                                     void* data, std::size_t length, const ucp_am_recv_param_t* param) {
   bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
   if (!from_current_peer(p)) return rndv ? UCS_ERR_NOT_CONNECTED : UCS_OK;
-  last_heard_ = clock::now();
+  heard_ = true;
   // Built only on the error paths: a string per frame is measurable at small-frame latencies.
   auto where = [&] { return name(id()) + ", frame " + std::to_string(p.seq); };
   if (p.payload_bytes > options_.max_payload_bytes) {
@@ -236,22 +248,34 @@ ucs_status_t channel_core::on_frame(const wire::preamble& p, const void* header,
                                                    std::to_string(options_.header_limits.max_header_bytes)));
     return rndv ? UCS_ERR_EXCEEDS_LIMIT : UCS_OK;
   }
-  if (length != p.payload_bytes) {
-    reject(p.seq, make_error(errc::bad_format, where() + ": " + std::to_string(length) + " payload bytes arrived, " +
+  // A small payload may travel inside the AM header, after the frame header (wire::flag_payload_inline).
+  const bool payload_inline = (p.flags & wire::flag_payload_inline) != 0;
+  const std::size_t inline_len = header_length - sizeof(wire::preamble);
+  if (payload_inline && (rndv || length != 0 || (p.flags & wire::flag_header_separate) != 0 || inline_len < p.header_bytes)) {
+    reject(p.seq, make_error(errc::bad_format, where() + ": malformed inline-payload frame (" +
+                                                   std::to_string(inline_len) + " bytes after the preamble, header of " +
+                                                   std::to_string(p.header_bytes) + ", " + std::to_string(length) +
+                                                   " data bytes)"));
+    return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK;
+  }
+  const std::size_t arrived = payload_inline ? inline_len - p.header_bytes : length;
+  if (arrived != p.payload_bytes) {
+    reject(p.seq, make_error(errc::bad_format, where() + ": " + std::to_string(arrived) + " payload bytes arrived, " +
                                                    std::to_string(p.payload_bytes) + " announced (truncated)"));
     return rndv ? UCS_ERR_MESSAGE_TRUNCATED : UCS_OK;
   }
-  if (!rndv && (p.flags & wire::flag_header_separate) == 0 && header_length - sizeof(wire::preamble) == p.header_bytes &&
+  if (!rndv && (p.flags & wire::flag_header_separate) == 0 && (payload_inline || inline_len == p.header_bytes) &&
       partial_.find(p.seq) == partial_.end()) {
     // The common small frame: header and payload both here, nothing to pair up (no partial entry).
     auto* h = static_cast<const std::byte*>(header) + sizeof(wire::preamble);
-    payload_buffer payload(worker_->pool(), length);
-    if (length != 0) std::memcpy(payload.data(), data, length);
-    {
-      std::lock_guard lock(mu_);
-      buffered_bytes_ += length;
-    }
-    finish(p.seq, std::vector<std::byte>(h, h + p.header_bytes), std::move(payload));
+    const void* src = payload_inline ? static_cast<const void*>(h + p.header_bytes) : data;
+    payload_buffer payload(worker_->pool(), arrived);
+    if (arrived != 0) std::memcpy(payload.data(), src, arrived);
+    finish(p.seq, std::vector<std::byte>(h, h + p.header_bytes), std::move(payload), arrived);
+    return UCS_OK;
+  }
+  if (payload_inline) {
+    reject(p.seq, make_error(errc::bad_format, where() + ": an inline-payload frame reuses a sequence number"));
     return UCS_OK;
   }
   auto& pf = partial(p);
@@ -278,14 +302,17 @@ ucs_status_t channel_core::on_frame(const wire::preamble& p, const void* header,
     try_finish(p.seq);
     return UCS_OK;
   }
-  bool defer;
+  bool defer, next;
   {
     std::lock_guard lock(mu_);
     // Flow control: beyond the budget, leave the data at the sender (its send stays pending) until
-    // receive() frees room. One frame is always admitted so a single big frame cannot stall.
-    defer = buffered_bytes_ != 0 && buffered_bytes_ + length > options_.max_buffered_bytes;
+    // receive() frees room. The frame receive() waits for is always admitted: the bytes buffered
+    // may belong to frames after it (eager ones are never held back, and over tcp a later small
+    // frame can overtake a big one on the bulk endpoint), which cannot be taken before it.
+    next = p.seq == next_deliver_;
+    defer = !next && buffered_bytes_ != 0 && buffered_bytes_ + length > options_.max_buffered_bytes;
   }
-  if (defer || !deferred_.empty()) {
+  if (!next && (defer || !deferred_.empty())) {
     deferred_.push_back({p.seq, data, length});
     has_deferred_.store(true, std::memory_order_release);
     return UCS_INPROGRESS;
@@ -298,7 +325,7 @@ ucs_status_t channel_core::on_separate_header(const wire::preamble& p, void* dat
                                               const ucp_am_recv_param_t* param) {
   bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
   if (!from_current_peer(p)) return rndv ? UCS_ERR_NOT_CONNECTED : UCS_OK;
-  last_heard_ = clock::now();
+  heard_ = true;
   // Built only on the error paths: a string per frame is measurable at small-frame latencies.
   auto where = [&] { return name(id()) + ", frame " + std::to_string(p.seq); };
   if (length != p.header_bytes || length > options_.header_limits.max_header_bytes) {
@@ -380,6 +407,22 @@ void channel_core::on_recv_done(void* request, ucs_status_t st, std::size_t, voi
 }
 
 void channel_core::pump_deferred() {
+  if (closed_ || deferred_.empty()) return;
+  std::uint64_t want;
+  {
+    std::lock_guard lock(mu_);
+    want = next_deliver_;
+  }
+  // The frame receive() waits for first, whatever the budget (on_frame says why).
+  for (auto it = deferred_.begin(); it != deferred_.end(); ++it) {
+    if (it->seq == want) {
+      auto d = *it;
+      deferred_.erase(it);
+      if (deferred_.empty()) has_deferred_.store(false, std::memory_order_release);
+      start_rndv(d.seq, d.desc, d.length);
+      break;
+    }
+  }
   while (!deferred_.empty() && !closed_) {
     auto d = deferred_.front();
     {
@@ -402,31 +445,63 @@ void channel_core::try_finish(std::uint64_t seq) {
   if (done.err) {
     std::lock_guard lock(mu_);
     buffered_bytes_ -= done.payload.size();
-    deliver(seq, *done.err);
+    deliver(seq, result<frame>(*done.err));
     return;
   }
   finish(seq, std::move(done.header_bytes), std::move(done.payload));
 }
 
-void channel_core::finish(std::uint64_t seq, std::vector<std::byte> header_bytes, payload_buffer payload) {
+void channel_core::finish(std::uint64_t seq, std::vector<std::byte> header_bytes, payload_buffer payload,
+                          std::size_t uncounted) {
   auto where = [&] { return name(id()) + ", frame " + std::to_string(seq) + ": "; };
   auto header = decode_header(header_bytes, options_.header_limits);
   status size_ok = header.ok() ? check_payload_size(*header, payload.size()) : status(header.err());
   std::lock_guard lock(mu_);
+  buffered_bytes_ += uncounted;
   if (!size_ok.ok()) {
     buffered_bytes_ -= payload.size();
-    deliver(seq, make_error(size_ok.err().code, where() + size_ok.err().message));
+    deliver(seq, result<frame>(make_error(size_ok.err().code, where() + size_ok.err().message)));
     return;
   }
-  deliver(seq, frame{std::move(header).value(), std::move(header_bytes), std::move(payload)});
+  // Built in place and moved as little as possible: each move of a frame is a few vectors' worth
+  // of pointer copies, and a small frame's trip is short enough for that to show.
+  result<frame> f{frame{}};
+  f->header = std::move(*header);
+  f->header_bytes = std::move(header_bytes);
+  f->payload = std::move(payload);
+  deliver(seq, std::move(f));
 }
 
-void channel_core::deliver(std::uint64_t seq, result<frame> f) {
+void channel_core::deliver(std::uint64_t seq, result<frame>&& f) {
   // Called with mu_ held.
   bool wake = seq == next_deliver_;
-  ready_.emplace(seq, std::move(f));
+  if (wake && !next_) {
+    next_.emplace(std::move(f));  // the usual, in-order case: no map node per frame
+  } else {
+    ready_.emplace(seq, std::move(f));
+  }
   if (wake) update_deliverable();
   if (wake) cv_.notify_all();
+}
+
+bool channel_core::next_ready() const {
+  return next_.has_value() || (!ready_.empty() && ready_.begin()->first == next_deliver_);
+}
+
+result<frame> channel_core::take_next() {
+  // With mu_ held and next_ready(). next_ holds frame next_deliver_ when it is set (deliver puts
+  // only that frame there), so the map cannot hold it too.
+  ++next_deliver_;
+  if (next_) {
+    result<frame> f = std::move(*next_);
+    next_.reset();
+    update_deliverable();
+    return f;
+  }
+  auto node = ready_.extract(ready_.begin());
+  result<frame> f = std::move(node.mapped());
+  update_deliverable();
+  return f;
 }
 
 void channel_core::on_bye() {
@@ -440,43 +515,40 @@ void channel_core::on_ep_error(void* arg, ucp_ep_h, ucs_status_t st) {
   self->worker_->post([core = self->shared_from_this()] { core->close(); });
 }
 
-namespace {
-/// What a pending send request carries to its completion callback.
-struct send_ctx {
-  ucx_worker* worker;
-  std::shared_ptr<send_handle::state> state;
-  bool pending;  // UCX returned a request (counted in the worker's outstanding requests)
-};
-}  // namespace
-
-void channel_core::post_am(unsigned id, const void* header, std::size_t header_length, const void* data,
+void channel_core::post_am(ucp_ep_h ep, unsigned id, const void* header, std::size_t header_length, const void* data,
                            std::size_t length, std::shared_ptr<send_handle::state> s) {
+  // The completion context lives in the send's state (no allocation per send); it holds the state
+  // alive only while UCX owns a request, which is never the case for a small eager send (it
+  // completes in the call, and UCX calls no callback then).
+  auto& slot = s->request(worker_);
   ucp_request_param_t rp{};
   rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   rp.cb.send = &channel_core::on_send_done;
-  s->channel = weak_from_this();
-  auto* ctx = new send_ctx{worker_, std::move(s), false};
-  rp.user_data = ctx;
-  last_sent_ = clock::now();
-  ucs_status_ptr_t req = ucp_am_send_nbx(ep_, id, header, header_length, data, length, &rp);
+  if (s->channel.expired()) s->channel = weak_from_this();
+  rp.user_data = &slot;
+  sent_ = true;
+  ucs_status_ptr_t req = ucp_am_send_nbx(ep, id, header, header_length, data, length, &rp);
   if (req == nullptr) {
-    on_send_done(nullptr, UCS_OK, ctx);
+    on_send_done(nullptr, UCS_OK, &slot);
   } else if (UCS_PTR_IS_ERR(req)) {
-    on_send_done(nullptr, UCS_PTR_STATUS(req), ctx);
+    on_send_done(nullptr, UCS_PTR_STATUS(req), &slot);
   } else {
-    // Only sends UCX still owns are tracked (a small eager send usually completes in the call).
-    ctx->pending = true;
+    // Only sends UCX still owns are tracked. The callback cannot run before this (it runs from a
+    // progress pass, under the worker lock this thread holds).
+    slot.pending = true;
     worker_->request_started();
-    in_flight_[ctx->state.get()] = ctx->state;
+    in_flight_[s.get()] = s;
+    slot.keep = std::move(s);
   }
 }
 
 void channel_core::on_send_done(void* request, ucs_status_t st, void* user_data) {
-  auto* ctx = static_cast<send_ctx*>(user_data);
+  auto* slot = static_cast<send_handle::state::request_slot*>(user_data);
+  auto keep = std::move(slot->keep);  // keeps the state alive until this returns
+  auto& s = *slot->owner;
   if (request != nullptr) ucp_request_free(request);
-  if (ctx->pending) ctx->worker->request_done();
-  auto& s = *ctx->state;
-  if (ctx->pending) {
+  if (slot->pending) {
+    slot->worker->request_done();
     if (auto core = s.channel.lock()) core->in_flight_.erase(&s);
   }
   if (st == UCS_OK) {
@@ -488,7 +560,6 @@ void channel_core::on_send_done(void* request, ucs_status_t st, void* user_data)
     s.complete_one(make_error(errc::io, who + ": send failed: " + ucs_status_string(st) +
                                             (why ? " (" + why->message + ")" : std::string())));
   }
-  delete ctx;
 }
 
 void channel_core::start_send(std::shared_ptr<send_handle::state> s) {
@@ -504,18 +575,36 @@ void channel_core::start_send(std::shared_ptr<send_handle::state> s) {
   p.seq = next_send_seq_++;
   p.payload_bytes = s->payload.size;
   assert(s->header_offset <= s->separate_header.size());
+  // Large payloads through the endpoint that can stream them zero-copy (see open()).
+  ucp_ep_h ep = ep_;
+  if (bulk_ep_ != nullptr && s->payload.size >= bulk_min_payload) {
+    ep = bulk_ep_;
+    s->on_bulk_ep = true;
+  }
+  if (s->payload_inline) {
+    // send_owned appended the payload to the header (and checked it fits a UCX AM header): one
+    // header-only message, which UCX 1.13 can send inline ("short"); with both a header and data
+    // it always takes the buffered-copy path.
+    assert(s->header_offset == sizeof p);
+    p.header_bytes = static_cast<std::uint32_t>(s->separate_header.size() - sizeof p - s->payload.size);
+    p.flags = wire::flag_payload_inline;
+    std::memcpy(s->separate_header.data(), &p, sizeof p);
+    s->expect(1);
+    post_am(ep, wire::am_frame, s->separate_header.data(), s->separate_header.size(), nullptr, 0, s);
+    return;
+  }
   const std::size_t header_size = s->separate_header.size() - s->header_offset;
   p.header_bytes = static_cast<std::uint32_t>(header_size);
   if (sizeof p + header_size <= worker_->max_am_header()) {
     if (s->header_offset == sizeof p) {
       std::memcpy(s->separate_header.data(), &p, sizeof p);  // into the room left in front
       s->expect(1);
-      post_am(wire::am_frame, s->separate_header.data(), s->separate_header.size(), s->payload.data, s->payload.size, s);
+      post_am(ep, wire::am_frame, s->separate_header.data(), s->separate_header.size(), s->payload.data, s->payload.size, s);
       return;
     }
     s->am_header = preamble_bytes(p, std::span(s->separate_header).subspan(s->header_offset));
     s->expect(1);
-    post_am(wire::am_frame, s->am_header.data(), s->am_header.size(), s->payload.data, s->payload.size, s);
+    post_am(ep, wire::am_frame, s->am_header.data(), s->am_header.size(), s->payload.data, s->payload.size, s);
     return;
   }
   // Too big for a UCX AM header: the header goes first as its own message (same ep, so it is
@@ -524,9 +613,9 @@ void channel_core::start_send(std::shared_ptr<send_handle::state> s) {
   s->separate_preamble = preamble_bytes(p, {});
   s->am_header = s->separate_preamble;
   s->expect(2);
-  post_am(wire::am_header, s->separate_preamble.data(), s->separate_preamble.size(),
+  post_am(ep, wire::am_header, s->separate_preamble.data(), s->separate_preamble.size(),
           s->separate_header.data() + s->header_offset, header_size, s);
-  post_am(wire::am_frame, s->am_header.data(), s->am_header.size(), s->payload.data, s->payload.size, s);
+  post_am(ep, wire::am_frame, s->am_header.data(), s->am_header.size(), s->payload.data, s->payload.size, s);
 }
 
 void channel_core::close() {
@@ -545,22 +634,31 @@ void channel_core::close() {
       auto s = std::make_shared<send_handle::state>();
       s->am_header = preamble_bytes(p, {});
       s->expect(1);
-      post_am(wire::am_bye, s->am_header.data(), s->am_header.size(), nullptr, 0, s);
+      post_am(ep_, wire::am_bye, s->am_header.data(), s->am_header.size(), nullptr, 0, s);
     }
     // Without UCX error handling a flush would wait forever on a dead peer: force it then.
     worker_->close_ep(ep_, failed || !peer_mode_, shared_from_this());
     ep_ = nullptr;
   }
-  if (!peer_mode_) {
-    // UCX leaves these pending after a force close when it has no error handling. A peer process
-    // that is gone cannot read the payloads any more; one that is merely silent could still read
-    // (never write) them through cma, which cannot corrupt this process.
-    // TODO(reliability): the UCX requests (and rendezvous receive buffers) leak here.
-    auto why = failure().value_or(make_error(errc::io, name(id()) + ": closed"));
-    for (auto& [raw, weak] : in_flight_) {
-      if (auto s = weak.lock()) s->fail_now(why);
+  if (bulk_ep_ != nullptr) {
+    // No UCX error handling on this one: a flush could wait forever on a dead peer.
+    worker_->close_ep(bulk_ep_, true, shared_from_this());
+    bulk_ep_ = nullptr;
+  }
+  // UCX leaves sends on endpoints without error handling pending after a force close (all of them
+  // over shared memory, the bulk ones over tcp). A peer process that is gone cannot read the
+  // payloads any more; one that is merely silent could still read (never write) them through cma,
+  // which cannot corrupt this process.
+  // TODO(reliability): the UCX requests (and rendezvous receive buffers) leak here.
+  auto why = failure().value_or(make_error(errc::io, name(id()) + ": closed"));
+  for (auto it = in_flight_.begin(); it != in_flight_.end();) {
+    auto s = it->second.lock();
+    if (!peer_mode_ || (s && s->on_bulk_ep)) {
+      if (s) s->fail_now(why);
+      it = in_flight_.erase(it);
+    } else {
+      ++it;
     }
-    in_flight_.clear();
   }
   fail(make_error(errc::io, name(id()) + ": closed"));
   worker_->remove_channel(id());

@@ -56,7 +56,7 @@ class channel_core : public std::enable_shared_from_this<channel_core> {
                                   const ucp_am_recv_param_t* param);
   void on_bye();
   void on_heartbeat(const wire::preamble& p) {
-    if (from_current_peer(p)) last_heard_ = clock::now();
+    if (from_current_peer(p)) heard_ = true;
   }
   /// Sends a heartbeat when the channel was idle, and fails it when the peer went silent.
   void tick(clock::time_point now);
@@ -92,13 +92,19 @@ class channel_core : public std::enable_shared_from_this<channel_core> {
   void reject(std::uint64_t seq, error why);
   void try_finish(std::uint64_t seq);
   /// Decodes and checks a complete frame and queues it (or its error) for receive().
-  void finish(std::uint64_t seq, std::vector<std::byte> header_bytes, payload_buffer payload);
-  void deliver(std::uint64_t seq, result<frame> f);
+  /// `uncounted`: payload bytes not yet added to buffered_bytes_ (added under the same lock).
+  void finish(std::uint64_t seq, std::vector<std::byte> header_bytes, payload_buffer payload,
+              std::size_t uncounted = 0);
+  void deliver(std::uint64_t seq, result<frame>&& f);
   bool from_current_peer(const wire::preamble& p) const;
   /// The next frame (or the failure) can be delivered; one atomic load (spinning receivers poll it).
   bool frame_ready() const;
+  /// Frame next_deliver_ is here (mu_ held).
+  bool next_ready() const;
+  /// Takes frame next_deliver_ (mu_ held, next_ready()).
+  result<frame> take_next();
   void update_deliverable();
-  void post_am(unsigned id, const void* header, std::size_t header_length, const void* data, std::size_t length,
+  void post_am(ucp_ep_h ep, unsigned id, const void* header, std::size_t header_length, const void* data, std::size_t length,
                std::shared_ptr<send_handle::state> s);
   static void on_recv_done(void* request, ucs_status_t st, std::size_t length, void* user_data);
   static void on_send_done(void* request, ucs_status_t st, void* user_data);
@@ -109,12 +115,16 @@ class channel_core : public std::enable_shared_from_this<channel_core> {
 
   // under the worker's ucx_mu_
   ucp_ep_h ep_ = nullptr;
+  /// Without UCX error handling, for large payloads, next to a PEER-mode ep_ (open() says why).
+  ucp_ep_h bulk_ep_ = nullptr;
   bool closed_ = false;
   /// UCX watches the peer (UCP_ERR_HANDLING_MODE_PEER); false on transports that cannot, where the
   /// heartbeat timeout is the only failure detector.
   bool peer_mode_ = true;
   clock::time_point last_heard_{};
   clock::time_point last_sent_{};
+  bool heard_ = false;  // something came from the peer since the last tick (which then reads the clock)
+  bool sent_ = false;   // something went to the peer since the last tick
   std::uint64_t next_send_seq_ = 0;
   std::uint64_t peer_instance_ = 0;
   std::map<std::uint64_t, partial_frame> partial_;
@@ -130,7 +140,8 @@ class channel_core : public std::enable_shared_from_this<channel_core> {
   bool open_ = false;
   std::uint64_t peer_max_payload_ = 0;
   std::optional<error> failure_;
-  std::map<std::uint64_t, result<frame>> ready_;
+  std::map<std::uint64_t, result<frame>> ready_;  // frames that came out of order
+  std::optional<result<frame>> next_;              // frame next_deliver_, when it came in order
   std::uint64_t next_deliver_ = 0;
   std::uint64_t buffered_bytes_ = 0;  // payload bytes received or being received, not yet taken
   std::atomic<bool> deliverable_{false};

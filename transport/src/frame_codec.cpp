@@ -12,12 +12,23 @@
 #include <limits>
 #include <string>
 
+#include "compact_header.hpp"
 #include "conveyor/schemas/frame.capnp.h"
 
 namespace conveyor::transport {
 namespace {
 
 using kernels::dtype;
+
+// The compact form (compact_header.hpp) writes the plain enums' values: they must be the schema's ordinals.
+static_assert(static_cast<int>(schema::DType::I32) == static_cast<int>(dtype::i32) &&
+              static_cast<int>(schema::DType::F16) == static_cast<int>(dtype::f16) &&
+              static_cast<int>(schema::DType::BF16) == static_cast<int>(dtype::bf16));
+static_assert(static_cast<int>(schema::FrameKind::CONTROL) == static_cast<int>(frame_kind::control) &&
+              static_cast<int>(schema::FrameKind::LOGITS) == static_cast<int>(frame_kind::logits) &&
+              static_cast<int>(schema::FrameKind::TOKENS) == static_cast<int>(frame_kind::tokens));
+static_assert(static_cast<int>(schema::LogitsMode::ALL) == static_cast<int>(logits_mode::all) &&
+              static_cast<int>(schema::LogitsMode::LAST) == static_cast<int>(logits_mode::last));
 
 schema::DType to_wire(dtype t) {
   switch (t) {
@@ -77,10 +88,12 @@ schema::LogitsMode to_wire(logits_mode m) {
   return schema::LogitsMode::NONE;
 }
 
-std::vector<std::byte> flatten(capnp::MessageBuilder& message, std::size_t headroom = 0) {
+std::vector<std::byte> flatten(capnp::MessageBuilder& message, std::size_t headroom = 0, std::size_t tailroom = 0) {
   // Straight into the vector (no intermediate kj::Array).
   auto segments = message.getSegmentsForOutput();
-  std::vector<std::byte> out(headroom + capnp::computeSerializedSizeInWords(segments) * sizeof(capnp::word));
+  std::vector<std::byte> out;
+  out.reserve(headroom + capnp::computeSerializedSizeInWords(segments) * sizeof(capnp::word) + tailroom);
+  out.resize(headroom + capnp::computeSerializedSizeInWords(segments) * sizeof(capnp::word));
   kj::ArrayOutputStream stream(kj::arrayPtr(reinterpret_cast<kj::byte*>(out.data()) + headroom, out.size() - headroom));
   capnp::writeMessage(stream, segments);
   return out;
@@ -125,6 +138,40 @@ status check_sampling(const sampling_params& s, std::size_t i) {
   return ok_status();
 }
 
+/// The checks both wire forms share: plan consistency and the tensor's shape.
+status validate(const frame_header& h, const codec_limits& limits) {
+  std::uint64_t total_tokens = 0;
+  for (std::size_t i = 0; i < h.seqs.size(); ++i) {
+    const auto& p = h.seqs[i];
+    auto where = [i] { return "frame header: seqs[" + std::to_string(i) + "]"; };
+    if (p.start_pos < 0) return make_error(errc::bad_format, where() + ": negative start_pos");
+    for (auto b : p.block_table) {
+      if (b < 0) return make_error(errc::bad_format, where() + ": negative block id in block_table");
+    }
+    if (p.block_table.empty() && (p.start_pos > 0 || !p.tokens.empty())) {
+      return make_error(errc::bad_format, where() + ": empty block_table for a sequence with positions");
+    }
+    CONVEYOR_TRY(check_sampling(p.sampling, i));
+    total_tokens += p.tokens.size();
+  }
+  if (h.tensor.shape.size() > limits.max_dims) {
+    return make_error(errc::bad_format, "frame header: tensor rank " + std::to_string(h.tensor.shape.size()) +
+                                            " over the limit of " + std::to_string(limits.max_dims));
+  }
+  CONVEYOR_TRY_ASSIGN(tensor_bytes, payload_bytes(h.tensor));  // rejects negative or overflowing shapes
+  (void)tensor_bytes;
+  if (h.kind == frame_kind::activations) {
+    if (h.tensor.shape.size() != 2 || static_cast<std::uint64_t>(h.tensor.shape[0]) != total_tokens) {
+      return make_error(errc::bad_format, "frame header: activations must be [tokens, hidden] with " +
+                                              std::to_string(total_tokens) + " rows (the plan's new tokens)");
+    }
+  }
+  if (h.kind == frame_kind::control && !h.tensor.shape.empty()) {
+    return make_error(errc::bad_format, "frame header: a control frame carries no tensor");
+  }
+  return ok_status();
+}
+
 result<frame_header> read_header(schema::FrameHeader::Reader r, const codec_limits& limits) {
   frame_header h;
   CONVEYOR_TRY_ASSIGN(kind, from_wire(r.getKind()));
@@ -137,7 +184,6 @@ result<frame_header> read_header(schema::FrameHeader::Reader r, const codec_limi
                                             " sequences, over the limit of " + std::to_string(limits.max_seqs));
   }
   h.seqs.reserve(seqs.size());
-  std::uint64_t total_tokens = 0;
   for (std::size_t i = 0; i < seqs.size(); ++i) {
     auto s = seqs[i];
     sequence_plan p;
@@ -155,16 +201,6 @@ result<frame_header> read_header(schema::FrameHeader::Reader r, const codec_limi
     p.sample_rows = s.getSampleRows();
     auto sp = s.getSampling();
     p.sampling = sampling_params{sp.getTemperature(), sp.getTopK(), sp.getTopP(), sp.getSeed(), sp.getStep()};
-    auto where = [i] { return "frame header: seqs[" + std::to_string(i) + "]"; };
-    if (p.start_pos < 0) return make_error(errc::bad_format, where() + ": negative start_pos");
-    for (auto b : p.block_table) {
-      if (b < 0) return make_error(errc::bad_format, where() + ": negative block id in block_table");
-    }
-    if (p.block_table.empty() && (p.start_pos > 0 || !p.tokens.empty())) {
-      return make_error(errc::bad_format, where() + ": empty block_table for a sequence with positions");
-    }
-    CONVEYOR_TRY(check_sampling(p.sampling, i));
-    total_tokens += p.tokens.size();
     h.seqs.push_back(std::move(p));
   }
   auto t = r.getTensor();
@@ -177,17 +213,7 @@ result<frame_header> read_header(schema::FrameHeader::Reader r, const codec_limi
   }
   h.tensor.shape.reserve(shape.size());
   for (auto d : shape) h.tensor.shape.push_back(d);
-  CONVEYOR_TRY_ASSIGN(tensor_bytes, payload_bytes(h.tensor));  // rejects negative or overflowing shapes
-  (void)tensor_bytes;
-  if (h.kind == frame_kind::activations) {
-    if (h.tensor.shape.size() != 2 || static_cast<std::uint64_t>(h.tensor.shape[0]) != total_tokens) {
-      return make_error(errc::bad_format, "frame header: activations must be [tokens, hidden] with " +
-                                              std::to_string(total_tokens) + " rows (the plan's new tokens)");
-    }
-  }
-  if (h.kind == frame_kind::control && !h.tensor.shape.empty()) {
-    return make_error(errc::bad_format, "frame header: a control frame carries no tensor");
-  }
+  CONVEYOR_TRY(validate(h, limits));
   return h;
 }
 
@@ -222,7 +248,11 @@ status check_payload_size(const frame_header& header, std::uint64_t size) {
   return ok_status();
 }
 
-result<std::vector<std::byte>> encode_header(const frame_header& h, std::size_t headroom) {
+result<std::vector<std::byte>> encode_header(const frame_header& h, std::size_t headroom, header_form form,
+                                             std::size_t tailroom) {
+  // Small headers (a decode step) in the compact form; Cap'n Proto for the rest (compact_header.hpp).
+  std::vector<std::byte> out;
+  if (form == header_form::automatic && compact::encode(h, headroom, tailroom, out)) return out;
   try {
     // A first segment on the stack, sized for the usual header: MallocMessageBuilder's default
     // first segment is an 8 KiB calloc per message, a good part of a small frame's cost.
@@ -263,7 +293,7 @@ result<std::vector<std::byte>> encode_header(const frame_header& h, std::size_t 
     t.setDtype(to_wire(h.tensor.type));
     auto shape = t.initShape(static_cast<unsigned>(h.tensor.shape.size()));
     for (std::size_t j = 0; j < h.tensor.shape.size(); ++j) shape.set(j, h.tensor.shape[j]);
-    return flatten(message, headroom);
+    return flatten(message, headroom, tailroom);
   } catch (const kj::Exception& e) {
     // Only a list over Cap'n Proto's 2^29-element limit gets here: a caller bug, but report it as a value.
     return make_error(errc::invalid_argument, std::string("frame header: cannot encode: ") + e.getDescription().cStr());
@@ -271,6 +301,16 @@ result<std::vector<std::byte>> encode_header(const frame_header& h, std::size_t 
 }
 
 result<frame_header> decode_header(std::span<const std::byte> bytes, const codec_limits& limits) {
+  if (compact::is_compact(bytes)) {
+    if (bytes.size() > limits.max_header_bytes) {
+      return make_error(errc::bad_format, "frame header: " + std::to_string(bytes.size()) +
+                                              " bytes, over the limit of " + std::to_string(limits.max_header_bytes));
+    }
+    result<frame_header> out{frame_header{}};  // filled in place: no moves of the decoded header
+    CONVEYOR_TRY(compact::decode(bytes, limits.max_seqs, limits.max_dims, *out));
+    CONVEYOR_TRY(validate(*out, limits));
+    return out;
+  }
   CONVEYOR_TRY_ASSIGN(words, as_words(bytes, limits.max_header_bytes, "frame header"));
   try {
     capnp::ReaderOptions options;

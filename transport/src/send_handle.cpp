@@ -22,19 +22,14 @@ payload_buffer::payload_buffer(std::shared_ptr<buffer_pool> pool, std::size_t si
   data_ = std::unique_ptr<std::byte[], free_deleter>(p, free_deleter{std::move(pool), capacity});
 }
 
-void send_handle::state::expect(int requests) {
-  std::lock_guard lock(mu_);
-  outstanding_ = requests;
-}
-
 void send_handle::state::complete_one(status s) {
   {
     std::lock_guard lock(mu_);
-    if (done_) return;
+    if (done_.load(std::memory_order_relaxed)) return;
     if (!s.ok() && status_.ok()) status_ = std::move(s);
     if (--outstanding_ > 0) return;
-    done_ = true;
     completed_at_ = std::chrono::steady_clock::now();
+    done_.store(true, std::memory_order_release);
   }
   cv_.notify_all();
 }
@@ -42,31 +37,28 @@ void send_handle::state::complete_one(status s) {
 void send_handle::state::fail_now(error why) {
   {
     std::lock_guard lock(mu_);
-    if (done_) return;
+    if (done_.load(std::memory_order_relaxed)) return;
     status_ = std::move(why);
-    done_ = true;
     completed_at_ = std::chrono::steady_clock::now();
+    done_.store(true, std::memory_order_release);
   }
   cv_.notify_all();
 }
 
-bool send_handle::state::done() const {
-  std::lock_guard lock(mu_);
-  return done_;
-}
-
 std::optional<std::chrono::steady_clock::time_point> send_handle::state::completed_at() const {
-  std::lock_guard lock(mu_);
-  if (!done_) return std::nullopt;
+  if (!done()) return std::nullopt;
   return completed_at_;
 }
 
 bool send_handle::state::wait_until(deadline until) {
+  if (done()) return true;
   std::unique_lock lock(mu_);
-  return cv_.wait_until(lock, until, [&] { return done_; });
+  return cv_.wait_until(lock, until, [&] { return done(); });
 }
 
 status send_handle::state::result_status() const {
+  // Called after done(): status_ is final.
+  if (done()) return status_;
   std::lock_guard lock(mu_);
   return status_;
 }

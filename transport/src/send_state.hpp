@@ -1,5 +1,7 @@
 #pragma once
 // The transport's side of one send (private to transport/).
+#include <atomic>
+#include <cassert>
 #include <chrono>
 #include <optional>
 #include <condition_variable>
@@ -13,6 +15,7 @@
 namespace conveyor::transport {
 
 class channel_core;
+class ucx_worker;
 
 class send_handle::state {
  public:
@@ -23,18 +26,40 @@ class send_handle::state {
   /// for the same reason.
   std::vector<std::byte> separate_header;
   std::size_t header_offset = 0;
+  /// The payload's bytes were appended to separate_header (wire::flag_payload_inline).
+  bool payload_inline = false;
+  /// Sent on the channel's bulk endpoint (no UCX error handling: close() fails it itself).
+  bool on_bulk_ep = false;
   std::vector<std::byte> separate_preamble;
   payload_view payload;
   std::weak_ptr<channel_core> channel;
 
+  /// What one UCX request of this send carries to its completion callback (a send has at most two:
+  /// a separate header and the frame).
+  struct request_slot {
+    state* owner = nullptr;
+    ucx_worker* worker = nullptr;
+    std::shared_ptr<state> keep;  ///< set while UCX owns the request
+    bool pending = false;         ///< UCX returned a request (counted in the worker's outstanding)
+  };
+  /// The next free slot (under the worker lock, before the request is posted).
+  request_slot& request(ucx_worker* w) {
+    assert(slots_used_ < 2);
+    auto& r = slots_[slots_used_++];
+    r.owner = this;
+    r.worker = w;
+    return r;
+  }
+
   /// Called once per UCX request that belongs to this send; the send completes with the last one,
   /// failed if any failed.
-  void expect(int requests);
+  /// Before the first request is posted (the state is not shared with a completer yet).
+  void expect(int requests) { outstanding_ = requests; }
   void complete_one(status s);
   /// Completes the send now, failed, whatever UCX still owes: for endpoints without UCX error
   /// handling, whose requests a force close leaves pending forever. Later completions are ignored.
   void fail_now(error why);
-  bool done() const;
+  bool done() const { return done_.load(std::memory_order_acquire); }
   /// When it completed; nullopt while it runs.
   std::optional<std::chrono::steady_clock::time_point> completed_at() const;
   /// Waits for completion; false on timeout.
@@ -42,10 +67,14 @@ class send_handle::state {
   status result_status() const;
 
  private:
+  request_slot slots_[2];
+  int slots_used_ = 0;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   int outstanding_ = 0;
-  bool done_ = false;
+  /// Set (release) once, after status_ and completed_at_, which are not written again: readers
+  /// that see it need no lock.
+  std::atomic<bool> done_{false};
   std::chrono::steady_clock::time_point completed_at_;
   status status_;
 };

@@ -21,12 +21,17 @@ class ucx_channel final : public channel {
 
   result<send_handle> send(const frame_header& header, payload_view payload) override {
     CONVEYOR_TRY(check_payload_size(header, payload.size));
-    CONVEYOR_TRY_ASSIGN(bytes, encode_header(header, sizeof(wire::preamble)));
+    // Room after the header for a payload small enough to travel inline (no reallocation then).
+    std::size_t tail = payload.size <= wire::max_inline_payload ? payload.size : 0;
+    CONVEYOR_TRY_ASSIGN(bytes, encode_header(header, sizeof(wire::preamble), header_form::automatic, tail));
     return send_owned(std::move(bytes), payload);
   }
 
   result<send_handle> send_encoded(std::span<const std::byte> header_bytes, payload_view payload) override {
-    std::vector<std::byte> bytes(sizeof(wire::preamble) + header_bytes.size());
+    std::vector<std::byte> bytes;
+    bytes.reserve(sizeof(wire::preamble) + header_bytes.size() +
+                  (payload.size <= wire::max_inline_payload ? payload.size : 0));
+    bytes.resize(sizeof(wire::preamble) + header_bytes.size());
     if (!header_bytes.empty()) std::memcpy(bytes.data() + sizeof(wire::preamble), header_bytes.data(), header_bytes.size());
     return send_owned(std::move(bytes), payload);
   }
@@ -69,6 +74,14 @@ class ucx_channel final : public channel {
                                                     std::to_string(opts.header_limits.max_header_bytes));
     }
     auto s = std::make_shared<send_handle::state>();
+    if (payload.size <= wire::max_inline_payload &&
+        sizeof(wire::preamble) + header_size + payload.size <= worker_->max_am_header()) {
+      // A small payload rides in the AM header (wire::flag_payload_inline): UCX can then send the
+      // frame inline, and the caller's buffer is free as soon as this returns.
+      header_bytes.resize(header_bytes.size() + payload.size);
+      if (payload.size != 0) std::memcpy(header_bytes.data() + sizeof(wire::preamble) + header_size, payload.data, payload.size);
+      s->payload_inline = true;
+    }
     s->separate_header = std::move(header_bytes);
     s->header_offset = sizeof(wire::preamble);
     s->payload = payload;

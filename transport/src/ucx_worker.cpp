@@ -225,17 +225,33 @@ void ucx_worker::maybe_tick() {
   for (auto& core : open) core->tick(now);  // tick may close (and unregister) a channel
 }
 
-unsigned ucx_worker::progress_from_caller() {
-  std::lock_guard lock(ucx_mu_);
-  // Callers that spin back to back keep the progress thread aside; heartbeats must not stop then.
-  // Looked at every 64th pass only: reading the clock is a good part of a spinning pass.
-  if ((++caller_passes_ & 63) == 0) maybe_tick();
-  // Posted commands (a connect, a close) must not wait for a spinning caller to stop: while callers
-  // spin back to back the progress thread stays aside, so they run them.
-  drain_commands();
-  unsigned n = ucp_worker_progress(worker_);
-  if (outstanding_ > 0 && sleeping_.load()) wake();
-  return n;
+bool ucx_worker::spin_progress(const std::function<bool()>& done, clock::time_point until) {
+  for (;;) {
+    {
+      // Up to 64 passes under one lock (a lock and unlock per pass was a good part of a pass, and a
+      // pass is how late a spinner sees its frame), but none more once another caller waits for
+      // the lock (a sender on another thread): it gets the worker between two passes.
+      std::lock_guard lock(ucx_mu_);
+      for (int k = 0; k < 64; ++k) {
+        // Callers that spin back to back keep the progress thread aside; heartbeats must not stop
+        // then. Looked at every 64th pass only: reading the clock costs as much as a pass.
+        if ((++caller_passes_ & 63) == 0) maybe_tick();
+        // Posted commands (a connect, a close) must not wait for a spinning caller to stop: while
+        // callers spin back to back the progress thread stays aside, so they run them.
+        drain_commands();
+        ucp_worker_progress(worker_);
+        if (outstanding_ > 0 && sleeping_.load(std::memory_order_relaxed)) wake();
+        if (done()) return true;
+        if (want_.load(std::memory_order_relaxed) != 0) break;
+      }
+    }
+    // Let the waiting caller in before taking the lock again (std::mutex is not fair).
+    while (want_.load(std::memory_order_relaxed) != 0) {
+      if (done()) return true;
+      __builtin_ia32_pause();
+    }
+    if (clock::now() >= until) return false;
+  }
 }
 
 void ucx_worker::run_sync(std::function<void()> fn) {
@@ -306,7 +322,9 @@ void ucx_worker::run(std::promise<status>* started) {
       last_active = now;
       continue;
     }
-    if (now - last_active < config_.busy_poll) continue;
+    if (now - last_active < (outstanding_ > 0 ? std::max(config_.busy_poll, config_.transfer_poll) : config_.busy_poll)) {
+      continue;
+    }
     if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;
     sleeping_.store(true);  // before the queue check: a post() after it sees the flag and wakes us
     {

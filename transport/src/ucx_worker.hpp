@@ -77,9 +77,9 @@ class ucx_worker {
    private:
     ucx_worker& w_;
   };
-  /// One progress pass from a caller thread that holds a spin_scope; returns what ucp_worker_progress
-  /// did. Takes the lock for that pass only, so other callers (a sender) get in between passes.
-  unsigned progress_from_caller();
+  /// Progresses the worker from a caller thread that holds a spin_scope until `done()` (true) or
+  /// `until` (false). Other callers (a sender) get the worker between two passes.
+  bool spin_progress(const std::function<bool()>& done, std::chrono::steady_clock::time_point until);
   /// A spinning caller gives up and is about to block: the progress thread must take over now, not
   /// after its step-aside timeout. Costs a syscall, so only on that slow path.
   void spinner_gave_up();

@@ -23,6 +23,11 @@ constexpr std::uint32_t magic = 0x46595643;  // "CVYF"
 
 /// Set in `flags` when the frame header travels in a separate am_header message.
 constexpr std::uint32_t flag_header_separate = 1;
+/// Set in `flags` when the payload follows the frame header inside the AM header (no AM data): UCX
+/// 1.13 sends a message inline ("short", no buffer copy) only when it has a header or data, not both.
+constexpr std::uint32_t flag_payload_inline = 2;
+/// Largest payload a sender puts inline.
+constexpr std::size_t max_inline_payload = 256;
 
 struct preamble {
   std::uint32_t magic = wire::magic;

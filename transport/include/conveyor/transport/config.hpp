@@ -29,6 +29,12 @@ struct ucx_config {
   /// the progress thread spins this long after the worker goes idle before sleeping on its event
   /// fd: trades a core for latency.
   std::chrono::microseconds busy_poll{50};
+  /// While UCX requests are outstanding (a rendezvous send or receive is moving data), the progress
+  /// thread keeps polling this long without progress before it sleeps, instead of busy_poll: a
+  /// tcp stream stalls for a sleep and wake-up each time a socket buffer runs empty or full, and
+  /// ucx_perftest, which never sleeps, streamed 1.5x faster than frames did (bench/NOTES.md). Frames
+  /// waiting for the receiver to make room (flow control) are not outstanding requests.
+  std::chrono::microseconds transfer_poll{1000};
   /// Received-payload buffers kept for reuse once their frames are dropped (all channels together).
   std::size_t max_pooled_bytes = std::size_t{1} << 30;
 };

@@ -24,11 +24,19 @@ struct codec_limits {
 /// The schema version this build speaks (frame.capnp's frameSchemaVersion).
 std::uint32_t frame_schema_version();
 
-/// Encodes `header` as an unpacked Cap'n Proto message (flat bytes, word-aligned), after `headroom`
-/// bytes left for the caller (a channel writes its wire preamble there, sparing a copy per frame).
-result<std::vector<std::byte>> encode_header(const frame_header& header, std::size_t headroom = 0);
+/// Which wire form encode_header writes. `automatic`: the compact form (varints, every field, see
+/// src/compact_header.hpp) when it fits in 256 bytes, else Cap'n Proto (schemas/frame.capnp).
+/// decode_header reads both.
+enum class header_form { automatic, capnp };
 
-/// Decodes and validates a header: structure, enum values, plan consistency (block tables cover
+/// Encodes `header` (see header_form) after `headroom` bytes left for the caller (a channel writes
+/// its wire preamble there, sparing a copy per frame), with capacity for `tailroom` more bytes (a
+/// channel appends a small payload there). The Cap'n Proto form is an unpacked message (flat
+/// bytes, word-aligned).
+result<std::vector<std::byte>> encode_header(const frame_header& header, std::size_t headroom = 0,
+                                             header_form form = header_form::automatic, std::size_t tailroom = 0);
+
+/// Decodes and validates a header in either form: structure, enum values, plan consistency (block tables cover
 /// the positions, no negative positions), tensor shape.
 result<frame_header> decode_header(std::span<const std::byte> bytes, const codec_limits& limits = {});
 
