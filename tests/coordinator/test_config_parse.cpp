@@ -94,6 +94,7 @@ quantize_lm_head = true
 draft = "/models/d"
 draft_layers = 3
 spec_k = 6
+batch_invariant = false
 
 [parallel]
 type = "custom"
@@ -177,6 +178,7 @@ TEST(config_keys, every_key_is_read) {
   EXPECT_EQ(d.model.draft, "/models/d");
   EXPECT_EQ(d.model.draft_layers, 3);
   EXPECT_EQ(d.model.spec_k, 6);
+  EXPECT_EQ(d.model.batch_invariant, std::optional<bool>(false));
   EXPECT_EQ(d.parallel.type, parallel_type::custom);
   EXPECT_EQ(d.parallel.stages, 2);
   EXPECT_EQ(d.parallel.tp, 2);
@@ -327,6 +329,13 @@ TEST(config_model, speculative_decoding_keys) {
   EXPECT_EQ(d.model.draft_layers, 2);
   EXPECT_EQ(d.model.spec_k, 5);
   EXPECT_TRUE(contains(describe(d), "model.spec_k = 5"));
+  // Unset, row-invariant kernels follow the draft (speculative verification = decode steps in bf16).
+  EXPECT_FALSE(d.model.batch_invariant.has_value());
+  EXPECT_TRUE(contains(describe(d), "model.batch_invariant = true (spec_k > 0)  (default)")) << describe(d);
+  EXPECT_TRUE(contains(describe(off), "model.batch_invariant = false (spec_k = 0)  (default)"));
+  const deployment on = parse_ok("[model]\nbatch_invariant = true\n");
+  EXPECT_TRUE(contains(describe(on), "model.batch_invariant = true  (deploy.toml:2:19)")) << describe(on);
+  EXPECT_TRUE(contains(testing::parse_error_of("[model]\nbatch_invariant = \"yes\"\n"), "model.batch_invariant"));
 }
 
 }  // namespace

@@ -469,6 +469,7 @@ caf::behavior coordinator_impl(coord_actor* self, coordinator_setup setup) {
         a.max_frame_bytes = static_cast<std::int64_t>(s.setup.options.max_frame_bytes);
         a.quant = s.setup.options.quant;
         a.quant_lm_head = s.setup.options.quant_lm_head;
+        a.batch_invariant = s.setup.options.batch_invariant;
         return {assign_atom::value, a};
       },
       [=](progress_atom, std::int32_t stage, std::int32_t, const std::string& text) {

@@ -67,6 +67,8 @@ void read_model(table_reader& r, model_section& m) {
   r.read("draft", m.draft);
   r.read("draft_layers", m.draft_layers, rules::draft_layers);
   r.read("spec_k", m.spec_k, rules::spec_k);
+  bool invariant = false;
+  if (r.read("batch_invariant", invariant)) m.batch_invariant = invariant;
 }
 
 void read_parallel(table_reader& r, parallel_section& p) {

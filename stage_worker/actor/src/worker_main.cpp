@@ -48,6 +48,7 @@ result<std::vector<std::unique_ptr<kernels::backend>>> make_backends(const stage
       kernels::cuda_backend_options o;
       o.device = r;
       o.compute_dtype = a.dtype == "f32" ? kernels::dtype::f32 : kernels::dtype::bf16;
+      o.batch_invariant = a.batch_invariant;
       CONVEYOR_TRY_ASSIGN(b, kernels::make_cuda_backend(o));
       out.push_back(std::move(b));
 #else

@@ -37,6 +37,8 @@ struct cluster_options {
   std::string draft_dir;  ///< empty = model_dir (with draft_layers)
   int draft_layers = 0;
   int spec_k = 0;
+  /// CUDA stages (and the draft) use row-invariant bf16 kernels (model.batch_invariant; on with a draft).
+  bool batch_invariant = false;
   int worker_threads = 0;
   std::chrono::milliseconds heartbeat{500};          ///< how often workers are pinged
   std::chrono::milliseconds heartbeat_timeout{1500}; ///< a worker silent this long has failed

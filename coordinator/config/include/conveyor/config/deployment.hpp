@@ -51,6 +51,12 @@ struct model_section {
   std::string draft;
   int draft_layers = 0;
   int spec_k = 0;
+  /// Row-invariant bf16 kernels on every CUDA stage (kernels::cuda_backend_options::batch_invariant):
+  /// a step of up to 16 tokens computes each token as a step of that token alone would, so
+  /// speculative verification gives the plain decode steps' logits bit for bit. Unset: on exactly
+  /// when spec_k > 0. Set it in a deployment without a draft to serve the reference the speculative
+  /// one must equal (it costs ~25% at 2-16 sequences a step: the GEMV there, not cuBLAS).
+  std::optional<bool> batch_invariant;
 };
 
 /// [parallel]

@@ -46,8 +46,8 @@ using metrics_atom = caf::atom_constant<caf::atom("metrics")>;
 
 /// Protocol version, checked at join. 4: max_frame_bytes in the assignment, reset (stage recovery);
 /// 5: the metrics request; 6: stage_assignment.quant, quant_lm_head; 7: frames carry sampleRows and
-/// `done` may hold several tokens per sequence (speculative decoding).
-constexpr std::int32_t protocol_version = 7;
+/// `done` may hold several tokens per sequence (speculative decoding); 8: stage_assignment.batch_invariant.
+constexpr std::int32_t protocol_version = 8;
 
 /// What the coordinator tells a worker to load (a plain struct, sent as a CAF message).
 struct stage_assignment {
@@ -68,13 +68,14 @@ struct stage_assignment {
   std::int64_t max_frame_bytes = std::int64_t{256} << 20;  ///< transport.max_frame_bytes
   std::string quant = "none";      ///< none | int8 | fp8: the linear layers' weights, quantized at load
   bool quant_lm_head = false;      ///< the LM head quantized too
+  bool batch_invariant = false;    ///< cuda bf16: row-invariant kernels (speculative verification = decode)
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, stage_assignment& x) {
   return f(caf::meta::type_name("stage_assignment"), x.model_dir, x.stage, x.num_stages, x.first_layer,
            x.last_layer, x.kv_blocks, x.kv_block_size, x.max_step_tokens, x.max_seqs, x.ucx_tls, x.step_delay_us, x.device, x.dtype, x.tp, x.max_frame_bytes, x.quant,
-           x.quant_lm_head);
+           x.quant_lm_head, x.batch_invariant);
 }
 
 /// A worker's activation-frame counters (stage_runtime::hop_metrics, hop_meter.hpp), as a CAF message.
