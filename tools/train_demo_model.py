@@ -168,6 +168,21 @@ def tokenize(tok, chapters):
     return np.array(ids, dtype=np.int64), np.array(starts, dtype=np.int64), np.array(chapter_of)
 
 
+def split_starts(ids, starts, chapter_of, n_chapters):
+    """Training and held-out window starts: every 50th chapter is held out; a held-out chapter's
+    verses are never training starts, and no training window of SEQ tokens reaches into one."""
+    import numpy as np
+
+    held_out = chapter_of % 50 == 49
+    chapter_first = np.array([starts[chapter_of == c].min() for c in range(n_chapters)])
+    chapter_end = np.append(chapter_first[1:], len(ids))
+    train_starts = starts[~held_out]
+    ok = np.ones(len(train_starts), dtype=bool)
+    for c in np.nonzero(np.arange(n_chapters) % 50 == 49)[0]:
+        ok &= ~((train_starts < chapter_end[c]) & (train_starts + SEQ - 1 > chapter_first[c]))
+    return train_starts[ok], starts[held_out]
+
+
 def train(args):
     import numpy as np
     import torch
@@ -182,16 +197,7 @@ def train(args):
         chapters = f.read().rstrip("\n").split("\n\n")
     tok = train_tokenizer(chapters, out)
     ids, starts, chapter_of = tokenize(tok, chapters)
-    held_out = chapter_of % 50 == 49
-    # A held-out chapter's verses are never sample starts, and no training window reaches into one.
-    chapter_first = np.array([starts[chapter_of == c].min() for c in range(len(chapters))])
-    chapter_end = np.append(chapter_first[1:], len(ids))
-    train_starts = starts[~held_out]
-    ok = np.ones(len(train_starts), dtype=bool)
-    for c in np.nonzero(np.arange(len(chapters)) % 50 == 49)[0]:
-        ok &= ~((train_starts < chapter_end[c]) & (train_starts + SEQ - 1 > chapter_first[c]))
-    train_starts = train_starts[ok]
-    val_starts = starts[held_out]
+    train_starts, val_starts = split_starts(ids, starts, chapter_of, len(chapters))
     print(f"train: {len(ids)} tokens ({len(open(args.corpus, 'rb').read()) / len(ids):.2f} bytes/token), "
           f"{len(train_starts)} training starts, {len(val_starts)} held-out starts, "
           f"tokenizer {time.time() - t_start:.1f}s", flush=True)

@@ -59,7 +59,8 @@ def train_one(args):
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
     sys.path.insert(0, args.tools)
-    from train_demo_model import tokenize  # the same token stream and verse starts as the target's
+    # The same token stream, verse starts and held-out chapters as the target's.
+    from train_demo_model import split_starts, tokenize
 
     t_start = time.time()
     torch.manual_seed(args.seed)
@@ -71,15 +72,7 @@ def train_one(args):
     tok = Tokenizer.from_file(os.path.join(args.target, "tokenizer.json"))
     assert tok.get_vocab_size() == VOCAB
     ids, starts, chapter_of = tokenize(tok, chapters)
-    held_out = chapter_of % 50 == 49
-    chapter_first = np.array([starts[chapter_of == c].min() for c in range(len(chapters))])
-    chapter_end = np.append(chapter_first[1:], len(ids))
-    train_starts = starts[~held_out]
-    ok = np.ones(len(train_starts), dtype=bool)
-    for c in np.nonzero(np.arange(len(chapters)) % 50 == 49)[0]:
-        ok &= ~((train_starts < chapter_end[c]) & (train_starts + SEQ - 1 > chapter_first[c]))
-    train_starts = train_starts[ok]
-    val_starts = starts[held_out]
+    train_starts, val_starts = split_starts(ids, starts, chapter_of, len(chapters))
 
     dev = torch.device("cuda")
     data = torch.tensor(np.append(ids, np.zeros(SEQ, dtype=np.int64)), device=dev)
