@@ -549,7 +549,7 @@ void channel_core::on_ep_error(void* arg, ucp_ep_h, ucs_status_t st) {
 }
 
 void channel_core::post_am(ucp_ep_h ep, unsigned id, const void* header, std::size_t header_length, const void* data,
-                           std::size_t length, std::shared_ptr<send_handle::state> s) {
+                           std::size_t length, const std::shared_ptr<send_handle::state>& s) {
   // The completion context lives in the send's state (no allocation per send); it holds the state
   // alive only while UCX owns a request, which is never the case for a small eager send (it
   // completes in the call, and UCX calls no callback then).
@@ -571,7 +571,7 @@ void channel_core::post_am(ucp_ep_h ep, unsigned id, const void* header, std::si
     slot.pending = true;
     worker_->request_started();
     in_flight_[s.get()] = s;
-    slot.keep = std::move(s);
+    slot.keep = s;
   }
 }
 
@@ -595,7 +595,7 @@ void channel_core::on_send_done(void* request, ucs_status_t st, void* user_data)
   }
 }
 
-void channel_core::start_send(std::shared_ptr<send_handle::state> s) {
+void channel_core::start_send(const std::shared_ptr<send_handle::state>& s) {
   if (failed() || ep_ == nullptr || closed_) {
     auto why = failure();
     s->expect(1);

@@ -63,7 +63,9 @@ class channel_core : public std::enable_shared_from_this<channel_core> {
   }
   /// Sends a heartbeat when the channel was idle, and fails it when the peer went silent.
   void tick(clock::time_point now);
-  void start_send(std::shared_ptr<send_handle::state> s);
+  /// `s` is copied only if UCX keeps a request pending (a shared_ptr copy is two atomic operations,
+  /// and a small frame's trip is short enough for a handful of them to show).
+  void start_send(const std::shared_ptr<send_handle::state>& s);
   /// Sends a bye (best effort) and closes the endpoint.
   void close();
   /// Starts rendezvous receives that waited for buffer space.
@@ -119,7 +121,7 @@ class channel_core : public std::enable_shared_from_this<channel_core> {
   std::optional<error> take_next(frame& f);
   void update_deliverable();
   void post_am(ucp_ep_h ep, unsigned id, const void* header, std::size_t header_length, const void* data, std::size_t length,
-               std::shared_ptr<send_handle::state> s);
+               const std::shared_ptr<send_handle::state>& s);
   static void on_recv_done(void* request, ucs_status_t st, std::size_t length, void* user_data);
   static void on_send_done(void* request, ucs_status_t st, void* user_data);
   static void on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t st);

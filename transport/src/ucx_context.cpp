@@ -114,7 +114,7 @@ class ucx_channel final : public channel {
       ucx_worker::worker_lock lock(*worker_);
       core_->start_send(s);
     }
-    return send_handle(s);
+    return send_handle(std::move(s));
   }
 
   std::shared_ptr<ucx_worker> worker_;
