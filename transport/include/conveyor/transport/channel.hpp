@@ -104,8 +104,9 @@ class channel {
   virtual result<frame> receive(deadline until) = 0;
   /// receive() into `f`, whose buffers (header vectors, header_bytes, payload) the channel may keep
   /// and reuse: a caller that receives frame after frame into the same object then costs no
-  /// allocation per small frame. `f`'s previous contents are gone either way; on an error `f` is
-  /// unspecified (but valid). Same errors as receive().
+  /// allocation per small frame. `f`'s previous contents are gone either way (so a send of
+  /// `f.payload` or `f.header_bytes` must have completed first); on an error `f` is unspecified (but
+  /// valid). Same errors as receive().
   virtual status receive_into(frame& f, deadline until) {
     auto r = receive(until);
     if (!r.ok()) return r.err();
