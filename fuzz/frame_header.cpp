@@ -1,10 +1,12 @@
 // Fuzz target: the bytes of a frame header and of a channel hello as a stage receives them from its
 // upstream neighbour. A header the decoder accepts must be one the stage can use as is: its payload size
 // computes, and it encodes and decodes back to itself.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <span>
+#include <vector>
 
 #include "conveyor/transport/frame_codec.hpp"
 #include "fuzz_check.hpp"
@@ -13,7 +15,20 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   using namespace conveyor::transport;
   const std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(data), size);
 
-  if (auto h = decode_header(bytes); h) {
+  // A receiver decodes each frame into the previous frame's header (channel::receive_into), and a
+  // send state encodes into its previous header's vector: both kept across inputs here, and they
+  // must agree with a fresh decode and encode.
+  static frame_header reused;
+  static std::vector<std::byte> reused_bytes;
+  auto h = decode_header(bytes);
+  const bool into_ok = decode_header_into(bytes, reused).ok();
+  CONVEYOR_FUZZ_CHECK(into_ok == h.ok());
+  if (h) {
+    CONVEYOR_FUZZ_CHECK(reused == *h);
+    CONVEYOR_FUZZ_CHECK(encode_header_into(*h, reused_bytes, 3, header_form::automatic, 5).ok());
+    auto fresh = encode_header(*h, 3);
+    CONVEYOR_FUZZ_CHECK(fresh.ok() && fresh->size() == reused_bytes.size() &&
+                        std::equal(fresh->begin() + 3, fresh->end(), reused_bytes.begin() + 3));
     auto payload = payload_bytes(h->tensor);
     CONVEYOR_FUZZ_CHECK(payload.ok());
     CONVEYOR_FUZZ_CHECK(check_payload_size(*h, *payload).ok());

@@ -59,6 +59,39 @@ TEST(FrameCodec, RoundTripsEveryField) {
   }
 }
 
+TEST(FrameCodec, DecodesIntoAReusedHeaderAndEncodesIntoAUsedVector) {
+  // receive_into decodes each frame into the previous frame's header, and a send state encodes into
+  // its previous header's vector: nothing of the earlier header may survive, in either form.
+  frame_header small;
+  small.kind = frame_kind::logits;
+  small.microbatch_id = 9;
+  sequence_plan p;
+  p.seq_id = 1;
+  p.tokens = {7};
+  p.start_pos = 3;
+  p.block_table = {0};
+  small.seqs.push_back(p);
+  small.tensor.type = kernels::dtype::i32;
+  small.tensor.shape = {2};
+  frame_header control;
+  control.kind = frame_kind::control;
+  control.step = 4;
+  for (auto form : both_forms) {
+    frame_header reused;
+    std::vector<std::byte> out(500, std::byte{0xAB});
+    for (const auto& h : {activations_header(), small, activations_header(), control, small}) {
+      ASSERT_TRUE(encode_header_into(h, out, 48, form, 8).ok());
+      auto fresh = encode_header(h, 48, form);
+      ASSERT_TRUE(fresh.ok());
+      ASSERT_EQ(out.size(), fresh->size());
+      EXPECT_TRUE(std::equal(out.begin() + 48, out.end(), fresh->begin() + 48));
+      auto st = decode_header_into(std::span(out).subspan(48), reused);
+      ASSERT_TRUE(st.ok()) << st.err().message;
+      EXPECT_EQ(reused, h);
+    }
+  }
+}
+
 TEST(FrameCodec, SmallHeadersTakeTheCompactFormAndLargeOnesCapnProto) {
   auto small = *encode_header(activations_header());
   EXPECT_LT(small.size(), 128u);

@@ -253,6 +253,54 @@ TEST_P(UcxChannel, MalformedTruncatedAndOversizeFramesAreRejectedWithReasons) {
   EXPECT_TRUE(ch->health().ok());
 }
 
+TEST_P(UcxChannel, ReceiveIntoOneFrameStaysByteExactAcrossSizesHeadersAndRejections) {
+  // One frame object for every receive (channel::receive_into keeps and reuses its buffers, and the
+  // echo peer does the same), one send handle at a time (the channel reuses its send state): sizes
+  // inline, eager, rendezvous and empty, headers inline and separate, shrinking and growing.
+  {
+    peer_process peer(args("echo"));
+    auto ch = open(peer);
+    ASSERT_TRUE(ch);
+    frame f;
+    const std::pair<std::size_t, std::size_t> cases[] = {{8, 4},    {0, 1},       {4, 7},     {70000, 2}, {2u << 20, 3},
+                                                         {8, 20000}, {300, 1},    {8, 4},     {4096, 1},  {8, 2}};
+    std::uint64_t id = 0;
+    for (auto [bytes, blocks] : cases) {
+      auto payload = test::pattern(bytes, id);
+      auto header = test::test_header(id, bytes, blocks);
+      auto s = ch->send(header, {payload.data(), payload.size()});
+      ASSERT_TRUE(s.ok()) << s.err().message;
+      auto st = ch->receive_into(f, after(60s));
+      ASSERT_TRUE(st.ok()) << st.err().message;
+      ASSERT_TRUE(s->wait(after(10s)).ok());
+      EXPECT_EQ(f.header, header) << "frame " << id;
+      ASSERT_EQ(f.payload.size(), bytes);
+      EXPECT_EQ(0, std::memcmp(f.payload.data(), payload.data(), bytes)) << "payload of " << bytes << " bytes differs";
+      ++id;
+    }
+  }
+  {
+    peer_process peer(args("bad"));
+    channel_options opts;
+    opts.max_payload_bytes = 1u << 20;
+    auto ch = open(peer, opts);
+    ASSERT_TRUE(ch);
+    frame f;
+    ASSERT_TRUE(ch->receive_into(f, after(10s)).ok());
+    EXPECT_EQ(f.header.microbatch_id, 0u);
+    for (const char* needle : {"malformed", "truncated", "over this end's limit", "start_pos"}) {
+      auto st = ch->receive_into(f, after(10s));
+      ASSERT_FALSE(st.ok()) << "expected an error mentioning '" << needle << "'";
+      EXPECT_EQ(st.err().code, errc::bad_format);
+      EXPECT_NE(st.err().message.find(needle), std::string::npos) << st.err().message;
+    }
+    auto st = ch->receive_into(f, after(10s));
+    ASSERT_TRUE(st.ok()) << st.err().message;
+    EXPECT_EQ(f.header.microbatch_id, 5u);
+    EXPECT_TRUE(ch->health().ok());
+  }
+}
+
 TEST_P(UcxChannel, SenderRefusesFramesThatCannotBeValid) {
   peer_process peer(args("echo", {"max_payload=1048576"}));
   auto ch = open(peer);

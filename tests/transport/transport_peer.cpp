@@ -32,10 +32,12 @@ int fail(const std::string& what) {
 }
 
 int run_echo(channel& ch) {
+  frame f;  // one frame for all (receive_into reuses its buffers), as a stage does
   for (;;) {
-    auto f = ch.receive(after(std::chrono::seconds(60)));
-    if (!f.ok()) return ch.health().ok() ? fail(f.err().message) : 0;
-    auto s = ch.send_encoded(f->header_bytes, {f->payload.data(), f->payload.size()});
+    if (auto st = ch.receive_into(f, after(std::chrono::seconds(60))); !st.ok()) {
+      return ch.health().ok() ? fail(st.err().message) : 0;
+    }
+    auto s = ch.send_encoded(f.header_bytes, {f.payload.data(), f.payload.size()});
     if (!s.ok()) return fail(s.err().message);
     if (auto st = s->wait(after(std::chrono::seconds(60))); !st.ok()) return fail(st.err().message);
   }

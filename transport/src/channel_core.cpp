@@ -84,6 +84,12 @@ void channel_core::spin(const std::function<bool()>& done, deadline until) {
 }
 
 result<frame> channel_core::receive(deadline until) {
+  result<frame> f{frame{}};
+  CONVEYOR_TRY(receive_into(*f, until));
+  return f;
+}
+
+status channel_core::receive_into(frame& f, deadline until) {
   // Spin first (ucx_config::busy_poll), progressing the worker from this thread: a frame then goes
   // from UCX's callback to this caller with no thread hand-off, and a condition-variable sleep and
   // wake-up (tens of microseconds, more than a small frame's whole trip over shared memory) is paid
@@ -92,8 +98,8 @@ result<frame> channel_core::receive(deadline until) {
   std::unique_lock lock(mu_);
   for (;;) {
     if (next_ready()) {
-      result<frame> f = take_next();
-      if (f.ok()) buffered_bytes_ -= f->payload.size();
+      const std::uint64_t seq = next_deliver_;
+      std::optional<error> rejected = take_next(f);
       lock.unlock();
       // Rendezvous frames may wait for the room this one frees (flow control); only then is the
       // worker needed here.
@@ -101,7 +107,14 @@ result<frame> channel_core::receive(deadline until) {
         ucx_worker::worker_lock w(*worker_);
         pump_deferred();
       }
-      return f;
+      if (rejected) return *rejected;
+      // Decoded here, on the receiver's thread and outside both locks, into the caller's vectors.
+      status st = decode_header_into(f.header_bytes, f.header, options_.header_limits);
+      if (st.ok()) st = check_payload_size(f.header, f.payload.size());
+      if (!st.ok()) {
+        return make_error(st.err().code, name(id()) + ", frame " + std::to_string(seq) + ": " + st.err().message);
+      }
+      return ok_status();
     }
     // Frames that arrived whole before a failure are still delivered; after them, the failure.
     if (failure_) return *failure_;
@@ -269,6 +282,7 @@ ucs_status_t channel_core::on_frame(const wire::preamble& p, const void* header,
     // The common small frame: header and payload both here, nothing to pair up (no partial entry).
     auto* h = static_cast<const std::byte*>(header) + sizeof(wire::preamble);
     const void* src = payload_inline ? static_cast<const void*>(h + p.header_bytes) : data;
+    if (deliver_in_place(p.seq, {h, p.header_bytes}, src, arrived)) return UCS_OK;
     payload_buffer payload(worker_->pool(), arrived);
     if (arrived != 0) std::memcpy(payload.data(), src, arrived);
     finish(p.seq, std::vector<std::byte>(h, h + p.header_bytes), std::move(payload), arrived);
@@ -445,7 +459,7 @@ void channel_core::try_finish(std::uint64_t seq) {
   if (done.err) {
     std::lock_guard lock(mu_);
     buffered_bytes_ -= done.payload.size();
-    deliver(seq, result<frame>(*done.err));
+    deliver(seq, raw_frame{{}, {}, std::move(done.err)});
     return;
   }
   finish(seq, std::move(done.header_bytes), std::move(done.payload));
@@ -453,30 +467,41 @@ void channel_core::try_finish(std::uint64_t seq) {
 
 void channel_core::finish(std::uint64_t seq, std::vector<std::byte> header_bytes, payload_buffer payload,
                           std::size_t uncounted) {
-  auto where = [&] { return name(id()) + ", frame " + std::to_string(seq) + ": "; };
-  auto header = decode_header(header_bytes, options_.header_limits);
-  status size_ok = header.ok() ? check_payload_size(*header, payload.size()) : status(header.err());
   std::lock_guard lock(mu_);
   buffered_bytes_ += uncounted;
-  if (!size_ok.ok()) {
-    buffered_bytes_ -= payload.size();
-    deliver(seq, result<frame>(make_error(size_ok.err().code, where() + size_ok.err().message)));
-    return;
-  }
-  // Built in place and moved as little as possible: each move of a frame is a few vectors' worth
-  // of pointer copies, and a small frame's trip is short enough for that to show.
-  result<frame> f{frame{}};
-  f->header = std::move(*header);
-  f->header_bytes = std::move(header_bytes);
-  f->payload = std::move(payload);
-  deliver(seq, std::move(f));
+  deliver(seq, raw_frame{std::move(header_bytes), std::move(payload), std::nullopt});
 }
 
-void channel_core::deliver(std::uint64_t seq, result<frame>&& f) {
+bool channel_core::deliver_in_place(std::uint64_t seq, std::span<const std::byte> header, const void* payload,
+                                    std::size_t size) {
+  // Copied under mu_ (the receiver swaps next_'s buffers out under it), so only small payloads.
+  constexpr std::size_t max_in_place = std::size_t{64} << 10;
+  if (size > max_in_place) return false;
+  {
+    std::lock_guard lock(mu_);
+    if (seq != next_deliver_ || next_full_) return false;
+    next_.header_bytes.assign(header.begin(), header.end());
+    if (size == 0) {
+      next_.payload = payload_buffer();
+    } else {
+      if (!next_.payload.reuse_for(size)) next_.payload = payload_buffer(worker_->pool(), size);
+      std::memcpy(next_.payload.data(), payload, size);
+    }
+    next_.err.reset();
+    next_full_ = true;
+    buffered_bytes_ += size;
+    update_deliverable();
+  }
+  cv_.notify_all();
+  return true;
+}
+
+void channel_core::deliver(std::uint64_t seq, raw_frame&& f) {
   // Called with mu_ held.
   bool wake = seq == next_deliver_;
-  if (wake && !next_) {
-    next_.emplace(std::move(f));  // the usual, in-order case: no map node per frame
+  if (wake && !next_full_) {
+    next_ = std::move(f);  // the usual, in-order case: no map node per frame
+    next_full_ = true;
   } else {
     ready_.emplace(seq, std::move(f));
   }
@@ -485,23 +510,31 @@ void channel_core::deliver(std::uint64_t seq, result<frame>&& f) {
 }
 
 bool channel_core::next_ready() const {
-  return next_.has_value() || (!ready_.empty() && ready_.begin()->first == next_deliver_);
+  return next_full_ || (!ready_.empty() && ready_.begin()->first == next_deliver_);
 }
 
-result<frame> channel_core::take_next() {
-  // With mu_ held and next_ready(). next_ holds frame next_deliver_ when it is set (deliver puts
+std::optional<error> channel_core::take_next(frame& f) {
+  // With mu_ held and next_ready(). next_ holds frame next_deliver_ when next_full_ (deliver puts
   // only that frame there), so the map cannot hold it too.
   ++next_deliver_;
-  if (next_) {
-    result<frame> f = std::move(*next_);
-    next_.reset();
-    update_deliverable();
-    return f;
+  std::optional<error> rejected;
+  if (next_full_) {
+    // Swapped, not moved: the caller's previous buffers stay here for the next small frame.
+    std::swap(f.header_bytes, next_.header_bytes);
+    std::swap(f.payload, next_.payload);
+    rejected = std::move(next_.err);
+    next_.err.reset();
+    next_full_ = false;
+  } else {
+    auto node = ready_.extract(ready_.begin());
+    auto& r = node.mapped();
+    f.header_bytes = std::move(r.header_bytes);
+    f.payload = std::move(r.payload);
+    rejected = std::move(r.err);
   }
-  auto node = ready_.extract(ready_.begin());
-  result<frame> f = std::move(node.mapped());
+  buffered_bytes_ -= f.payload.size();  // rejected frames hold no payload (dropped at delivery)
   update_deliverable();
-  return f;
+  return rejected;
 }
 
 void channel_core::on_bye() {
@@ -516,7 +549,7 @@ void channel_core::on_ep_error(void* arg, ucp_ep_h, ucs_status_t st) {
 }
 
 void channel_core::post_am(ucp_ep_h ep, unsigned id, const void* header, std::size_t header_length, const void* data,
-                           std::size_t length, std::shared_ptr<send_handle::state> s) {
+                           std::size_t length, const std::shared_ptr<send_handle::state>& s) {
   // The completion context lives in the send's state (no allocation per send); it holds the state
   // alive only while UCX owns a request, which is never the case for a small eager send (it
   // completes in the call, and UCX calls no callback then).
@@ -538,7 +571,7 @@ void channel_core::post_am(ucp_ep_h ep, unsigned id, const void* header, std::si
     slot.pending = true;
     worker_->request_started();
     in_flight_[s.get()] = s;
-    slot.keep = std::move(s);
+    slot.keep = s;
   }
 }
 
@@ -562,7 +595,7 @@ void channel_core::on_send_done(void* request, ucs_status_t st, void* user_data)
   }
 }
 
-void channel_core::start_send(std::shared_ptr<send_handle::state> s) {
+void channel_core::start_send(const std::shared_ptr<send_handle::state>& s) {
   if (failed() || ep_ == nullptr || closed_) {
     auto why = failure();
     s->expect(1);

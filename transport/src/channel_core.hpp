@@ -41,6 +41,9 @@ class channel_core : public std::enable_shared_from_this<channel_core> {
   /// Waits for the peer's hello; the error says why the channel could not open.
   status wait_open(deadline until);
   result<frame> receive(deadline until);
+  /// channel::receive_into: the frame's header is decoded here, on the caller's thread, into `f`'s
+  /// own vectors, and `f`'s buffers are kept for the next small frame (next_).
+  status receive_into(frame& f, deadline until);
   /// Progresses the worker from this thread until `done()` holds or ucx_config::busy_poll (or
   /// `until`) passes: a waiter that spins needs no wake-up from the progress thread.
   void spin(const std::function<bool()>& done, deadline until);
@@ -60,7 +63,9 @@ class channel_core : public std::enable_shared_from_this<channel_core> {
   }
   /// Sends a heartbeat when the channel was idle, and fails it when the peer went silent.
   void tick(clock::time_point now);
-  void start_send(std::shared_ptr<send_handle::state> s);
+  /// `s` is copied only if UCX keeps a request pending (a shared_ptr copy is two atomic operations,
+  /// and a small frame's trip is short enough for a handful of them to show).
+  void start_send(const std::shared_ptr<send_handle::state>& s);
   /// Sends a bye (best effort) and closes the endpoint.
   void close();
   /// Starts rendezvous receives that waited for buffer space.
@@ -74,6 +79,13 @@ class channel_core : public std::enable_shared_from_this<channel_core> {
     payload_buffer payload;
     bool payload_ready = false;
     std::optional<error> err;
+  };
+  /// A frame as it arrived: the receiver decodes it (receive_into), on its own thread and outside
+  /// both locks.
+  struct raw_frame {
+    std::vector<std::byte> header_bytes;
+    payload_buffer payload;
+    std::optional<error> err;  // rejected on arrival (over a limit, malformed, a failed receive)
   };
   struct deferred_rndv {
     std::uint64_t seq;
@@ -91,21 +103,25 @@ class channel_core : public std::enable_shared_from_this<channel_core> {
   void start_rndv_header(std::uint64_t seq, void* desc, std::size_t length);
   void reject(std::uint64_t seq, error why);
   void try_finish(std::uint64_t seq);
-  /// Decodes and checks a complete frame and queues it (or its error) for receive().
+  /// Queues a complete frame for receive().
   /// `uncounted`: payload bytes not yet added to buffered_bytes_ (added under the same lock).
   void finish(std::uint64_t seq, std::vector<std::byte> header_bytes, payload_buffer payload,
               std::size_t uncounted = 0);
-  void deliver(std::uint64_t seq, result<frame>&& f);
+  /// A small in-order frame straight into next_, reusing its spare buffers; false (nothing done)
+  /// when next_ is taken or the frame is not next.
+  bool deliver_in_place(std::uint64_t seq, std::span<const std::byte> header, const void* payload, std::size_t size);
+  void deliver(std::uint64_t seq, raw_frame&& f);
   bool from_current_peer(const wire::preamble& p) const;
   /// The next frame (or the failure) can be delivered; one atomic load (spinning receivers poll it).
   bool frame_ready() const;
   /// Frame next_deliver_ is here (mu_ held).
   bool next_ready() const;
-  /// Takes frame next_deliver_ (mu_ held, next_ready()).
-  result<frame> take_next();
+  /// Takes frame next_deliver_ into `f` (mu_ held, next_ready()): its buffers, or the error it was
+  /// rejected with.
+  std::optional<error> take_next(frame& f);
   void update_deliverable();
   void post_am(ucp_ep_h ep, unsigned id, const void* header, std::size_t header_length, const void* data, std::size_t length,
-               std::shared_ptr<send_handle::state> s);
+               const std::shared_ptr<send_handle::state>& s);
   static void on_recv_done(void* request, ucs_status_t st, std::size_t length, void* user_data);
   static void on_send_done(void* request, ucs_status_t st, void* user_data);
   static void on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t st);
@@ -140,8 +156,12 @@ class channel_core : public std::enable_shared_from_this<channel_core> {
   bool open_ = false;
   std::uint64_t peer_max_payload_ = 0;
   std::optional<error> failure_;
-  std::map<std::uint64_t, result<frame>> ready_;  // frames that came out of order
-  std::optional<result<frame>> next_;              // frame next_deliver_, when it came in order
+  std::map<std::uint64_t, raw_frame> ready_;  // frames that came out of order
+  /// Frame next_deliver_ when next_full_ (it came in order). Otherwise the buffers the last
+  /// receive_into swapped out of the caller's frame, which the next small frame is copied into:
+  /// no allocation and no pool lock per frame.
+  raw_frame next_;
+  bool next_full_ = false;
   std::uint64_t next_deliver_ = 0;
   std::uint64_t buffered_bytes_ = 0;  // payload bytes received or being received, not yet taken
   std::atomic<bool> deliverable_{false};

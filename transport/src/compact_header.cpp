@@ -150,7 +150,7 @@ bool encode(const frame_header& h, std::size_t headroom, std::size_t tailroom, s
   }
   if (!w.fits()) return false;
   auto n = static_cast<std::size_t>(w.pos() - buf);
-  out.reserve(headroom + n + tailroom);
+  out.reserve(headroom + n + tailroom);  // a reused vector (a channel's send state) keeps its capacity
   out.resize(headroom + n);
   std::memcpy(out.data() + headroom, buf, n);
   return true;
@@ -207,7 +207,10 @@ status decode(std::span<const std::byte> bytes, std::size_t max_seqs, std::size_
     for (auto& b : s.block_table) {
       if (!r.i32(b)) return bad(where() + "truncated or out-of-range block id");
     }
+    // `h` may be a reused header (receive_into): fields the form leaves out get their defaults here.
+    s.sample_rows = 1;
     if ((flags & flag_sample_rows) != 0 && !r.i32(s.sample_rows)) return bad(where() + "truncated sample_rows");
+    s.sampling = sampling_params{};
     if ((flags & flag_sampling) != 0) {
       std::int32_t top_k;
       if (!r.f32(s.sampling.temperature) || !r.i32(top_k) || !r.f32(s.sampling.top_p) ||

@@ -41,12 +41,14 @@ inline constexpr std::size_t max_bytes = 256;
 /// True when `bytes` starts with the compact tag (any version byte: a newer one is rejected by decode).
 bool is_compact(std::span<const std::byte> bytes);
 
-/// Writes the compact form after `headroom` bytes, with capacity for `tailroom` more; false (and
-/// `out` unspecified) when it would be over max_bytes.
+/// Writes the compact form after `headroom` bytes (their content unspecified), with capacity for
+/// `tailroom` more, into `out` (reusing its capacity); false (and `out` unspecified) when it would
+/// be over max_bytes.
 bool encode(const frame_header& h, std::size_t headroom, std::size_t tailroom, std::vector<std::byte>& out);
 
-/// Parses the compact form into `h` (a default-constructed header; written in place, so a small
-/// frame's header is not moved around) structurally: bounds, varint overflow, enum ranges, counts,
+/// Parses the compact form into `h` (written in place, so a small frame's header is not moved
+/// around; every field is set, so `h` may be a previous frame's header whose vectors keep their
+/// capacity) structurally: bounds, varint overflow, enum ranges, counts,
 /// trailing bytes. The plan checks shared with the Cap'n Proto form are frame_codec's.
 status decode(std::span<const std::byte> bytes, std::size_t max_seqs, std::size_t max_dims, frame_header& h);
 

@@ -250,9 +250,15 @@ status check_payload_size(const frame_header& header, std::uint64_t size) {
 
 result<std::vector<std::byte>> encode_header(const frame_header& h, std::size_t headroom, header_form form,
                                              std::size_t tailroom) {
-  // Small headers (a decode step) in the compact form; Cap'n Proto for the rest (compact_header.hpp).
   std::vector<std::byte> out;
-  if (form == header_form::automatic && compact::encode(h, headroom, tailroom, out)) return out;
+  CONVEYOR_TRY(encode_header_into(h, out, headroom, form, tailroom));
+  return out;
+}
+
+status encode_header_into(const frame_header& h, std::vector<std::byte>& out, std::size_t headroom, header_form form,
+                          std::size_t tailroom) {
+  // Small headers (a decode step) in the compact form; Cap'n Proto for the rest (compact_header.hpp).
+  if (form == header_form::automatic && compact::encode(h, headroom, tailroom, out)) return ok_status();
   try {
     // A first segment on the stack, sized for the usual header: MallocMessageBuilder's default
     // first segment is an 8 KiB calloc per message, a good part of a small frame's cost.
@@ -293,7 +299,8 @@ result<std::vector<std::byte>> encode_header(const frame_header& h, std::size_t 
     t.setDtype(to_wire(h.tensor.type));
     auto shape = t.initShape(static_cast<unsigned>(h.tensor.shape.size()));
     for (std::size_t j = 0; j < h.tensor.shape.size(); ++j) shape.set(j, h.tensor.shape[j]);
-    return flatten(message, headroom, tailroom);
+    out = flatten(message, headroom, tailroom);
+    return ok_status();
   } catch (const kj::Exception& e) {
     // Only a list over Cap'n Proto's 2^29-element limit gets here: a caller bug, but report it as a value.
     return make_error(errc::invalid_argument, std::string("frame header: cannot encode: ") + e.getDescription().cStr());
@@ -301,15 +308,20 @@ result<std::vector<std::byte>> encode_header(const frame_header& h, std::size_t 
 }
 
 result<frame_header> decode_header(std::span<const std::byte> bytes, const codec_limits& limits) {
+  result<frame_header> out{frame_header{}};  // filled in place: no moves of the decoded header
+  CONVEYOR_TRY(decode_header_into(bytes, *out, limits));
+  return out;
+}
+
+status decode_header_into(std::span<const std::byte> bytes, frame_header& out, const codec_limits& limits) {
   if (compact::is_compact(bytes)) {
     if (bytes.size() > limits.max_header_bytes) {
       return make_error(errc::bad_format, "frame header: " + std::to_string(bytes.size()) +
                                               " bytes, over the limit of " + std::to_string(limits.max_header_bytes));
     }
-    result<frame_header> out{frame_header{}};  // filled in place: no moves of the decoded header
-    CONVEYOR_TRY(compact::decode(bytes, limits.max_seqs, limits.max_dims, *out));
-    CONVEYOR_TRY(validate(*out, limits));
-    return out;
+    // Into `out`'s own vectors: a small frame's header then allocates nothing once they have grown.
+    CONVEYOR_TRY(compact::decode(bytes, limits.max_seqs, limits.max_dims, out));
+    return validate(out, limits);
   }
   CONVEYOR_TRY_ASSIGN(words, as_words(bytes, limits.max_header_bytes, "frame header"));
   try {
@@ -320,7 +332,9 @@ result<frame_header> decode_header(std::span<const std::byte> bytes, const codec
     if (reader.getEnd() != words.view.end()) {
       return make_error(errc::bad_format, "frame header: trailing bytes after the message");
     }
-    return read_header(reader.getRoot<schema::FrameHeader>(), limits);
+    CONVEYOR_TRY_ASSIGN(h, read_header(reader.getRoot<schema::FrameHeader>(), limits));
+    out = std::move(h);
+    return ok_status();
   } catch (const kj::Exception& e) {
     return make_error(errc::bad_format, std::string("frame header: malformed Cap'n Proto message: ") +
                                             e.getDescription().cStr());

@@ -22,6 +22,12 @@ payload_buffer::payload_buffer(std::shared_ptr<buffer_pool> pool, std::size_t si
   data_ = std::unique_ptr<std::byte[], free_deleter>(p, free_deleter{std::move(pool), capacity});
 }
 
+bool payload_buffer::reuse_for(std::size_t size) {
+  if (!data_ || size == 0 || buffer_pool::capacity_for(size) != capacity()) return false;
+  size_ = size;
+  return true;
+}
+
 void send_handle::state::complete_one(status s) {
   {
     std::lock_guard lock(mu_);

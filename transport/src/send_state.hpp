@@ -51,6 +51,26 @@ class send_handle::state {
     return r;
   }
 
+  /// Makes a completed state that nobody else holds ready for another send (ucx_channel keeps one
+  /// per channel: no allocation per small frame, and separate_header keeps its capacity).
+  void reset_for_reuse() {
+    assert(done() && slots_[0].keep == nullptr && slots_[1].keep == nullptr);
+    am_header.clear();
+    separate_header.clear();
+    header_offset = 0;
+    payload_inline = false;
+    on_bulk_ep = false;
+    separate_preamble.clear();
+    payload = {};
+    slots_[0] = request_slot{};
+    slots_[1] = request_slot{};
+    slots_used_ = 0;
+    outstanding_ = 0;
+    status_ = ok_status();
+    completed_at_ = {};
+    done_.store(false, std::memory_order_relaxed);
+  }
+
   /// Called once per UCX request that belongs to this send; the send completes with the last one,
   /// failed if any failed.
   /// Before the first request is posted (the state is not shared with a completer yet).

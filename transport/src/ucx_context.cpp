@@ -2,6 +2,7 @@
 #include "conveyor/transport/ucx_context.hpp"
 
 #include <cstring>
+#include <mutex>
 
 #include "channel_core.hpp"
 #include "send_state.hpp"
@@ -23,20 +24,23 @@ class ucx_channel final : public channel {
     CONVEYOR_TRY(check_payload_size(header, payload.size));
     // Room after the header for a payload small enough to travel inline (no reallocation then).
     std::size_t tail = payload.size <= wire::max_inline_payload ? payload.size : 0;
-    CONVEYOR_TRY_ASSIGN(bytes, encode_header(header, sizeof(wire::preamble), header_form::automatic, tail));
-    return send_owned(std::move(bytes), payload);
+    auto s = state_for_send();
+    CONVEYOR_TRY(encode_header_into(header, s->separate_header, sizeof(wire::preamble), header_form::automatic, tail));
+    return send_owned(std::move(s), payload);
   }
 
   result<send_handle> send_encoded(std::span<const std::byte> header_bytes, payload_view payload) override {
-    std::vector<std::byte> bytes;
+    auto s = state_for_send();
+    auto& bytes = s->separate_header;
     bytes.reserve(sizeof(wire::preamble) + header_bytes.size() +
                   (payload.size <= wire::max_inline_payload ? payload.size : 0));
     bytes.resize(sizeof(wire::preamble) + header_bytes.size());
     if (!header_bytes.empty()) std::memcpy(bytes.data() + sizeof(wire::preamble), header_bytes.data(), header_bytes.size());
-    return send_owned(std::move(bytes), payload);
+    return send_owned(std::move(s), payload);
   }
 
   result<frame> receive(deadline until) override { return core_->receive(until); }
+  status receive_into(frame& f, deadline until) override { return core_->receive_into(f, until); }
 
   status health() const override {
     if (auto why = core_->failure()) return *why;
@@ -44,8 +48,29 @@ class ucx_channel final : public channel {
   }
 
  private:
-  /// `header_bytes`: the encoded header after sizeof(wire::preamble) bytes of room.
-  result<send_handle> send_owned(std::vector<std::byte> header_bytes, payload_view payload) {
+  /// A send state: the one kept from this channel's last send when that send completed and its
+  /// handle is gone (the usual case for a caller that waits for each send), else a new one, which is
+  /// then kept. A state is shared only by the handles, UCX's completion slots (while UCX owns a
+  /// request) and the channel's in-flight list (never a completed send's, outside the worker lock),
+  /// so use_count() == 1 (just spare_) on a completed one means nobody can reach it any more.
+  std::shared_ptr<send_handle::state> state_for_send() {
+    {
+      std::lock_guard lock(spare_mu_);
+      if (spare_ && spare_.use_count() == 1 && spare_->done()) {
+        spare_->reset_for_reuse();
+        return spare_;
+      }
+    }
+    auto s = std::make_shared<send_handle::state>();
+    s->channel = core_;
+    std::lock_guard lock(spare_mu_);
+    spare_ = s;
+    return s;
+  }
+
+  /// `s->separate_header`: the encoded header after sizeof(wire::preamble) bytes of room.
+  result<send_handle> send_owned(std::shared_ptr<send_handle::state> s, payload_view payload) {
+    auto& header_bytes = s->separate_header;
     const std::size_t header_size = header_bytes.size() - sizeof(wire::preamble);
     // Error messages are built on the error paths only (a string per frame shows at small sizes).
     auto where = [&] { return "channel " + std::to_string(core_->id()) + ": "; };
@@ -73,7 +98,6 @@ class ucx_channel final : public channel {
                                                     " bytes is over the limit of " +
                                                     std::to_string(opts.header_limits.max_header_bytes));
     }
-    auto s = std::make_shared<send_handle::state>();
     if (payload.size <= wire::max_inline_payload &&
         sizeof(wire::preamble) + header_size + payload.size <= worker_->max_am_header()) {
       // A small payload rides in the AM header (wire::flag_payload_inline): UCX can then send the
@@ -82,21 +106,21 @@ class ucx_channel final : public channel {
       if (payload.size != 0) std::memcpy(header_bytes.data() + sizeof(wire::preamble) + header_size, payload.data, payload.size);
       s->payload_inline = true;
     }
-    s->separate_header = std::move(header_bytes);
     s->header_offset = sizeof(wire::preamble);
     s->payload = payload;
-    s->channel = core_;
     // Sent from this thread (no hand-off to the progress thread): ucp_am_send_nbx does not block,
     // and the worker lock waits at most one progress pass. Sends stay in call order per channel.
     {
       ucx_worker::worker_lock lock(*worker_);
       core_->start_send(s);
     }
-    return send_handle(s);
+    return send_handle(std::move(s));
   }
 
   std::shared_ptr<ucx_worker> worker_;
   std::shared_ptr<channel_core> core_;
+  std::mutex spare_mu_;  // channels may be sent on from several threads
+  std::shared_ptr<send_handle::state> spare_;
 };
 
 }  // namespace

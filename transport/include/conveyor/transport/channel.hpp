@@ -43,6 +43,11 @@ class payload_buffer {
   const std::byte* data() const { return data_.get(); }
   std::size_t size() const { return size_; }
   std::span<const std::byte> bytes() const { return {data_.get(), size_}; }
+  /// Bytes the buffer can hold (its size class; 0 when empty).
+  std::size_t capacity() const { return data_ ? data_.get_deleter().capacity : 0; }
+  /// Makes this buffer `size` bytes long, keeping its memory (contents unspecified); false, and
+  /// unchanged, unless it is already allocated in the size class `size` asks for.
+  bool reuse_for(std::size_t size);
 
  private:
   struct free_deleter {
@@ -97,6 +102,17 @@ class channel {
   /// stays usable), the deadline passed (no frame yet; the channel stays usable), or the channel
   /// failed (peer died or closed; every later call fails too).
   virtual result<frame> receive(deadline until) = 0;
+  /// receive() into `f`, whose buffers (header vectors, header_bytes, payload) the channel may keep
+  /// and reuse: a caller that receives frame after frame into the same object then costs no
+  /// allocation per small frame. `f`'s previous contents are gone either way (so a send of
+  /// `f.payload` or `f.header_bytes` must have completed first); on an error `f` is unspecified (but
+  /// valid). Same errors as receive().
+  virtual status receive_into(frame& f, deadline until) {
+    auto r = receive(until);
+    if (!r.ok()) return r.err();
+    f = std::move(*r);
+    return ok_status();
+  }
   /// OK while the channel works; the error that broke it otherwise.
   virtual status health() const = 0;
 };

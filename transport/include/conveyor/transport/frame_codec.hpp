@@ -36,9 +36,18 @@ enum class header_form { automatic, capnp };
 result<std::vector<std::byte>> encode_header(const frame_header& header, std::size_t headroom = 0,
                                              header_form form = header_form::automatic, std::size_t tailroom = 0);
 
+/// encode_header into `out`, reusing its capacity (a channel keeps one per send state, so a small
+/// frame's header allocates nothing); the headroom bytes' content is unspecified.
+status encode_header_into(const frame_header& header, std::vector<std::byte>& out, std::size_t headroom = 0,
+                          header_form form = header_form::automatic, std::size_t tailroom = 0);
+
 /// Decodes and validates a header in either form: structure, enum values, plan consistency (block tables cover
 /// the positions, no negative positions), tensor shape.
 result<frame_header> decode_header(std::span<const std::byte> bytes, const codec_limits& limits = {});
+
+/// decode_header into `out`, reusing its vectors' capacity (channel::receive_into). Every field is
+/// written on success; on an error `out` is unspecified (but valid).
+status decode_header_into(std::span<const std::byte> bytes, frame_header& out, const codec_limits& limits = {});
 
 /// Bytes the header's tensor occupies, or an error if the shape is negative or overflows.
 result<std::uint64_t> payload_bytes(const tensor_desc& tensor);
