@@ -28,6 +28,9 @@ std::string describe(const deployment& d) {
   add("model.draft", d.model.draft.empty() ? "(the model itself)" : sv(d.model.draft));
   add("model.draft_layers", d.model.draft_layers == 0 ? "0 (all)" : std::to_string(d.model.draft_layers));
   add("model.spec_k", d.model.spec_k == 0 ? "0 (no speculative decoding)" : std::to_string(d.model.spec_k));
+  add("model.ngram_min", std::to_string(d.model.ngram_min));
+  add("model.ngram_max", std::to_string(d.model.ngram_max));
+  add("model.ngram_corpus", d.model.ngram_corpus.empty() ? "(none)" : sv(d.model.ngram_corpus));
   add("parallel.type", sv(to_string(d.parallel.type)));
   add("parallel.stages", std::to_string(d.parallel.stages));
   add("parallel.tp", std::to_string(d.parallel.tp));

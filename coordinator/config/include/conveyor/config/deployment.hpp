@@ -51,6 +51,12 @@ struct model_section {
   std::string draft;
   int draft_layers = 0;
   int spec_k = 0;
+  /// draft = "ngram": no draft model; prompt lookup proposes (the tokens that followed the latest
+  /// earlier occurrence of the sequence's last n tokens, n = ngram_max down to ngram_min), in the
+  /// sequence itself and in ngram_corpus (a file of decimal token ids; empty = none).
+  int ngram_min = 2;
+  int ngram_max = 4;
+  std::string ngram_corpus;
 };
 
 /// [parallel]
