@@ -1,6 +1,7 @@
 #include "conveyor/engine/speculative_decoder.hpp"
 
 #include <algorithm>
+#include <cassert>
 
 #include "conveyor/engine/draft_proposer.hpp"
 #include "conveyor/engine/speculative_sampling.hpp"
@@ -12,10 +13,6 @@ namespace conveyor::engine {
 namespace {
 
 bool sampled(const kernels::sample_params& p) { return p.temperature > 0.0f && p.top_k != 1; }
-
-}  // namespace
-
-namespace {
 
 status check_k(const local_pipeline& target, int k) {
   if (k >= 1 && k + 1 <= target.options().max_step_tokens) return ok_status();
@@ -125,8 +122,9 @@ result<std::vector<generation_result>> speculative_decoder::generate(const std::
     stats_.draft_seconds += proposer_.counters().seconds - before.seconds;
     std::vector<std::vector<std::vector<double>>> q(active.size());
     for (std::size_t a = 0; a < active.size(); ++a) {
-      auto& d = proposals[a].tokens;
-      if (static_cast<int>(d.size()) > queries[a].k) d.resize(std::max(queries[a].k, 0));  // a proposer's slip
+      const auto& d = proposals[a].tokens;
+      assert(static_cast<int>(d.size()) <= std::max(queries[a].k, 0) && "a proposer returned more than k tokens");
+      assert((proposals[a].q.empty() || proposals[a].q.size() == d.size()) && "one q row per proposed token");
       kk[a] = static_cast<int>(d.size());
       work[a] = seqs[active[a]].tokens;
       work[a].insert(work[a].end(), d.begin(), d.end());
