@@ -118,7 +118,9 @@ TEST_F(speculative_serving, ngram_proposer_tokens_equal_plain_serving) {
   std::vector<std::int32_t> corpus;
   for (const auto& p : golden_.prompts) {
     corpus.insert(corpus.end(), p.input_ids.begin(), p.input_ids.end());
-    for (std::size_t i = 0; i < p.greedy.size(); ++i) corpus.push_back(i % 3 == 2 ? (p.greedy[i] + 1) % pipe_->config().vocab_size : p.greedy[i]);
+    for (std::size_t i = 0; i < p.greedy.size(); ++i) {
+      corpus.push_back(i % 3 == 2 ? (p.greedy[i] + 1) % pipe_->config().vocab_size : p.greedy[i]);
+    }
   }
   auto ngram = engine::ngram_proposer::create({1, 3}, corpus);
   ASSERT_TRUE(ngram.ok());

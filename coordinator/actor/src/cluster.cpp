@@ -329,7 +329,9 @@ result<std::unique_ptr<cluster>> cluster::start(const cluster_options& o) {
     // Prompt lookup: no draft model, nothing on a device.
     auto draft = std::make_shared<coordinator_setup::draft_model>();
     CONVEYOR_TRY_ASSIGN(p, engine::make_ngram_proposer({o.ngram_min, o.ngram_max}, o.ngram_corpus));
-    if (auto st = p->check_vocabulary(config.vocab_size); !st) return make_error(st.err().code, "model.ngram_corpus: " + st.err().message);
+    if (auto st = p->check_vocabulary(config.vocab_size); !st) {
+      return make_error(st.err().code, "model.ngram_corpus: " + st.err().message);
+    }
     draft->proposer = std::move(p);
     setup.draft = std::move(draft);
   } else if (o.spec_k > 0) {

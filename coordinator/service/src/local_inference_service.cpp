@@ -178,7 +178,9 @@ result<std::unique_ptr<inference_service>> make_local_inference_service(const st
   std::unique_ptr<engine::token_proposer> draft;
   if (o.spec_k > 0 && o.draft_dir == "ngram") {
     CONVEYOR_TRY_ASSIGN(p, engine::make_ngram_proposer({o.ngram_min, o.ngram_max}, o.ngram_corpus));
-    if (auto st = p->check_vocabulary(config.vocab_size); !st) return make_error(st.err().code, "model.ngram_corpus: " + st.err().message);
+    if (auto st = p->check_vocabulary(config.vocab_size); !st) {
+      return make_error(st.err().code, "model.ngram_corpus: " + st.err().message);
+    }
     draft = std::move(p);
     so.spec_k = o.spec_k;
   } else if (o.spec_k > 0) {

@@ -10,9 +10,12 @@ namespace conveyor::engine {
 
 result<std::unique_ptr<ngram_proposer>> ngram_proposer::create(const ngram_options& o, std::vector<std::int32_t> corpus) {
   auto bad = [](const std::string& why) { return make_error(errc::invalid_argument, "n-gram proposer: " + why); };
-  if (o.min_n < 1 || o.min_n > max_ngram) return bad("min n must be in [1, " + std::to_string(max_ngram) + "], got " + std::to_string(o.min_n));
-  if (o.max_n < 1 || o.max_n > max_ngram) return bad("max n must be in [1, " + std::to_string(max_ngram) + "], got " + std::to_string(o.max_n));
-  if (o.min_n > o.max_n) return bad("min n (" + std::to_string(o.min_n) + ") is above max n (" + std::to_string(o.max_n) + ")");
+  const std::string range = "must be in [1, " + std::to_string(max_ngram) + "], got ";
+  if (o.min_n < 1 || o.min_n > max_ngram) return bad("min n " + range + std::to_string(o.min_n));
+  if (o.max_n < 1 || o.max_n > max_ngram) return bad("max n " + range + std::to_string(o.max_n));
+  if (o.min_n > o.max_n) {
+    return bad("min n (" + std::to_string(o.min_n) + ") is above max n (" + std::to_string(o.max_n) + ")");
+  }
   if (corpus.size() >= (1ull << 32)) return bad("the corpus has more than 2^32 tokens");
   std::int32_t top = -1;
   for (std::size_t i = 0; i < corpus.size(); ++i) {
