@@ -8,9 +8,15 @@
 //   usage: spec_bench --model DIR [--device cpu|cuda] [--dtype f32|bf16] [--threads N]
 //            [--draft DIR,DIR] [--draft-layers 2,4] [--k 2,4]
 //            [--prompt-text "A|B|C" | --prompt 128] [--new 256] [--reps 2] [--batch-invariant 0|1]
+//            [--ngram 2:4,1:3] [--ngram-corpus-text FILE | --ngram-corpus IDS] [--write-corpus IDS]
+// --ngram MIN:MAX: the n-gram proposer (prompt lookup, no model) with those match lengths, alone and,
+// with a corpus, again with the corpus as its datastore. --ngram-corpus-text FILE: a text tokenised
+// here with the model's tokenizer (paragraphs between blank lines, no special tokens; --write-corpus
+// writes the ids for `conveyor generate --ngram-corpus`); --ngram-corpus IDS: decimal token ids.
 // --batch-invariant 1 (CUDA): row-invariant kernels, so verification rows compute exactly what
 // decode steps do (cuda_backend_options::batch_invariant); plain decoding runs on the same backend.
 #include <chrono>
+#include <fstream>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
@@ -19,6 +25,8 @@
 #include <vector>
 
 #include "conveyor/engine/local_pipeline.hpp"
+#include "conveyor/engine/draft_proposer.hpp"
+#include "conveyor/engine/ngram_proposer.hpp"
 #include "conveyor/engine/speculative_decoder.hpp"
 #include "conveyor/kernels/cpu_backend.hpp"
 #include "conveyor/tokenizer/tokenizer.hpp"
@@ -62,7 +70,8 @@ struct run_result {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model, device = "cuda", dtype, prompt_text;
+  std::string model, device = "cuda", dtype, prompt_text, corpus_text, corpus_ids, write_corpus;
+  std::vector<std::string> ngrams;
   std::vector<std::string> drafts;
   std::vector<int> layers, ks{4};
   bool layers_given = false;
@@ -81,10 +90,14 @@ int main(int argc, char** argv) {
     else if (k == "--new") new_tokens = std::stoi(v);
     else if (k == "--reps") reps = std::stoi(v);
     else if (k == "--batch-invariant") batch_invariant = std::stoi(v);
+    else if (k == "--ngram") ngrams = split(v, ',');
+    else if (k == "--ngram-corpus-text") corpus_text = v;
+    else if (k == "--ngram-corpus") corpus_ids = v;
+    else if (k == "--write-corpus") write_corpus = v;
     else die("unknown flag " + k);
   }
   if (model.empty()) die("--model DIR is required");
-  if (!layers_given && drafts.empty()) layers = {2, 4};
+  if (!layers_given && drafts.empty() && ngrams.empty()) layers = {2, 4};
   if (dtype.empty()) dtype = device == "cpu" ? "f32" : "bf16";
 
   std::unique_ptr<kernels::backend> backend;
@@ -176,7 +189,7 @@ int main(int argc, char** argv) {
               total / plain.seconds, plain.seconds * 1e3 / total);
   std::fflush(stdout);
 
-  auto bench_draft = [&](engine::local_pipeline& draft, const std::string& name) {
+  auto bench_draft = [&](engine::token_proposer& draft, const std::string& name) {
     for (int k : ks) {
       auto spec = engine::speculative_decoder::create(**target, draft, {k});
       if (!spec) die("spec: " + spec.err().message);
@@ -208,23 +221,73 @@ int main(int argc, char** argv) {
       const auto& st = r.stats;
       std::printf("{\"run\":\"spec\",\"draft\":\"%s\",\"k\":%d,\"seconds\":%.4f,\"tok_s\":%.1f,\"speedup\":%.3f,"
                   "\"acceptance\":%.4f,\"tokens_per_target_step\":%.3f,\"target_steps\":%lld,\"draft_steps\":%lld,"
-                  "\"target_s\":%.4f,\"draft_s\":%.4f,\"identical_tokens\":%zu,\"of\":%d,\"identical\":%s}\n",
+                  "\"target_s\":%.4f,\"draft_s\":%.4f,\"identical_tokens\":%zu,\"of\":%d,\"identical\":%s,"
+                  "\"device\":\"%s\"}\n",
                   name.c_str(), k, r.seconds, total / r.seconds, plain.seconds / r.seconds, st.acceptance_rate(),
                   st.tokens_per_target_step(), static_cast<long long>(st.target_steps),
                   static_cast<long long>(st.draft_steps), st.target_seconds, st.draft_seconds, same, total,
-                  identical ? "true" : "false");
+                  identical ? "true" : "false", device.c_str());
       std::fflush(stdout);
     }
   };
+  // The n-gram proposer: prompt lookup alone, then with the corpus as its datastore.
+  std::vector<std::int32_t> corpus;
+  if (!corpus_text.empty()) {
+    auto tok = tokenizer::load_tokenizer(model);
+    if (!tok) die("tokenizer: " + tok.err().message);
+    std::ifstream in(corpus_text);
+    if (!in) die("cannot read " + corpus_text);
+    const auto t = std::chrono::steady_clock::now();
+    std::string para, line;
+    tokenizer::encode_options eo;
+    eo.add_special = false;
+    auto flush = [&] {
+      if (para.empty()) return;
+      auto ids = (*tok)->encode(para, eo);
+      if (!ids) die("tokenizer: " + ids.err().message);
+      corpus.insert(corpus.end(), ids->begin(), ids->end());
+      para.clear();
+    };
+    // Paragraphs (chapters) one at a time: each ends with its newline, as in the text.
+    while (std::getline(in, line)) {
+      if (line.empty()) flush();
+      para += line + "\n";
+    }
+    flush();
+    std::fprintf(stderr, "corpus: %zu tokens from %s in %.1f s\n", corpus.size(), corpus_text.c_str(), seconds_since(t));
+  } else if (!corpus_ids.empty()) {
+    auto ids = engine::read_token_ids(corpus_ids);
+    if (!ids) die(ids.err().message);
+    corpus = std::move(ids).value();
+  }
+  if (!write_corpus.empty()) {
+    std::ofstream out(write_corpus);
+    for (std::size_t i = 0; i < corpus.size(); ++i) out << corpus[i] << ((i + 1) % 32 ? ' ' : '\n');
+    out << '\n';
+  }
+  for (const auto& spec : ngrams) {
+    const auto parts = split(spec, ':');
+    if (parts.size() != 2) die("--ngram takes MIN:MAX, got " + spec);
+    engine::ngram_options no{std::stoi(parts[0]), std::stoi(parts[1])};
+    for (int with_corpus = 0; with_corpus <= (corpus.empty() ? 0 : 1); ++with_corpus) {
+      const auto t = std::chrono::steady_clock::now();
+      auto p = engine::ngram_proposer::create(no, with_corpus ? corpus : std::vector<std::int32_t>{});
+      if (!p) die(p.err().message);
+      if (with_corpus) std::fprintf(stderr, "ngram index %s built in %.2f s\n", spec.c_str(), seconds_since(t));
+      bench_draft(**p, "ngram " + spec + (with_corpus ? " + corpus" : ""));
+    }
+  }
   for (const auto& dir : drafts) {
     auto draft = engine::local_pipeline::create(*backend, dir, 1, o);
     if (!draft) die("draft " + dir + ": " + draft.err().message);
-    bench_draft(**draft, dir);
+    engine::draft_proposer p(**draft);
+    bench_draft(p, dir);
   }
   for (int n : layers) {
     auto draft = engine::local_pipeline::create(*backend, model, 1, o, n);
     if (!draft) die("draft: " + draft.err().message);
-    bench_draft(**draft, "first " + std::to_string(n) + " layers");
+    engine::draft_proposer p(**draft);
+    bench_draft(p, "first " + std::to_string(n) + " layers");
   }
   return 0;
 }

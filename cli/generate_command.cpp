@@ -10,6 +10,7 @@
 #include "command.hpp"
 #include "conveyor/engine/local_pipeline.hpp"
 #include "conveyor/engine/memory_plan.hpp"
+#include "conveyor/engine/ngram_proposer.hpp"
 #include "conveyor/engine/speculative_decoder.hpp"
 #include "conveyor/kernels/cpu_backend.hpp"
 #include "conveyor/transport/cpu_collective.hpp"
@@ -93,7 +94,8 @@ status write_prompt_logits(engine::local_pipeline& pipe, const std::vector<int>&
 int generate_main(const args& argv) {
   auto f = flags::parse(argv, {"model", "prompt-ids", "prompt", "max-new-tokens", "temperature", "top-k", "top-p", "seed",
                                "stages", "format", "ignore-eos", "threads", "device", "dtype", "logits-out", "tp", "batch", "timing",
-                               "quant", "quant-lm-head", "draft", "draft-layers", "spec-k", "spec-exact", "batch-invariant"},
+                               "quant", "quant-lm-head", "draft", "draft-layers", "spec-k", "spec-exact", "batch-invariant",
+                               "ngram-min", "ngram-max", "ngram-corpus"},
                         {"ignore-eos", "timing", "quant-lm-head", "spec-exact"});
   if (!f) return fail(f.err());
   auto model = f->get("model");
@@ -140,6 +142,29 @@ int generate_main(const args& argv) {
     return fail(make_error(errc::invalid_argument, "--spec-k needs a draft: --draft DIR or --draft-layers N"));
   }
   const std::string draft_dir = f->get("draft").value_or(*model);
+  // --draft ngram: no draft model; prompt lookup (--ngram-min/--ngram-max tokens matched, longest
+  // first) in the sequence and in --ngram-corpus FILE (token ids) proposes. A directory named
+  // ngram is ./ngram.
+  const bool ngram = draft_dir == "ngram";
+  engine::ngram_options ngram_opts;
+  if (ngram && f->has("draft-layers")) {
+    return fail(make_error(errc::invalid_argument, "--draft-layers applies to a draft model, not to --draft ngram"));
+  }
+  if (!ngram && (f->has("ngram-min") || f->has("ngram-max") || f->has("ngram-corpus"))) {
+    return fail(make_error(errc::invalid_argument, "--ngram-min, --ngram-max and --ngram-corpus need --draft ngram"));
+  }
+  {
+    auto lo = f->get_int("ngram-min", ngram_opts.min_n, 1, engine::ngram_proposer::max_ngram);
+    if (!lo) return fail(lo.err());
+    auto hi = f->get_int("ngram-max", std::max<std::int64_t>(*lo, ngram_opts.max_n), 1, engine::ngram_proposer::max_ngram);
+    if (!hi) return fail(hi.err());
+    ngram_opts.min_n = static_cast<int>(*lo);
+    ngram_opts.max_n = static_cast<int>(*hi);
+    if (ngram_opts.min_n > ngram_opts.max_n) {
+      return fail(make_error(errc::invalid_argument, "--ngram-min (" + std::to_string(*lo) + ") is above --ngram-max (" +
+                                                         std::to_string(*hi) + ")"));
+    }
+  }
   const std::string format = f->get("format").value_or("json");
   if (format != "json" && format != "text") {
     return fail(make_error(errc::invalid_argument, "--format must be json or text, got \"" + format + "\""));
@@ -243,8 +268,25 @@ int generate_main(const args& argv) {
   req.sampling.seed = static_cast<std::uint64_t>(*seed);
   req.stop_at_eos = !f->has("ignore-eos");
   std::unique_ptr<engine::local_pipeline> draft;
+  std::unique_ptr<engine::token_proposer> proposer;
   std::unique_ptr<engine::speculative_decoder> spec;
-  if (speculative) {
+  if (speculative && ngram) {
+    std::vector<std::int32_t> corpus;
+    if (auto path = f->get("ngram-corpus")) {
+      auto ids = engine::read_token_ids(*path);
+      if (!ids) return fail(make_error(ids.err().code, "--ngram-corpus: " + ids.err().message));
+      corpus = std::move(ids).value();
+    }
+    auto p = engine::ngram_proposer::create(ngram_opts, std::move(corpus));
+    if (!p) return fail(p.err());
+    proposer = std::move(p).value();
+    engine::speculative_options so;
+    so.k = static_cast<int>(*spec_k);
+    so.rejection_sampling = !f->has("spec-exact");
+    auto sd = engine::speculative_decoder::create(**pipe, *proposer, so);
+    if (!sd) return fail(make_error(sd.err().code, "--draft ngram: " + sd.err().message));
+    spec = std::move(sd).value();
+  } else if (speculative) {
     // The draft runs on the first rank's backend, as one stage.
     auto d = engine::local_pipeline::create(*backend->get(), draft_dir, 1, opts, static_cast<int>(*draft_layers));
     if (!d) return fail(make_error(d.err().code, "--draft: " + d.err().message));

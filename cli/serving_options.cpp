@@ -33,6 +33,9 @@ service::local_service_options local_service_options_of(const config::deployment
   o.draft_dir = d.model.draft;
   o.draft_layers = d.model.draft_layers;
   o.spec_k = d.model.spec_k;
+  o.ngram_min = d.model.ngram_min;
+  o.ngram_max = d.model.ngram_max;
+  o.ngram_corpus = d.model.ngram_corpus;
   return o;
 }
 

@@ -41,6 +41,20 @@ r1=$("$bin" generate --model "$fx/tiny-qwen2" --prompt-ids 1,2,3 --max-new-token
 r2=$("$bin" generate --model "$fx/tiny-qwen2" --prompt-ids 1,2,3 --max-new-tokens 12 --temperature 0.8 --seed 7 --ignore-eos --draft-layers 3 --spec-k 3 --stages 2)
 r3=$("$bin" generate --model "$fx/tiny-qwen2" --prompt-ids 1,2,3 --max-new-tokens 12 --temperature 0.8 --seed 8 --ignore-eos --draft-layers 3 --spec-k 3)
 if [ -n "$r1" ] && [ "$r1" = "$r2" ] && [ "$r1" != "$r3" ]; then echo "ok   spec_rejection_sampling_is_seeded"; else echo "FAIL spec seeded: $r1 / $r2 / $r3"; fail=1; fi
+# --draft ngram: prompt lookup + a token-id corpus (the golden tokens with every third one changed,
+# so proposals are both kept and rejected); the model's own tokens, and clear errors for bad flags.
+corpus=$(mktemp); trap 'rm -f "$corpus"' EXIT
+echo "$ids,$(sed -E 's/.*"tokens":\[([^]]*)\].*/\1/' <<<"$(grep -oE '"tokens":\[[0-9,]*\]' <<<"$("$bin" generate --model "$fx/tiny-llama" --prompt-ids $ids --max-new-tokens 24 --ignore-eos)")")" \
+  | tr ',' '\n' | awk 'NR % 3 == 0 { $1 = ($1 + 1) % 1000 } { print }' >"$corpus"
+check spec_ngram_corpus 0 "$want.*\"accepted\":[1-9]" -- generate --model "$fx/tiny-llama" --prompt-ids $ids --max-new-tokens 24 --ignore-eos --draft ngram --ngram-min 1 --ngram-max 3 --ngram-corpus "$corpus" --spec-k 4
+check spec_ngram_2_stages 0 "$want" -- generate --model "$fx/tiny-llama" --prompt-ids $ids --max-new-tokens 24 --ignore-eos --stages 2 --draft ngram
+check spec_ngram_min_above_max 1 'ngram-min \(4\) is above --ngram-max \(2\)' -- generate --model "$fx/tiny-llama" --prompt-ids 1 --draft ngram --ngram-min 4 --ngram-max 2
+check spec_ngram_flags_need_ngram 1 'need --draft ngram' -- generate --model "$fx/tiny-llama" --prompt-ids 1 --ngram-max 3
+check spec_ngram_no_layers 1 'not to --draft ngram' -- generate --model "$fx/tiny-llama" --prompt-ids 1 --draft ngram --draft-layers 2
+echo "1 2 x" >"$corpus"
+check spec_ngram_bad_corpus 1 "ngram-corpus: .*byte 4 \('x'\)" -- generate --model "$fx/tiny-llama" --prompt-ids 1 --draft ngram --ngram-corpus "$corpus"
+echo "1 2 5000" >"$corpus"
+check spec_ngram_corpus_vocab 1 'corpus holds token id 5000, outside the model.s vocabulary' -- generate --model "$fx/tiny-llama" --prompt-ids 1 --draft ngram --ngram-corpus "$corpus"
 check spec_other_vocab 1 'vocabulary' -- generate --model "$fx/tiny-llama" --prompt-ids 1 --draft "$fx/llama3-scaled"
 check spec_k_without_draft 1 'needs a draft' -- generate --model "$fx/tiny-llama" --prompt-ids 1 --spec-k 2
 check spec_too_many_layers 1 'layers' -- generate --model "$fx/tiny-llama" --prompt-ids 1 --draft-layers 9

@@ -59,7 +59,8 @@ TEST(config_examples, laptop_is_the_reference_and_sets_every_key) {
                                         "placement.device_ids",     "cluster.token",
                                         "cluster.token_file",       "serving.kv_memory_fraction",
                                         "model.draft",              "model.draft_layers",
-                                        "model.spec_k",             "model.batch_invariant"};
+                                        "model.spec_k",             "model.ngram_min",
+                                        "model.ngram_max",          "model.ngram_corpus",       "model.batch_invariant"};
   EXPECT_EQ(defaulted, commented);
   std::ifstream in(std::string(CONVEYOR_CONFIGS_DIR) + "/laptop.toml");
   std::stringstream text;

@@ -160,6 +160,12 @@ executable = "/opt/conveyor/bin/conveyor"
 )";
 
 constexpr std::string_view exclusive_alternatives = R"(
+[model]
+draft = "ngram"
+spec_k = 5
+ngram_min = 3
+ngram_max = 9
+ngram_corpus = "/data/kjv.ids"
 [placement]
 nproc_per_node = 4
 [cluster]
@@ -232,6 +238,10 @@ TEST(config_keys, every_key_is_read) {
   EXPECT_EQ(gpus_per_worker(alt), 4);
   EXPECT_EQ(alt.cluster.token_file, "secrets/token") << "parse_deployment keeps paths as written";
   EXPECT_DOUBLE_EQ(alt.serving.kv_memory_fraction, 0.5);
+  EXPECT_EQ(alt.model.draft, "ngram");
+  EXPECT_EQ(alt.model.ngram_min, 3);
+  EXPECT_EQ(alt.model.ngram_max, 9);
+  EXPECT_EQ(alt.model.ngram_corpus, "/data/kjv.ids");
 }
 
 // Guards the test above: when a key is added to `describe`, it must be added to `every_key` too.
@@ -242,7 +252,8 @@ TEST(config_keys, every_described_key_is_covered_by_the_every_key_test) {
     if (contains(line, "(default)")) defaulted.insert(line.substr(0, line.find(" = ")));
   }
   EXPECT_EQ(defaulted, (std::set<std::string>{"placement.nproc_per_node", "cluster.token_file",
-                                              "serving.kv_memory_fraction"}));
+                                              "serving.kv_memory_fraction", "model.ngram_min", "model.ngram_max",
+                                              "model.ngram_corpus"}));
   std::istringstream alt(describe(parse_ok(exclusive_alternatives)));
   for (std::string line; std::getline(alt, line);) {
     const std::string key = line.substr(0, line.find(" = "));

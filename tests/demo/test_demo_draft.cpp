@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "conveyor/engine/local_pipeline.hpp"
+#include "conveyor/engine/ngram_proposer.hpp"
 #include "conveyor/engine/speculative_decoder.hpp"
 #include "conveyor/kernels/cpu_backend.hpp"
 #include "conveyor/tokenizer/tokenizer.hpp"
@@ -80,6 +81,46 @@ TEST(demo_draft, greedy_speculative_output_equals_plain_decoding) {
     // Measured 0.37 at k = 1 (models/demo-draft/README.md); a random draft of this vocabulary
     // accepts ~1/8192. The bound only says the committed draft is the trained one.
     if (k == 1) EXPECT_GE(rate, 0.25);
+  }
+}
+
+// The n-gram proposer (prompt lookup + a small datastore: Jeremiah 26:1-2, tokenised here) gives
+// the plain greedy tokens too, and the model, which recites the KJV (from "In the beginning" it
+// recites Jeremiah 26:1), keeps the datastore's proposals.
+TEST(demo_ngram, greedy_speculative_output_equals_plain_decoding) {
+  auto backend = kernels::make_cpu_backend({});
+  auto target = engine::local_pipeline::create(*backend, CONVEYOR_DEMO_MODEL, 1, options());
+  ASSERT_TRUE(target.ok()) << target.err().message;
+  auto tok = tokenizer::load_tokenizer(CONVEYOR_DEMO_MODEL);
+  ASSERT_TRUE(tok.ok());
+  tokenizer::encode_options eo;
+  eo.add_special = false;
+  auto corpus = (*tok)->encode(
+      "Jeremiah 26\nIn the beginning of the reign of Jehoiakim the son of Josiah king of Judah came this word from "
+      "the LORD, saying,\nThus saith the LORD; Stand in the court of the LORD's house, and speak unto all the cities "
+      "of Judah, which come to worship in the LORD's house, all the words that I command thee to speak unto them; "
+      "diminish not a word:\n",
+      eo);
+  ASSERT_TRUE(corpus.ok());
+  const auto reqs = requests();
+  ASSERT_EQ(reqs.size(), std::size(prompts));
+  for (int k : {2, 4}) {
+    auto proposer = engine::ngram_proposer::create({2, 8}, *corpus);
+    ASSERT_TRUE(proposer.ok());
+    auto spec = engine::speculative_decoder::create(**target, **proposer, {k});
+    ASSERT_TRUE(spec.ok()) << spec.err().message;
+    for (std::size_t i = 0; i < reqs.size(); ++i) {
+      auto plain = (*target)->generate({reqs[i]});
+      ASSERT_TRUE(plain.ok());
+      auto res = (*spec)->generate({reqs[i]});
+      ASSERT_TRUE(res.ok()) << res.err().message;
+      EXPECT_EQ((*res)[0].tokens, (*plain)[0].tokens) << "k " << k << " prompt \"" << prompts[i] << "\"";
+      if (i == 0) {
+        std::printf("[demo-ngram] k %d, \"%s\": %lld of %lld proposals kept\n", k, prompts[i],
+                    static_cast<long long>((*spec)->stats().accepted), static_cast<long long>((*spec)->stats().proposed));
+        EXPECT_GE((*spec)->stats().accepted, 10) << "the model recites Jeremiah 26:1: the corpus's continuations match";
+      }
+    }
   }
 }
 

@@ -75,7 +75,23 @@ for st in 1 2; do
   if [ -s "$dir/out.jsonl" ] && diff <(tokens_of "$dir/out.jsonl") <(tokens_of "$dir/spec$st.jsonl") >/dev/null; then
     ok "speculative_equals_plain_stages_$st"
   else bad "speculative ($st stages): $(cat "$dir/err6" "$dir/spec$st.jsonl")"; fi
+  # The n-gram proposer (draft = "ngram"): prompt lookup + a corpus of the first prompt and its
+  # golden tokens, every third one changed (proposals kept and rejected); the same tokens.
+  tr -d '[]' <<<"$p1,$g1" | tr ',' '\n' | awk 'NR % 3 == 0 { $1 = ($1 + 1) % 1000 } { print }' >"$dir/corpus.ids"
+  config "$dir/ngram$st.toml" $st continuous
+  sed -i "s|^\[parallel\]|draft = \"ngram\"\nspec_k = 3\nngram_min = 1\nngram_max = 3\nngram_corpus = \"$dir/corpus.ids\"\n[parallel]|" "$dir/ngram$st.toml"
+  timeout 60 "$bin" batch --config "$dir/ngram$st.toml" --input "$dir/in.jsonl" --output "$dir/ngram$st.jsonl" --quiet 2>"$dir/err7"
+  if [ -s "$dir/out.jsonl" ] && diff <(tokens_of "$dir/out.jsonl") <(tokens_of "$dir/ngram$st.jsonl") >/dev/null; then
+    ok "ngram_speculative_equals_plain_stages_$st"
+  else bad "ngram speculative ($st stages): $(cat "$dir/err7" "$dir/ngram$st.jsonl")"; fi
 done
+# Bad n-gram keys are config errors that name the keys.
+config "$dir/badngram.toml" 1 continuous
+sed -i 's|^\[parallel\]|draft = "ngram"\nspec_k = 3\nngram_min = 4\nngram_max = 2\n[parallel]|' "$dir/badngram.toml"
+"$bin" batch --config "$dir/badngram.toml" --input "$dir/in.jsonl" --output "$dir/bad.jsonl" --quiet 2>"$dir/err8"
+rc=$?
+[ $rc = 1 ] && grep -qE "model.ngram_min = 4 .*is above model.ngram_max = 2" "$dir/err8" && ok "ngram_bad_config" \
+  || bad "bad n-gram config: rc=$rc $(cat "$dir/err8")"
 
 "$bin" batch --config "$dir/static.toml" --input "$dir/missing.jsonl" --output "$dir/x.jsonl" 2>"$dir/err4"
 rc=$?

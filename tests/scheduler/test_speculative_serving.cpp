@@ -5,6 +5,7 @@
 #include <future>
 
 #include "conveyor/engine/draft_proposer.hpp"
+#include "conveyor/engine/ngram_proposer.hpp"
 #include "conveyor/engine/speculative_sampling.hpp"
 #include "conveyor/service/local_inference_service.hpp"
 #include "scheduler_fixture.hpp"
@@ -106,6 +107,33 @@ TEST_F(speculative_serving, tokens_equal_plain_serving_and_blocks_are_returned) 
     EXPECT_EQ(r.spec_draft_tokens, c.spec_proposed);
     EXPECT_EQ(r.spec_accepted_tokens, c.spec_accepted);
   }
+}
+
+// The n-gram proposer in the scheduler: it reads each sequence's tokens while the step is planned.
+// Its corpus is every prompt and its greedy output with every third token changed, so proposals are
+// kept and rejected; the results are plain serving's, and no block leaks.
+TEST_F(speculative_serving, ngram_proposer_tokens_equal_plain_serving) {
+  batch_scheduler plain(opts_);
+  const auto expected = serve(plain);
+  std::vector<std::int32_t> corpus;
+  for (const auto& p : golden_.prompts) {
+    corpus.insert(corpus.end(), p.input_ids.begin(), p.input_ids.end());
+    for (std::size_t i = 0; i < p.greedy.size(); ++i) {
+      corpus.push_back(i % 3 == 2 ? (p.greedy[i] + 1) % pipe_->config().vocab_size : p.greedy[i]);
+    }
+  }
+  auto ngram = engine::ngram_proposer::create({1, 3}, corpus);
+  ASSERT_TRUE(ngram.ok());
+  scheduler_options o = opts_;
+  o.draft = ngram->get();
+  o.spec_k = 3;
+  batch_scheduler s(o);
+  EXPECT_EQ(serve(s), expected);
+  EXPECT_EQ(s.blocks().free_blocks(), opts_.kv_blocks) << "blocks leaked";
+  const auto c = s.counters();
+  EXPECT_GT(c.spec_accepted, 0);
+  EXPECT_LT(c.spec_accepted, c.spec_proposed);
+  EXPECT_EQ(c.spec_emitted, c.spec_accepted + c.spec_steps);
 }
 
 // Drafts only take free blocks; under KV pressure (preemption, re-prefill) results stay the same.

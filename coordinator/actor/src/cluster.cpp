@@ -16,7 +16,9 @@
 
 #include "caf/io/all.hpp"
 #include "conveyor/coordinator/worker_launcher.hpp"
+#include "conveyor/engine/draft_proposer.hpp"
 #include "conveyor/engine/model_config.hpp"
+#include "conveyor/engine/ngram_proposer.hpp"
 #include "conveyor/engine/tensor_parallel.hpp"
 #include "conveyor/kernels/cpu_backend.hpp"
 #ifdef CONVEYOR_HAVE_CUDA
@@ -323,7 +325,16 @@ result<std::unique_ptr<cluster>> cluster::start(const cluster_options& o) {
   setup.max_context = std::min(model_ctx, o.kv_blocks * o.kv_block_size);
   setup.eos_ids = config.eos_token_ids;
   setup.canary_token = config.bos_token_id >= 0 && config.bos_token_id < config.vocab_size ? config.bos_token_id : 0;
-  if (o.spec_k > 0) {
+  if (o.spec_k > 0 && o.draft_dir == "ngram") {
+    // Prompt lookup: no draft model, nothing on a device.
+    auto draft = std::make_shared<coordinator_setup::draft_model>();
+    CONVEYOR_TRY_ASSIGN(p, engine::make_ngram_proposer({o.ngram_min, o.ngram_max}, o.ngram_corpus));
+    if (auto st = p->check_vocabulary(config.vocab_size); !st) {
+      return make_error(st.err().code, "model.ngram_corpus: " + st.err().message);
+    }
+    draft->proposer = std::move(p);
+    setup.draft = std::move(draft);
+  } else if (o.spec_k > 0) {
     auto draft = std::make_shared<coordinator_setup::draft_model>();
     // The draft runs in this process, on the device the stages use: a CUDA deployment drafts on
     // the first stage's GPU (the coordinator sees every GPU), a CPU one on this host's cores.

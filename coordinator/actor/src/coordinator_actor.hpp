@@ -6,7 +6,7 @@
 
 #include "caf/all.hpp"
 #include "conveyor/coordinator/cluster.hpp"
-#include "conveyor/engine/draft_proposer.hpp"
+#include "conveyor/engine/token_proposer.hpp"
 #include "conveyor/engine/stage.hpp"
 #include "conveyor/kernels/backend.hpp"
 #include "conveyor/service/inference_service.hpp"
@@ -48,7 +48,7 @@ struct coordinator_setup {
   /// keeps answering while the draft runs.
   struct draft_model {
     std::unique_ptr<kernels::backend> backend;
-    std::unique_ptr<engine::draft_proposer> proposer;
+    std::unique_ptr<engine::token_proposer> proposer;
   };
   std::shared_ptr<draft_model> draft;
 };

@@ -164,6 +164,25 @@ void check_quantization(const deployment& d, diagnostics& out) {
   }
 }
 
+void check_ngram(const deployment& d, diagnostics& out) {
+  const auto& m = d.model;
+  if (m.ngram_min > m.ngram_max) {
+    about a(d, {"model.ngram_min", "model.ngram_max"});
+    out.add(a.line(a.kv("model.ngram_min", std::to_string(m.ngram_min)) + " is above " +
+                   a.kv("model.ngram_max", std::to_string(m.ngram_max))));
+  }
+  if (!m.ngram_corpus.empty() && m.draft != "ngram") {
+    about a(d, {"model.ngram_corpus", "model.draft"});
+    out.add(a.line(a.kv("model.ngram_corpus", str(std::string_view(m.ngram_corpus))) + " needs " +
+                   a.kv("model.draft", "\"ngram\"")));
+  }
+  if (m.draft == "ngram" && m.draft_layers > 0) {
+    about a(d, {"model.draft_layers", "model.draft"});
+    out.add(a.line(a.kv("model.draft_layers", str(m.draft_layers)) + " applies to a draft model, not to " +
+                   a.kv("model.draft", "\"ngram\"")));
+  }
+}
+
 void check_gpus(const deployment& d, diagnostics& out) {
   const auto& p = d.placement;
   if (d.model.device == device_kind::cpu) {
@@ -299,6 +318,7 @@ status check_deployment(const deployment& d) {
   check_hosts(d, out);
   check_gpus(d, out);
   check_quantization(d, out);
+  check_ngram(d, out);
   check_serving(d, out);
   check_ports(d, out);
   if (out.empty()) return ok_status();

@@ -69,6 +69,9 @@ void read_model(table_reader& r, model_section& m) {
   r.read("spec_k", m.spec_k, rules::spec_k);
   bool invariant = false;
   if (r.read("batch_invariant", invariant)) m.batch_invariant = invariant;
+  r.read("ngram_min", m.ngram_min, rules::ngram_n);
+  r.read("ngram_max", m.ngram_max, rules::ngram_n);
+  r.read("ngram_corpus", m.ngram_corpus);
 }
 
 void read_parallel(table_reader& r, parallel_section& p) {
@@ -313,7 +316,8 @@ result<deployment> load_deployment(const std::string& path) {
 
   // Paths in a config are relative to the config, not to wherever the command happens to run.
   const std::filesystem::path base = std::filesystem::path(path).parent_path();
-  for (std::string* p : {&d.model.dir, &d.model.draft, &d.cluster.token_file}) {
+  for (std::string* p : {&d.model.dir, &d.model.draft, &d.model.ngram_corpus, &d.cluster.token_file}) {
+    if (p == &d.model.draft && *p == "ngram") continue;  // the n-gram proposer, not a directory
     if (!p->empty() && std::filesystem::path(*p).is_relative()) {
       *p = (base / *p).lexically_normal().string();
     }

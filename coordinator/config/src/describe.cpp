@@ -30,6 +30,9 @@ std::string describe(const deployment& d) {
   add("model.spec_k", d.model.spec_k == 0 ? "0 (no speculative decoding)" : std::to_string(d.model.spec_k));
   add("model.batch_invariant", d.model.batch_invariant ? (*d.model.batch_invariant ? "true" : "false")
                                : (d.model.spec_k > 0 ? "true (spec_k > 0)" : "false (spec_k = 0)"));
+  add("model.ngram_min", std::to_string(d.model.ngram_min));
+  add("model.ngram_max", std::to_string(d.model.ngram_max));
+  add("model.ngram_corpus", d.model.ngram_corpus.empty() ? "(none)" : sv(d.model.ngram_corpus));
   add("parallel.type", sv(to_string(d.parallel.type)));
   add("parallel.stages", std::to_string(d.parallel.stages));
   add("parallel.tp", std::to_string(d.parallel.tp));

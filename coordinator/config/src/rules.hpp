@@ -40,6 +40,7 @@ inline constexpr int_rule chunks{1, 1024};
 inline constexpr int_rule layer_count{1, 100000};
 inline constexpr int_rule draft_layers{0, 100000};  // 0 = the whole draft model
 inline constexpr int_rule spec_k{0, 64};            // 0 = no speculative decoding
+inline constexpr int_rule ngram_n{1, 64};           // ngram_proposer::max_ngram
 inline constexpr int_rule host_gpus{0, 1024};
 inline constexpr int_rule gpus_per_worker{1, 1024};
 inline constexpr int_rule device_id{0, 1023};

@@ -162,7 +162,7 @@ void batch_scheduler::add_drafts(int m, int& budget, engine::step_plan& plan) {
   if (queries.empty()) return;
   const auto proposals = options_.draft->propose(queries);
   for (std::size_t q = 0; q < queries.size(); ++q) {
-    const auto& d = proposals[q];
+    const auto& d = proposals[q].tokens;
     if (d.empty()) continue;
     engine::sequence_step& step = plan.seqs[at[q]];
     step_entry& entry = step_seqs_[m][at[q]];

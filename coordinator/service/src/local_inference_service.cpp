@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "conveyor/engine/draft_proposer.hpp"
+#include "conveyor/engine/ngram_proposer.hpp"
 #include "conveyor/engine/local_pipeline.hpp"
 #include "conveyor/engine/speculative_sampling.hpp"
 #include "conveyor/kernels/cpu_backend.hpp"
@@ -18,7 +19,7 @@ namespace {
 class local_inference_service final : public inference_service {
  public:
   local_inference_service(std::unique_ptr<kernels::backend> backend, std::unique_ptr<engine::local_pipeline> pipe,
-                          std::unique_ptr<engine::draft_proposer> draft, scheduler::scheduler_options sopts,
+                          std::unique_ptr<engine::token_proposer> draft, scheduler::scheduler_options sopts,
                           model_info info, std::int64_t step_delay_us)
       : backend_(std::move(backend)), pipe_(std::move(pipe)), draft_(std::move(draft)),
         scheduler_(with_draft(std::move(sopts), draft_.get())), info_(std::move(info)),
@@ -80,7 +81,7 @@ class local_inference_service final : public inference_service {
   }
 
  private:
-  static scheduler::scheduler_options with_draft(scheduler::scheduler_options o, engine::draft_proposer* d) {
+  static scheduler::scheduler_options with_draft(scheduler::scheduler_options o, engine::token_proposer* d) {
     o.draft = d;
     return o;
   }
@@ -134,7 +135,7 @@ class local_inference_service final : public inference_service {
 
   std::unique_ptr<kernels::backend> backend_;
   std::unique_ptr<engine::local_pipeline> pipe_;
-  std::unique_ptr<engine::draft_proposer> draft_;  // before scheduler_, which points at it
+  std::unique_ptr<engine::token_proposer> draft_;  // before scheduler_, which points at it
   scheduler::batch_scheduler scheduler_;  // touched only on thread_
   model_info info_;
   std::unordered_map<std::uint64_t, std::uint64_t> ids_;  // ticket -> scheduler id, on thread_
@@ -174,8 +175,15 @@ result<std::unique_ptr<inference_service>> make_local_inference_service(const st
   so.vocab_size = config.vocab_size;
   so.eos_ids = config.eos_token_ids;
   so.policy = o.policy;
-  std::unique_ptr<engine::draft_proposer> draft;
-  if (o.spec_k > 0) {
+  std::unique_ptr<engine::token_proposer> draft;
+  if (o.spec_k > 0 && o.draft_dir == "ngram") {
+    CONVEYOR_TRY_ASSIGN(p, engine::make_ngram_proposer({o.ngram_min, o.ngram_max}, o.ngram_corpus));
+    if (auto st = p->check_vocabulary(config.vocab_size); !st) {
+      return make_error(st.err().code, "model.ngram_corpus: " + st.err().message);
+    }
+    draft = std::move(p);
+    so.spec_k = o.spec_k;
+  } else if (o.spec_k > 0) {
     // The draft's KV holds as many sequences as the target's, each up to the same context.
     CONVEYOR_TRY_ASSIGN(dpipe, engine::local_pipeline::create(*backend, o.draft_dir.empty() ? model_dir : o.draft_dir,
                                                               1, eo, o.draft_layers));

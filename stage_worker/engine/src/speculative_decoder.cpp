@@ -1,7 +1,9 @@
 #include "conveyor/engine/speculative_decoder.hpp"
 
 #include <algorithm>
+#include <cassert>
 
+#include "conveyor/engine/draft_proposer.hpp"
 #include "conveyor/engine/speculative_sampling.hpp"
 #include "conveyor/kernels/sampling.hpp"
 #include "pipeline_feed.hpp"
@@ -12,22 +14,29 @@ namespace {
 
 bool sampled(const kernels::sample_params& p) { return p.temperature > 0.0f && p.top_k != 1; }
 
+status check_k(const local_pipeline& target, int k) {
+  if (k >= 1 && k + 1 <= target.options().max_step_tokens) return ok_status();
+  return make_error(errc::invalid_argument, "speculative k must be in [1, " +
+                                                std::to_string(target.options().max_step_tokens - 1) + "], got " +
+                                                std::to_string(k));
+}
+
 }  // namespace
 
 result<std::unique_ptr<speculative_decoder>> speculative_decoder::create(local_pipeline& target, local_pipeline& draft,
                                                                          const speculative_options& options) {
-  if (target.config().vocab_size != draft.config().vocab_size) {
-    return make_error(errc::invalid_argument, "the draft model's vocabulary (" +
-                                                  std::to_string(draft.config().vocab_size) +
-                                                  " tokens) differs from the target's (" +
-                                                  std::to_string(target.config().vocab_size) + ")");
-  }
-  if (options.k < 1 || options.k + 1 > target.options().max_step_tokens) {
-    return make_error(errc::invalid_argument, "speculative k must be in [1, " +
-                                                  std::to_string(target.options().max_step_tokens - 1) + "], got " +
-                                                  std::to_string(options.k));
-  }
-  return std::unique_ptr<speculative_decoder>(new speculative_decoder(target, draft, options));
+  auto proposer = std::make_unique<draft_proposer>(draft);
+  CONVEYOR_TRY(proposer->check_vocabulary(target.config().vocab_size));
+  CONVEYOR_TRY(check_k(target, options.k));
+  token_proposer& p = *proposer;
+  return std::unique_ptr<speculative_decoder>(new speculative_decoder(target, std::move(proposer), p, options));
+}
+
+result<std::unique_ptr<speculative_decoder>> speculative_decoder::create(local_pipeline& target, token_proposer& proposer,
+                                                                         const speculative_options& options) {
+  CONVEYOR_TRY(proposer.check_vocabulary(target.config().vocab_size));
+  CONVEYOR_TRY(check_k(target, options.k));
+  return std::unique_ptr<speculative_decoder>(new speculative_decoder(target, nullptr, proposer, options));
 }
 
 result<std::vector<generation_result>> speculative_decoder::generate(const std::vector<generation_request>& requests) {
@@ -36,7 +45,6 @@ result<std::vector<generation_result>> speculative_decoder::generate(const std::
     std::vector<std::int32_t> tokens;  // prompt, then generated
     std::size_t prompt_len;
     int target_cached = 0;
-    int draft_cached = 0;
     bool done = false;
   };
   stats_ = {};
@@ -46,12 +54,12 @@ result<std::vector<generation_result>> speculative_decoder::generate(const std::
     const auto& r = requests[i];
     if (r.prompt.empty()) return make_error(errc::invalid_argument, "request " + std::to_string(i) + " has an empty prompt");
     if (r.max_new_tokens < 0) return make_error(errc::invalid_argument, "max_new_tokens must be >= 0");
-    seqs.push_back(running{next_seq_id_++, r.prompt, r.prompt.size(), 0, 0, r.max_new_tokens == 0});
+    seqs.push_back(running{next_seq_id_++, r.prompt, r.prompt.size(), 0, r.max_new_tokens == 0});
     if (seqs.back().done) results[i].finish_reason = "length";
   }
   auto release = [&](const running& s) {
     target_.blocks().release(s.id);
-    draft_.blocks().release(s.id);
+    proposer_.forget(s.id);
   };
   auto fail = [&](error e) -> result<std::vector<generation_result>> {
     for (const auto& s : seqs) release(s);
@@ -101,50 +109,26 @@ result<std::vector<generation_result>> speculative_decoder::generate(const std::
     // Draft k tokens per sequence (fewer near max_new_tokens: the target adds one of its own).
     std::vector<int> kk(active.size());
     std::vector<std::vector<std::int32_t>> work(active.size());  // tokens + proposals
-    std::vector<std::vector<std::vector<double>>> q(active.size());
-    int rounds = 0;
+    std::vector<draft_query> queries(active.size());
     for (std::size_t a = 0; a < active.size(); ++a) {
       const running& s = seqs[active[a]];
       const int remaining = requests[active[a]].max_new_tokens - static_cast<int>(s.tokens.size() - s.prompt_len);
-      kk[a] = std::min(options_.k, remaining - 1);
-      work[a] = s.tokens;
-      rounds = std::max(rounds, kk[a]);
+      queries[a] = {s.id, s.tokens, requests[active[a]].sampling, std::min(options_.k, remaining - 1),
+                    options_.rejection_sampling};
     }
-    std::vector<std::pair<float, std::int32_t>> scratch;
-    for (int j = 0; j < rounds; ++j) {
-      std::vector<feed> feeds;
-      std::vector<std::size_t> of;
-      for (std::size_t a = 0; a < active.size(); ++a) {
-        if (j >= kk[a]) continue;
-        running& s = seqs[active[a]];
-        const auto& sp = requests[active[a]].sampling;
-        feed f;
-        f.seq = s.id;
-        f.tokens = &work[a];
-        f.cached = &s.draft_cached;
-        f.params = sp;
-        // Rejection sampling needs the draft's draws independent of the acceptance tests; exact
-        // matching is likelier when the draft draws with the target's own random numbers.
-        f.params.seed = options_.rejection_sampling ? draft_seed(sp.seed) : sp.seed;
-        f.want_logits = options_.rejection_sampling && sampled(sp);
-        feeds.push_back(std::move(f));
-        of.push_back(a);
-      }
-      if (auto st = advance(draft_, feeds, &stats_.draft_steps, &stats_.draft_seconds); !st) return fail(st.err());
-      for (std::size_t i = 0; i < feeds.size(); ++i) {
-        const std::size_t a = of[i];
-        if (feeds[i].want_logits) {
-          q[a].emplace_back();
-          warped_probs(feeds[i].logits.data(), draft_.config().vocab_size, feeds[i].params, q[a].back());
-          // Rejection sampling needs the draft drawn from exactly q: draw it here from the same
-          // logits (the device's draw could fall differently at a top-k/top-p boundary tie).
-          kernels::sample_params p = feeds[i].params;
-          p.step = work[a].size();
-          work[a].push_back(kernels::sample_row(feeds[i].logits.data(), draft_.config().vocab_size, p, scratch));
-        } else {
-          work[a].push_back(feeds[i].rows[0]);
-        }
-      }
+    const draft_counters before = proposer_.counters();
+    std::vector<proposal> proposals = proposer_.propose(queries);
+    stats_.draft_steps += proposer_.counters().steps - before.steps;
+    stats_.draft_seconds += proposer_.counters().seconds - before.seconds;
+    std::vector<std::vector<std::vector<double>>> q(active.size());
+    for (std::size_t a = 0; a < active.size(); ++a) {
+      const auto& d = proposals[a].tokens;
+      assert(static_cast<int>(d.size()) <= std::max(queries[a].k, 0) && "a proposer returned more than k tokens");
+      assert((proposals[a].q.empty() || proposals[a].q.size() == d.size()) && "one q row per proposed token");
+      kk[a] = static_cast<int>(d.size());
+      work[a] = seqs[active[a]].tokens;
+      work[a].insert(work[a].end(), d.begin(), d.end());
+      q[a] = std::move(proposals[a].q);
     }
 
     // Verify every proposal in one target pass per sequence.
@@ -176,6 +160,13 @@ result<std::vector<generation_result>> speculative_decoder::generate(const std::
           kernels::sample_params sp = req.sampling;
           warped_probs(feeds[a].logits.data() + static_cast<std::size_t>(r) * vocab, vocab, sp, p[r]);
         }
+        if (q[a].empty()) {
+          // The proposer chose its tokens outright: each one's distribution is one-hot on it.
+          for (std::int32_t d : drafts) {
+            q[a].emplace_back(static_cast<std::size_t>(vocab), 0.0);
+            q[a].back()[d] = 1.0;
+          }
+        }
         v = verify_rejection(drafts, p, q[a], req.sampling.seed, len);
       } else {
         v = verify_exact(drafts, feeds[a].rows);
@@ -200,12 +191,10 @@ result<std::vector<generation_result>> speculative_decoder::generate(const std::
         release(s);
         continue;
       }
-      // Roll back the KV of rejected drafts: positions past the kept ones are stale in both models.
+      // Roll back the KV of rejected drafts: positions past the kept ones are stale (the proposer rolls back its own).
       const int valid = static_cast<int>(len) + v.accepted;
       s.target_cached = std::min(s.target_cached, valid);
-      s.draft_cached = std::min(s.draft_cached, valid);
       target_.blocks().truncate(s.id, s.target_cached);
-      draft_.blocks().truncate(s.id, s.draft_cached);
     }
   }
   for (std::size_t i = 0; i < seqs.size(); ++i) {

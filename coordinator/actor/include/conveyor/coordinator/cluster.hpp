@@ -34,11 +34,13 @@ struct cluster_options {
   /// Speculative decoding (model.draft, model.draft_layers, model.spec_k): the draft model runs in
   /// the coordinator's process (on the CPU, or with `device` cuda on the first stage's GPU) and
   /// proposes spec_k tokens per decode step; the stages verify them in one pass. spec_k = 0: off.
-  std::string draft_dir;  ///< empty = model_dir (with draft_layers)
+  std::string draft_dir;  ///< empty = model_dir (with draft_layers); "ngram" = the n-gram proposer
   int draft_layers = 0;
   int spec_k = 0;
   /// CUDA stages (and the draft) use row-invariant bf16 kernels (model.batch_invariant; on with a draft).
   bool batch_invariant = false;
+  int ngram_min = 2, ngram_max = 4;  ///< model.ngram_*: draft_dir "ngram" only
+  std::string ngram_corpus;
   int worker_threads = 0;
   std::chrono::milliseconds heartbeat{500};          ///< how often workers are pinged
   std::chrono::milliseconds heartbeat_timeout{1500}; ///< a worker silent this long has failed

@@ -57,6 +57,12 @@ struct model_section {
   /// when spec_k > 0. Set it in a deployment without a draft to serve the reference the speculative
   /// one must equal (it costs ~25% at 2-16 sequences a step: the GEMV there, not cuBLAS).
   std::optional<bool> batch_invariant;
+  /// draft = "ngram": no draft model; prompt lookup proposes (the tokens that followed the latest
+  /// earlier occurrence of the sequence's last n tokens, n = ngram_max down to ngram_min), in the
+  /// sequence itself and in ngram_corpus (a file of decimal token ids; empty = none).
+  int ngram_min = 2;
+  int ngram_max = 4;
+  std::string ngram_corpus;
 };
 
 /// [parallel]

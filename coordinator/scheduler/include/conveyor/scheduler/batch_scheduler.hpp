@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "conveyor/base/result.hpp"
-#include "conveyor/engine/draft_proposer.hpp"
+#include "conveyor/engine/token_proposer.hpp"
 #include "conveyor/engine/step_plan.hpp"
 #include "conveyor/scheduler/kv_block_pool.hpp"
 #include "conveyor/service/inference_service.hpp"
@@ -42,7 +42,7 @@ struct scheduler_options {
   /// proposes, and the last stage draws after each of them; the scheduler keeps the prefix equal to
   /// the target's own draws (so results never change, greedy or seeded) plus the target's next
   /// token, and rolls back the rest. Off when spec_k is 0 or there is no draft. Not owned.
-  engine::draft_proposer* draft = nullptr;
+  engine::token_proposer* draft = nullptr;
   int spec_k = 0;
 };
 

@@ -30,6 +30,8 @@ struct local_service_options {
   std::string draft_dir;  ///< empty = the model itself (with draft_layers)
   int draft_layers = 0;   ///< > 0: only the draft's first layers + its final norm and head
   int spec_k = 0;
+  int ngram_min = 2, ngram_max = 4;  ///< model.ngram_*: draft_dir "ngram" (prompt lookup, no draft model)
+  std::string ngram_corpus;
 };
 
 result<std::unique_ptr<inference_service>> make_local_inference_service(const std::string& model_dir,
