@@ -82,4 +82,16 @@ out=$("$bin" plan "$tmp/cpu.toml" --stages 9 2>&1); rc=$?
 if [ $rc = 1 ] && grep -q "parallel.stages = 9: the model has 4 layers" <<<"$out"; then ok too_many_stages; else bad "stages: rc=$rc $out"; fi
 out=$("$bin" plan 2>&1); rc=$?
 if [ $rc = 1 ] && grep -q "no deployment file" <<<"$out"; then ok no_file; else bad "no file: rc=$rc $out"; fi
+
+# The n-gram datastore is checked before anything starts: a missing file, an id beyond the vocabulary.
+ngram() { printf '[model]\ndir = "%s"\ndraft = "ngram"\nspec_k = 3\nngram_corpus = "%s"\n' "$fx/tiny-llama" "$1" >"$tmp/ngram.toml"; }
+ngram "missing.ids"
+out=$("$bin" plan "$tmp/ngram.toml" 2>&1); rc=$?
+if [ $rc = 1 ] && grep -q "model.ngram_corpus: cannot read the token file $tmp/missing.ids" <<<"$out"; then ok ngram_corpus_missing; else bad "ngram corpus missing: rc=$rc $out"; fi
+echo "5 6 70000" >"$tmp/ids.txt"; ngram "ids.txt"
+out=$("$bin" plan "$tmp/ngram.toml" 2>&1); rc=$?
+if [ $rc = 1 ] && grep -q "token 2 is id 70000, outside the model's vocabulary of 1024" <<<"$out"; then ok ngram_corpus_vocab; else bad "ngram corpus vocab: rc=$rc $out"; fi
+echo "5 6 7" >"$tmp/ids.txt"
+out=$("$bin" plan "$tmp/ngram.toml" 2>&1); rc=$?
+if [ $rc = 0 ]; then ok ngram_corpus_fine; else bad "ngram corpus fine: rc=$rc $out"; fi
 exit $fail
