@@ -57,6 +57,15 @@ TEST(ngram_index, finds_the_latest_occurrence_of_every_length) {
   EXPECT_TRUE(index.continuation(ids{11, 12}, 0).empty());
 }
 
+// A common n-gram's latest occurrence may be followed by a rare token: the index keeps the latest
+// occurrence among those followed by the most frequent next token (ties: the latest, as above).
+TEST(ngram_index, prefers_the_most_frequent_next_token) {
+  const engine::ngram_index index(ids{10, 11, 12, 7, 10, 11, 12, 8, 10, 11, 14, 9}, 2, 2);
+  auto as_ids = [](std::span<const std::int32_t> s) { return ids(s.begin(), s.end()); };
+  EXPECT_EQ(as_ids(index.continuation(ids{10, 11}, 2)), (ids{12, 8}));  // 12 twice, 14 once
+  EXPECT_EQ(as_ids(index.continuation(ids{11, 12}, 1)), (ids{8}));      // 7 and 8 once each: the latest
+}
+
 TEST(ngram_proposer, bad_options_and_corpora_are_errors) {
   EXPECT_FALSE(engine::ngram_proposer::create({0, 3}, {}).ok());
   EXPECT_FALSE(engine::ngram_proposer::create({1, 65}, {}).ok());

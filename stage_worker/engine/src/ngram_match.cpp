@@ -1,6 +1,7 @@
 #include "conveyor/engine/ngram_match.hpp"
 
 #include <algorithm>
+#include <unordered_map>
 
 namespace conveyor::engine {
 
@@ -39,12 +40,31 @@ ngram_index::ngram_index(std::vector<std::int32_t> corpus, int min_n, int max_n)
     for (std::size_t i = 0; i + n < size; ++i) {
       t.push_back({ngram_hash(std::span<const std::int32_t>(corpus_.data() + i, n)), static_cast<std::uint32_t>(i + n)});
     }
-    // Sorted by hash, the latest occurrence last within a hash; keep that one.
+    // Sorted by hash, occurrences in corpus order within a hash. One entry is kept per n-gram: the
+    // latest occurrence among those followed by the n-gram's most frequent next token (REST ranks
+    // continuations by frequency too): a common n-gram's latest occurrence is often followed by a
+    // rare token, and a wrong first token wastes the whole proposal.
     std::stable_sort(t.begin(), t.end(), [](const entry& a, const entry& b) { return a.hash < b.hash; });
     std::vector<entry> kept;
-    for (std::size_t i = 0; i < t.size(); ++i) {
-      if (i + 1 < t.size() && t[i + 1].hash == t[i].hash) continue;
-      kept.push_back(t[i]);
+    std::unordered_map<std::int32_t, int> count;
+    for (std::size_t lo = 0, hi = 0; lo < t.size(); lo = hi) {
+      while (hi < t.size() && t[hi].hash == t[lo].hash) ++hi;
+      std::size_t best = hi - 1;
+      if (hi - lo > 1) {
+        count.clear();
+        int best_count = 0;
+        for (std::size_t i = lo; i < hi; ++i) {  // corpus order: ">=" leaves the latest of a tie
+          const int c = ++count[corpus_[t[i].next]];
+          if (c >= best_count) best_count = c;
+        }
+        for (std::size_t i = hi; i-- > lo;) {
+          if (count[corpus_[t[i].next]] == best_count) {
+            best = i;
+            break;
+          }
+        }
+      }
+      kept.push_back(t[best]);
     }
     tables_.push_back(std::move(kept));
   }

@@ -21,8 +21,9 @@ class ngram_index {
   ngram_index() = default;
   ngram_index(std::vector<std::int32_t> corpus, int min_n, int max_n);
 
-  /// Up to k tokens that followed the latest occurrence of `pattern` (min_n..max_n tokens) in the
-  /// corpus; empty when it does not occur (or has nothing after it).
+  /// Up to k tokens that followed an occurrence of `pattern` (min_n..max_n tokens) in the corpus:
+  /// the latest of those followed by the pattern's most frequent next token. Empty when it does
+  /// not occur (or has nothing after it).
   std::span<const std::int32_t> continuation(std::span<const std::int32_t> pattern, int k) const;
 
   std::size_t size() const { return corpus_.size(); }

@@ -1,8 +1,9 @@
 #pragma once
 // The n-gram proposer of speculative decoding (prompt lookup decoding, vLLM's `ngram` method),
 // optionally with a datastore (REST-style): for n = max_n down to min_n, the k tokens that followed
-// the latest earlier occurrence of the sequence's last n tokens, in the sequence itself (prompt +
-// generated) or else in the corpus. No model runs, so a proposal costs microseconds; it pays where
+// the latest earlier occurrence of the sequence's last n tokens in the sequence itself (prompt +
+// generated), or else in the corpus (there the latest occurrence followed by the n-gram's most
+// frequent next token). No model runs, so a proposal costs microseconds; it pays where
 // the output repeats its context (code edits, quoting, summaries) or a known text.
 #include <cstdint>
 #include <memory>
