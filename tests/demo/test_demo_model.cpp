@@ -15,6 +15,7 @@
 #include "conveyor/engine/safetensors.hpp"
 #include "conveyor/kernels/cpu_backend.hpp"
 #include "conveyor/tokenizer/tokenizer.hpp"
+#include "../engine/golden.hpp"
 
 namespace conveyor {
 namespace {
@@ -31,15 +32,6 @@ struct golden_prompt {
   std::string greedy_text;  ///< HF's tokenizer.decode(greedy)
 };
 
-template <class T>
-std::vector<T> read(const engine::safetensors_file& f, const std::string& key) {
-  const engine::tensor_info* t = f.find(key);
-  if (t == nullptr) throw std::runtime_error(f.path() + ": no " + key);
-  std::vector<T> v(t->numel());
-  if (t->end - t->begin != v.size() * sizeof(T)) throw std::runtime_error(key + ": unexpected dtype");
-  std::memcpy(v.data(), f.data(*t), t->end - t->begin);
-  return v;
-}
 
 std::vector<golden_prompt> load_golden() {
   std::ifstream in(CONVEYOR_DEMO_GOLDEN ".json");
@@ -53,9 +45,9 @@ std::vector<golden_prompt> load_golden() {
     golden_prompt g;
     g.text = p.at("text").get<std::string>();
     g.greedy_text = p.at("greedy_text").get<std::string>();
-    g.input_ids = read<std::int32_t>(*file, key + "input_ids");
-    g.last_logits = read<float>(*file, key + "last_logits");
-    g.greedy = read<std::int32_t>(*file, key + "greedy");
+    g.input_ids = testing::read_tensor<std::int32_t>(*file, key + "input_ids");
+    g.last_logits = testing::read_tensor<float>(*file, key + "last_logits");
+    g.greedy = testing::read_tensor<std::int32_t>(*file, key + "greedy");
     out.push_back(std::move(g));
   }
   return out;
@@ -113,13 +105,9 @@ TEST_P(demo_model, last_prompt_logits_match_hf) {
     ASSERT_EQ(out->logits.size(), static_cast<std::size_t>(t) * vocab);
     ASSERT_EQ(g.last_logits.size(), static_cast<std::size_t>(vocab));
     const float* last = out->logits.data() + static_cast<std::size_t>(t - 1) * vocab;
-    float worst = 0.0f, scale = 0.0f;
-    for (int v = 0; v < vocab; ++v) {
-      const float d = std::fabs(last[v] - g.last_logits[v]);
-      worst = std::isnan(d) ? INFINITY : std::max(worst, d);
-      scale = std::max(scale, std::fabs(g.last_logits[v]));
-    }
-    EXPECT_LE(worst, logit_tol) << g.text << " (largest |logit| " << scale << ")";
+    float scale = 0.0f;
+    for (float x : g.last_logits) scale = std::max(scale, std::fabs(x));
+    EXPECT_LE(testing::max_abs_diff(last, g.last_logits.data(), vocab), logit_tol) << g.text << " (largest |logit| " << scale << ")";
   }
 }
 

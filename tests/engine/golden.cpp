@@ -1,6 +1,7 @@
 #include "golden.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <stdexcept>
 
@@ -23,17 +24,14 @@ std::vector<std::string> fixture_names() {
   return out;
 }
 
-namespace {
-template <class T>
-std::vector<T> read(const engine::safetensors_file& f, const std::string& key) {
-  const engine::tensor_info* t = f.find(key);
-  if (t == nullptr) throw std::runtime_error(f.path() + ": no " + key);
-  std::vector<T> v(t->numel());
-  if (t->end - t->begin != v.size() * sizeof(T)) throw std::runtime_error(key + ": unexpected dtype");
-  std::memcpy(v.data(), f.data(*t), t->end - t->begin);
-  return v;
+float max_abs_diff(const float* a, const float* b, std::size_t n) {
+  float m = 0.0f;
+  for (std::size_t i = 0; i < n; ++i) {
+    const float d = std::fabs(a[i] - b[i]);
+    if (!(d <= m)) m = std::isnan(d) ? INFINITY : d;
+  }
+  return m;
 }
-}  // namespace
 
 golden_fixture load_golden(const std::string& name) {
   golden_fixture g;
@@ -45,11 +43,11 @@ golden_fixture load_golden(const std::string& name) {
     const std::string p = "p" + std::to_string(i) + ".";
     if (file->find(p + "input_ids") == nullptr) break;
     golden_prompt gp;
-    gp.input_ids = read<std::int32_t>(*file, p + "input_ids");
-    gp.logits = read<float>(*file, p + "logits");
-    gp.hidden_states = read<float>(*file, p + "hidden_states");
-    gp.greedy = read<std::int32_t>(*file, p + "greedy");
-    gp.greedy_logits = read<float>(*file, p + "greedy_logits");
+    gp.input_ids = read_tensor<std::int32_t>(*file, p + "input_ids");
+    gp.logits = read_tensor<float>(*file, p + "logits");
+    gp.hidden_states = read_tensor<float>(*file, p + "hidden_states");
+    gp.greedy = read_tensor<std::int32_t>(*file, p + "greedy");
+    gp.greedy_logits = read_tensor<float>(*file, p + "greedy_logits");
     g.prompts.push_back(std::move(gp));
   }
   return g;

@@ -1,6 +1,8 @@
 #pragma once
 // Reads a fixture's golden.safetensors (see tests/fixtures/README.md) for the engine tests.
+#include <cstring>
 #include <filesystem>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -26,5 +28,20 @@ struct golden_fixture {
 std::vector<std::string> fixture_names();
 std::string fixture_dir(const std::string& name);
 golden_fixture load_golden(const std::string& name);
+
+/// Largest |a[i] - b[i]| over n values; infinity when a difference is NaN.
+float max_abs_diff(const float* a, const float* b, std::size_t n);
+
+/// Tensor `key` of a golden file, as T; throws when it is missing or not of T's size (a broken
+/// fixture, not a test outcome).
+template <class T>
+std::vector<T> read_tensor(const engine::safetensors_file& f, const std::string& key) {
+  const engine::tensor_info* t = f.find(key);
+  if (t == nullptr) throw std::runtime_error(f.path() + ": no " + key);
+  std::vector<T> v(t->numel());
+  if (t->end - t->begin != v.size() * sizeof(T)) throw std::runtime_error(key + ": unexpected dtype");
+  std::memcpy(v.data(), f.data(*t), t->end - t->begin);
+  return v;
+}
 
 }  // namespace conveyor::testing

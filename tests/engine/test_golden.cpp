@@ -15,14 +15,7 @@ using engine::local_pipeline;
 
 constexpr float logit_tol = 1e-4f;
 
-float max_abs_diff(const float* a, const float* b, std::size_t n) {
-  float m = 0.0f;
-  for (std::size_t i = 0; i < n; ++i) {
-    const float d = std::fabs(a[i] - b[i]);
-    if (!(d <= m)) m = std::isnan(d) ? INFINITY : d;
-  }
-  return m;
-}
+using testing::max_abs_diff;
 
 class golden_test : public ::testing::TestWithParam<std::string> {
  protected:

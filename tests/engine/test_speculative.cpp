@@ -20,14 +20,7 @@ using engine::local_pipeline;
 
 constexpr float logit_tol = 1e-4f;
 
-float max_abs_diff(const float* a, const float* b, std::size_t n) {
-  float m = 0.0f;
-  for (std::size_t i = 0; i < n; ++i) {
-    const float d = std::fabs(a[i] - b[i]);
-    if (!(d <= m)) m = std::isnan(d) ? INFINITY : d;
-  }
-  return m;
-}
+using testing::max_abs_diff;
 
 engine::executor_options options(int max_step_tokens = 512, int max_seqs = 16, int kv_blocks = 128) {
   engine::executor_options o;

@@ -17,18 +17,23 @@
 
 namespace conveyor::testing {
 
-/// The CUDA backend in `t`, or nullptr with `why` set (no device here).
-inline std::unique_ptr<kernels::backend> try_cuda_backend(kernels::dtype t, std::string& why,
-                                                          std::size_t attention_workspace = 64ull << 20) {
-  kernels::cuda_backend_options o;
-  o.compute_dtype = t;
-  o.attention_workspace_bytes = attention_workspace;
+/// The CUDA backend `o` describes, or nullptr with `why` set (no device here).
+inline std::unique_ptr<kernels::backend> try_cuda_backend(const kernels::cuda_backend_options& o, std::string& why) {
   auto b = kernels::make_cuda_backend(o);
   if (!b) {
     why = b.err().message;
     return nullptr;
   }
   return std::move(b).value();
+}
+
+/// The CUDA backend in `t`, or nullptr with `why` set (no device here).
+inline std::unique_ptr<kernels::backend> try_cuda_backend(kernels::dtype t, std::string& why,
+                                                          std::size_t attention_workspace = 64ull << 20) {
+  kernels::cuda_backend_options o;
+  o.compute_dtype = t;
+  o.attention_workspace_bytes = attention_workspace;
+  return try_cuda_backend(o, why);
 }
 
 /// Seed of this run's random inputs: fresh each run, printed so a failure can be replayed

@@ -121,12 +121,7 @@ std::unique_ptr<kernels::backend> invariant_backend(bool on, std::string& why) {
   kernels::cuda_backend_options o;
   o.compute_dtype = dtype::bf16;
   o.batch_invariant = on;
-  auto b = kernels::make_cuda_backend(o);
-  if (!b) {
-    why = b.err().message;
-    return nullptr;
-  }
-  return std::move(b).value();
+  return testing::try_cuda_backend(o, why);
 }
 
 engine::executor_options small_options() {
