@@ -51,14 +51,7 @@ class scheduler_test : public ::testing::Test {
   void SetUp() override {
     golden_ = conveyor::testing::load_golden("tiny-llama");
     backend_ = kernels::make_cpu_backend({});
-    engine::executor_options eo;
-    eo.kv_blocks = 64;
-    eo.kv_block_size = 16;
-    eo.max_step_tokens = 24;
-    eo.max_seqs = 8;
-    auto p = engine::local_pipeline::create(*backend_, golden_.dir, 2, eo);
-    ASSERT_TRUE(p.ok()) << p.err().message;
-    pipe_ = std::move(p).value();
+    make_pipeline();
     opts_.chunks = 3;
     opts_.kv_blocks = 64;
     opts_.kv_block_size = 16;
@@ -67,6 +60,18 @@ class scheduler_test : public ::testing::Test {
     opts_.max_context = 512;
     opts_.vocab_size = 1024;
     opts_.eos_ids = {2};
+  }
+
+  /// Two stages of tiny-llama with an empty KV cache of 64 blocks of 16 (pipe_).
+  void make_pipeline() {
+    engine::executor_options eo;
+    eo.kv_blocks = 64;
+    eo.kv_block_size = 16;
+    eo.max_step_tokens = 24;
+    eo.max_seqs = 8;
+    auto p = engine::local_pipeline::create(*backend_, golden_.dir, 2, eo);
+    ASSERT_TRUE(p.ok()) << p.err().message;
+    pipe_ = std::move(p).value();
   }
 
   service::generate_request greedy(std::size_t prompt) {

@@ -15,16 +15,7 @@ class stage_restart_test : public scheduler_test {
  protected:
   /// New stages with an empty KV cache, as after a restart (stricter than the real case, where only
   /// one stage is new: here no stale KV anywhere can hide a missing re-prefill).
-  void replace_stages() {
-    engine::executor_options eo;
-    eo.kv_blocks = 64;
-    eo.kv_block_size = 16;
-    eo.max_step_tokens = 24;
-    eo.max_seqs = 8;
-    auto p = engine::local_pipeline::create(*backend_, golden_.dir, 2, eo);
-    ASSERT_TRUE(p.ok()) << p.err().message;
-    pipe_ = std::move(p).value();
-  }
+  void replace_stages() { make_pipeline(); }
 };
 
 TEST_F(stage_restart_test, running_sequences_reprefill_and_keep_their_greedy_tokens) {
