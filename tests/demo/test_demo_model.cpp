@@ -91,20 +91,11 @@ TEST_P(demo_model, last_prompt_logits_match_hf) {
   const int vocab = pipe_->config().vocab_size;
   for (const auto& g : golden_) {
     const int t = static_cast<int>(g.input_ids.size());
-    ASSERT_TRUE(pipe_->blocks().reserve(1, t).ok());
-    engine::step_plan plan;
-    engine::sequence_step s;
-    s.seq_id = 1;
-    s.tokens = g.input_ids;
-    s.block_table = pipe_->blocks().table(1);
-    s.logits = engine::logits_mode::all;
-    plan.seqs.push_back(s);
-    auto out = pipe_->step(plan);
-    pipe_->blocks().release(1);
-    ASSERT_TRUE(out.ok()) << out.err().message;
-    ASSERT_EQ(out->logits.size(), static_cast<std::size_t>(t) * vocab);
+    auto logits = testing::sequence_logits(*pipe_, g.input_ids);
+    ASSERT_TRUE(logits.ok()) << logits.err().message;
+    ASSERT_EQ(logits->size(), static_cast<std::size_t>(t) * vocab);
     ASSERT_EQ(g.last_logits.size(), static_cast<std::size_t>(vocab));
-    const float* last = out->logits.data() + static_cast<std::size_t>(t - 1) * vocab;
+    const float* last = logits->data() + static_cast<std::size_t>(t - 1) * vocab;
     float scale = 0.0f;
     for (float x : g.last_logits) scale = std::max(scale, std::fabs(x));
     EXPECT_LE(testing::max_abs_diff(last, g.last_logits.data(), vocab), logit_tol) << g.text << " (largest |logit| " << scale << ")";

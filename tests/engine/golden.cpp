@@ -24,6 +24,22 @@ std::vector<std::string> fixture_names() {
   return out;
 }
 
+result<std::vector<float>> sequence_logits(engine::local_pipeline& pipe, const std::vector<std::int32_t>& tokens) {
+  CONVEYOR_TRY(pipe.blocks().reserve(1, static_cast<int>(tokens.size())));
+  engine::step_plan plan;
+  engine::sequence_step s;
+  s.seq_id = 1;
+  s.tokens = tokens;
+  s.block_table = pipe.blocks().table(1);
+  s.logits = engine::logits_mode::all;
+  s.sample = false;
+  plan.seqs.push_back(std::move(s));
+  auto out = pipe.step(plan);
+  pipe.blocks().release(1);
+  if (!out) return out.err();
+  return std::move(out->logits);
+}
+
 float max_abs_diff(const float* a, const float* b, std::size_t n) {
   float m = 0.0f;
   for (std::size_t i = 0; i < n; ++i) {

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "conveyor/base/result.hpp"
+#include "conveyor/engine/local_pipeline.hpp"
 #include "conveyor/engine/safetensors.hpp"
 
 namespace conveyor::testing {
@@ -28,6 +30,10 @@ struct golden_fixture {
 std::vector<std::string> fixture_names();
 std::string fixture_dir(const std::string& name);
 golden_fixture load_golden(const std::string& name);
+
+/// Every position's logits ([tokens, vocab]) of `tokens` run as sequence 1 in one step of `pipe`
+/// (a prefill; its KV blocks are released after). Errors: the pipeline's.
+result<std::vector<float>> sequence_logits(engine::local_pipeline& pipe, const std::vector<std::int32_t>& tokens);
 
 /// Largest |a[i] - b[i]| over n values; infinity when a difference is NaN.
 float max_abs_diff(const float* a, const float* b, std::size_t n);

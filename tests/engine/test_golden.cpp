@@ -59,19 +59,10 @@ TEST_P(golden_test, prompt_logits_and_hidden_states_match) {
       ASSERT_EQ(h.size(), static_cast<std::size_t>(t) * cfg.hidden_size);
       std::copy(h.begin(), h.end(), hidden.begin() + static_cast<std::size_t>(index) * h.size());
     });
-    ASSERT_TRUE(pipe->blocks().reserve(1, t).ok());
-    engine::step_plan plan;
-    engine::sequence_step s;
-    s.seq_id = 1;
-    s.tokens = p.input_ids;
-    s.block_table = pipe->blocks().table(1);
-    s.logits = engine::logits_mode::all;
-    plan.seqs.push_back(s);
-    auto out = pipe->step(plan);
-    pipe->blocks().release(1);
-    ASSERT_TRUE(out.ok()) << out.err().message;
-    ASSERT_EQ(out->logits.size(), p.logits.size());
-    EXPECT_LE(max_abs_diff(out->logits.data(), p.logits.data(), p.logits.size()), logit_tol) << "prompt " << i;
+    auto logits = testing::sequence_logits(*pipe, p.input_ids);
+    ASSERT_TRUE(logits.ok()) << logits.err().message;
+    ASSERT_EQ(logits->size(), p.logits.size());
+    EXPECT_LE(max_abs_diff(logits->data(), p.logits.data(), p.logits.size()), logit_tol) << "prompt " << i;
     for (int layer = 0; layer <= cfg.num_layers; ++layer) {
       const std::size_t n = static_cast<std::size_t>(t) * cfg.hidden_size;
       EXPECT_LE(max_abs_diff(hidden.data() + layer * n, p.hidden_states.data() + layer * n, n), 1e-4f)

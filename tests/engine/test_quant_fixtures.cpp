@@ -69,20 +69,11 @@ executor_options options_for(weight_quant k, bool lm_head = false) {
 
 /// Logits of every position of prompt + greedy[0 .. 22] in one prefill: [T + 23, vocab].
 std::vector<float> teacher_forced_logits(local_pipeline& pipe, const testing::golden_prompt& p) {
-  step_plan plan;
-  sequence_step s;
-  s.seq_id = 1;
-  s.tokens = p.input_ids;
-  s.tokens.insert(s.tokens.end(), p.greedy.begin(), p.greedy.end() - 1);
-  EXPECT_TRUE(pipe.blocks().reserve(1, static_cast<int>(s.tokens.size())).ok());
-  s.block_table = pipe.blocks().table(1);
-  s.logits = logits_mode::all;
-  s.sample = false;
-  plan.seqs.push_back(s);
-  auto out = pipe.step(plan);
-  pipe.blocks().release(1);
-  EXPECT_TRUE(out.ok()) << (out.ok() ? "" : out.err().message);
-  return out.ok() ? out->logits : std::vector<float>{};
+  std::vector<std::int32_t> tokens = p.input_ids;
+  tokens.insert(tokens.end(), p.greedy.begin(), p.greedy.end() - 1);
+  auto logits = testing::sequence_logits(pipe, tokens);
+  EXPECT_TRUE(logits.ok()) << (logits.ok() ? "" : logits.err().message);
+  return logits.ok() ? std::move(logits).value() : std::vector<float>{};
 }
 
 /// The golden logits for the same positions: the prompt's, then greedy steps 1 .. 23.

@@ -84,18 +84,9 @@ TEST_P(cuda_model, prompt_logits_match) {
   for (std::size_t i = 0; i < golden_.prompts.size(); ++i) {
     const auto& p = golden_.prompts[i];
     const int t = static_cast<int>(p.input_ids.size());
-    ASSERT_TRUE(pipe->blocks().reserve(1, t).ok());
-    engine::step_plan plan;
-    engine::sequence_step s;
-    s.seq_id = 1;
-    s.tokens = p.input_ids;
-    s.block_table = pipe->blocks().table(1);
-    s.logits = engine::logits_mode::all;
-    plan.seqs.push_back(s);
-    auto out = pipe->step(plan);
-    pipe->blocks().release(1);
-    ASSERT_TRUE(out.ok()) << out.err().message;
-    const double top1 = check_logits(out->logits, p.logits.data(), t, vocab, "prompt " + std::to_string(i));
+    auto logits = testing::sequence_logits(*pipe, p.input_ids);
+    ASSERT_TRUE(logits.ok()) << logits.err().message;
+    const double top1 = check_logits(*logits, p.logits.data(), t, vocab, "prompt " + std::to_string(i));
     if (f32()) EXPECT_EQ(top1, 1.0) << "prompt " << i;
     agree += top1 * t;
     rows += t;

@@ -65,19 +65,9 @@ std::vector<float> decode_logits(engine::local_pipeline& pipe, const testing::go
 
 /// Logits of every prompt position in one prefill, [T, vocab].
 std::vector<float> prompt_logits(engine::local_pipeline& pipe, const testing::golden_prompt& p) {
-  EXPECT_TRUE(pipe.blocks().reserve(1, static_cast<int>(p.input_ids.size())).ok());
-  engine::step_plan plan;
-  engine::sequence_step s;
-  s.seq_id = 1;
-  s.tokens = p.input_ids;
-  s.block_table = pipe.blocks().table(1);
-  s.logits = engine::logits_mode::all;
-  s.sample = false;
-  plan.seqs.push_back(s);
-  auto out = pipe.step(plan);
-  pipe.blocks().release(1);
-  EXPECT_TRUE(out.ok()) << (out.ok() ? "" : out.err().message);
-  return out.ok() ? out->logits : std::vector<float>{};
+  auto logits = testing::sequence_logits(pipe, p.input_ids);
+  EXPECT_TRUE(logits.ok()) << (logits.ok() ? "" : logits.err().message);
+  return logits.ok() ? std::move(logits).value() : std::vector<float>{};
 }
 
 double top1(const std::vector<float>& a, const std::vector<float>& b, int vocab) {
