@@ -2,6 +2,8 @@
 // Element access shared by the .cu files: every kernel computes in float32 and converts at the edges.
 #include <cuda_bf16.h>
 
+#include <cstdint>
+
 #include "check.hpp"
 #include "conveyor/kernels/dtype.hpp"
 
@@ -54,6 +56,17 @@ void launch_k(bool pdl, void (*kernel)(P...), dim3 grid, dim3 block, std::size_t
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 1 : 0;
   CONVEYOR_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<P>(args)...));
+}
+
+/// d += A(16x16, row-major bf16 fragments a0..a3) x B(16x8, col-major b0, b1), f32 accumulators:
+/// the one tensor-core MMA shape the GEMV, the quantized linear and flash attention use.
+__device__ __forceinline__ void mma16816(float (&d)[4], std::uint32_t a0, std::uint32_t a1, std::uint32_t a2,
+                                         std::uint32_t a3, std::uint32_t b0, std::uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 }  // namespace conveyor::kernels::cuda

@@ -36,26 +36,6 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-__device__ __forceinline__ void mma_bf16(float (&d)[4], std::uint32_t a0, std::uint32_t a1, std::uint32_t a2,
-                                         std::uint32_t a3, std::uint32_t b0, std::uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pdl_launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
 // Weights are read once per step: stream them past L1 (which keeps x).
 __device__ __forceinline__ uint4 load_stream(const uint4* p) { return __ldcs(p); }
 
@@ -117,8 +97,8 @@ __global__ void __launch_bounds__(WARPS * 32) gemv_kernel(gemv_args a) {
     }
   };
   load_w(warp);
-  pdl_wait();
-  pdl_launch_dependents();
+  grid_dep_wait();
+  grid_dep_trigger();
 
   const int stride = cols + 8;  // padded rows of x in shared memory: conflict-free 16-byte reads
   bf16* xs = reinterpret_cast<bf16*>(smem_raw);
@@ -265,8 +245,8 @@ __global__ void __launch_bounds__(WARPS * 32) gemv_kernel(gemv_args a) {
               xv = __ldg(reinterpret_cast<const uint4*>(a.x + static_cast<std::size_t>(t) * cols + k0));
             }
           }
-          mma_bf16(acc[nt][0], w_a[j].x, w_b[j].x, w_a[j].y, w_b[j].y, xv.x, xv.y);
-          mma_bf16(acc[nt][1], w_a[j].z, w_b[j].z, w_a[j].w, w_b[j].w, xv.z, xv.w);
+          mma16816(acc[nt][0], w_a[j].x, w_b[j].x, w_a[j].y, w_b[j].y, xv.x, xv.y);
+          mma16816(acc[nt][1], w_a[j].z, w_b[j].z, w_a[j].w, w_b[j].w, xv.z, xv.w);
         }
       }
     }

@@ -33,15 +33,6 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], std::uint32_t a0, std::uint32_t a1, std::uint32_t a2,
-                                               std::uint32_t a3, std::uint32_t b0, std::uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 /// Bytes 0,1 and 2,3 of four int8 codes as two bf16x2 words (lo = bytes 0,1).
 __device__ __forceinline__ void i8x4_to_bf16(std::uint32_t w, std::uint32_t& lo, std::uint32_t& hi) {
   const std::uint32_t u = w ^ 0x80808080u;
@@ -139,7 +130,7 @@ __global__ void __launch_bounds__(gemv_warps * 32)
           const uint4& x0 = cur.xv[u][j][0];
           const uint4& x1 = cur.xv[u][j][1];
           const std::uint32_t xw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-          mma_bf16_16816(acc[j], a_lo, b_lo, a_hi, b_hi, xw[2 * s], xw[2 * s + 1]);
+          mma16816(acc[j], a_lo, b_lo, a_hi, b_hi, xw[2 * s], xw[2 * s + 1]);
         }
       }
     }
