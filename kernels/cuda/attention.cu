@@ -332,6 +332,38 @@ __device__ __forceinline__ void dot_rows(const float* q, int q_stride, const flo
   }
 }
 
+// The last step of a grouped decode block: merges its W warps' softmax states for each of the G
+// query heads (running max m, sum l and unnormalised o, kept in shared memory) and writes the split's
+// partial result (m in natural-log units, l, o: what combine_kernel reads) or, with one split, the
+// output row. kLog2: m and l were kept with exp2 (the tensor-core kernel), not exp.
+template <int G, int W, int QS, bool kLog2, class T>
+__device__ __forceinline__ void merge_warps_and_store(const float (&m_s)[W][G], const float (&l_s)[W][G],
+                                                      const float (&o_s)[W][G][QS], int D, int heads, int h0, int seq,
+                                                      int split, int splits, int row, float* partials, T* out) {
+  for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
+    const int g = idx / D, d = idx % D;
+    float m_all = -INFINITY;
+    for (int w = 0; w < W; ++w) m_all = fmaxf(m_all, m_s[w][g]);
+    float l_all = 0.0f, acc = 0.0f;
+    for (int w = 0; w < W; ++w) {
+      const float f = kLog2 ? (m_s[w][g] == -INFINITY ? 0.0f : exp2f(m_s[w][g] - m_all)) : exp_diff(m_s[w][g], m_all);
+      l_all += l_s[w][g] * f;
+      acc += o_s[w][g][d] * f;
+    }
+    const int h = h0 + g;
+    if (splits > 1) {
+      float* p_out = partials + ((static_cast<std::size_t>(seq) * heads + h) * splits + split) * (D + 2);
+      if (d == 0) {
+        p_out[0] = kLog2 ? m_all * 0.6931471805599453f : m_all;
+        p_out[1] = l_all;
+      }
+      p_out[2 + d] = acc;
+    } else {
+      out[static_cast<std::size_t>(row) * heads * D + h * D + d] = from_f32<T>(acc / l_all);
+    }
+  }
+}
+
 // Flash-decoding with grouped queries: grid (splits, kv_heads, seqs), block 128 threads. The G =
 // heads / kv_heads query heads of a KV head share every K and V row the block loads, so K/V bytes are
 // read once per KV head instead of once per query head. Same partial/combine format as decode_kernel.
@@ -430,29 +462,7 @@ __global__ void __launch_bounds__(block_threads) decode_gqa_kernel(
 #pragma unroll
     for (int c = 0; c < DC; ++c) o_s[warp][g][lane + 32 * c] = o[g][c];
   __syncthreads();
-
-  for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
-    const int g = idx / D, d = idx % D;
-    float m_all = -INFINITY;
-    for (int w = 0; w < warps; ++w) m_all = fmaxf(m_all, m_s[w][g]);
-    float l_all = 0.0f, acc = 0.0f;
-    for (int w = 0; w < warps; ++w) {
-      const float f = exp_diff(m_s[w][g], m_all);
-      l_all += l_s[w][g] * f;
-      acc += o_s[w][g][d] * f;
-    }
-    const int h = h0 + g;
-    if (splits > 1) {
-      float* p_out = partials + ((static_cast<std::size_t>(seq) * heads + h) * splits + split) * (D + 2);
-      if (d == 0) {
-        p_out[0] = m_all;
-        p_out[1] = l_all;
-      }
-      p_out[2 + d] = acc;
-    } else {
-      out[static_cast<std::size_t>(row) * heads * D + h * D + d] = from_f32<T>(acc / l_all);
-    }
-  }
+  merge_warps_and_store<G, warps, QS, false>(m_s, l_s, o_s, D, heads, h0, seq, split, splits, row, partials, out);
 }
 
 // rope_kv_kernel's work for one decode row, done by the attention block that serves KV head `kvh`:
@@ -642,29 +652,7 @@ __global__ void __launch_bounds__(W * 32, (W == 4 && D == 64 && G == 4) ? 4 : 1)
     }
   }
   __syncthreads();
-
-  for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
-    const int g = idx / D, d = idx % D;
-    float m_all = -INFINITY;
-    for (int w = 0; w < W; ++w) m_all = fmaxf(m_all, m_s[w][g]);
-    float l_all = 0.0f, acc = 0.0f;
-    for (int w = 0; w < W; ++w) {
-      const float f = exp_diff(m_s[w][g], m_all);
-      l_all += l_s[w][g] * f;
-      acc += o_s[w][g][d] * f;
-    }
-    const int h = h0 + g;
-    if (splits > 1) {
-      float* p_out = partials + ((static_cast<std::size_t>(seq) * heads + h) * splits + split) * (D + 2);
-      if (d == 0) {
-        p_out[0] = m_all;
-        p_out[1] = l_all;
-      }
-      p_out[2 + d] = acc;
-    } else {
-      out[static_cast<std::size_t>(row) * heads * D + h * D + d] = __float2bfloat16_rn(acc / l_all);
-    }
-  }
+  merge_warps_and_store<G, W, D, false>(m_s, l_s, o_s, D, heads, h0, seq, split, splits, row, partials, out);
 }
 
 // --- prefill on tensor cores (bf16, head_dim 64 or 128) ---
@@ -852,29 +840,7 @@ __global__ void __launch_bounds__(block_threads, 4) decode_gqa_tc_kernel(
     }
   }
   __syncthreads();
-
-  for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
-    const int gg = idx / D, d = idx % D;
-    float m_all = -INFINITY;
-    for (int w = 0; w < W; ++w) m_all = fmaxf(m_all, m_s[w][gg]);
-    float l_all = 0.0f, acc = 0.0f;
-    for (int w = 0; w < W; ++w) {
-      const float f = m_s[w][gg] == -INFINITY ? 0.0f : exp2f(m_s[w][gg] - m_all);
-      l_all += l_s[w][gg] * f;
-      acc += o_s[w][gg][d] * f;
-    }
-    const int h = h0 + gg;
-    if (splits > 1) {  // combine_kernel takes m in natural-log units
-      float* p_out = partials + ((static_cast<std::size_t>(seq) * heads + h) * splits + split) * (D + 2);
-      if (d == 0) {
-        p_out[0] = m_all * 0.6931471805599453f;
-        p_out[1] = l_all;
-      }
-      p_out[2 + d] = acc;
-    } else {
-      out[static_cast<std::size_t>(row) * heads * D + h * D + d] = __float2bfloat16_rn(acc / l_all);
-    }
-  }
+  merge_warps_and_store<G, W, D, true>(m_s, l_s, o_s, D, heads, h0, seq, split, splits, row, partials, out);
 }
 
 constexpr int tc_q_tile = 64;  // query rows per block (4 warps × 16)
