@@ -27,9 +27,9 @@ std::int32_t argmax(const float* logits, int vocab) {
   return best;
 }
 
-std::int32_t sample_row(const float* logits, int vocab, const sample_params& params,
-                        std::vector<std::pair<float, std::int32_t>>& scratch) {
-  if (params.temperature <= 0.0f || params.top_k == 1) return argmax(logits, vocab);
+std::size_t warp_logits(const float* logits, int vocab, const sample_params& params,
+                        std::vector<std::pair<float, std::int32_t>>& scratch, std::vector<double>& probs,
+                        double& total, bool ordered) {
   scratch.resize(vocab);
   for (int i = 0; i < vocab; ++i) scratch[i] = {logits[i] / params.temperature, i};
   // Descending by logit; ties by lower index so the order (and the draw) is deterministic.
@@ -40,12 +40,15 @@ std::int32_t sample_row(const float* logits, int vocab, const sample_params& par
   if (params.top_k > 0 && static_cast<std::size_t>(params.top_k) < keep) {
     keep = params.top_k;
     std::partial_sort(scratch.begin(), scratch.begin() + keep, scratch.end(), by_logit);
-  } else {
+  } else if (ordered || params.top_p < 1.0f) {
     std::sort(scratch.begin(), scratch.end(), by_logit);
+  } else {
+    // No cut and no draw walking the order: only the maximum must come first.
+    std::iter_swap(scratch.begin(), std::min_element(scratch.begin(), scratch.end(), by_logit));
   }
   const double max_logit = scratch[0].first;
-  double total = 0.0;
-  std::vector<double> probs(keep);
+  total = 0.0;
+  probs.resize(keep);
   for (std::size_t i = 0; i < keep; ++i) {
     probs[i] = std::exp(static_cast<double>(scratch[i].first) - max_logit);
     total += probs[i];
@@ -62,6 +65,15 @@ std::int32_t sample_row(const float* logits, int vocab, const sample_params& par
     total = 0.0;
     for (std::size_t i = 0; i < keep; ++i) total += probs[i];
   }
+  return keep;
+}
+
+std::int32_t sample_row(const float* logits, int vocab, const sample_params& params,
+                        std::vector<std::pair<float, std::int32_t>>& scratch) {
+  if (params.temperature <= 0.0f || params.top_k == 1) return argmax(logits, vocab);
+  std::vector<double> probs;
+  double total = 0.0;
+  const std::size_t keep = warp_logits(logits, vocab, params, scratch, probs, total, true);
   const double u = sample_uniform(params.seed, params.step) * total;
   double cum = 0.0;
   for (std::size_t i = 0; i < keep; ++i) {

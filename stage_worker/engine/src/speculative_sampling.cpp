@@ -53,40 +53,11 @@ void warped_probs(const float* logits, int vocab, const kernels::sample_params& 
     out[kernels::argmax(logits, vocab)] = 1.0;
     return;
   }
-  // The same steps as kernels::sample_row, so the distribution is the one plain decoding draws from.
-  std::vector<std::pair<float, std::int32_t>> order(vocab);
-  for (int i = 0; i < vocab; ++i) order[i] = {logits[i] / params.temperature, i};
-  auto by_logit = [](const auto& a, const auto& b) {
-    return a.first > b.first || (a.first == b.first && a.second < b.second);
-  };
-  std::size_t keep = order.size();
-  const bool cut_p = params.top_p < 1.0f;
-  if (params.top_k > 0 && static_cast<std::size_t>(params.top_k) < keep) {
-    keep = params.top_k;
-    std::partial_sort(order.begin(), order.begin() + keep, order.end(), by_logit);
-  } else if (cut_p) {
-    std::sort(order.begin(), order.end(), by_logit);
-  } else {
-    // No cut: order does not matter, only the maximum.
-    std::iter_swap(order.begin(), std::min_element(order.begin(), order.end(), by_logit));
-  }
-  const double max_logit = order[0].first;
-  std::vector<double> probs(keep);
+  // kernels::sample_row's own warping, so the distribution is the one plain decoding draws from.
+  std::vector<std::pair<float, std::int32_t>> order;
+  std::vector<double> probs;
   double total = 0.0;
-  for (std::size_t i = 0; i < keep; ++i) {
-    probs[i] = std::exp(static_cast<double>(order[i].first) - max_logit);
-    total += probs[i];
-  }
-  if (cut_p) {
-    double cum = 0.0;
-    std::size_t cut = keep;
-    for (std::size_t i = 0; i < keep; ++i) {
-      cum += probs[i] / total;
-      if (cum >= params.top_p) { cut = i + 1; break; }
-    }
-    keep = cut;
-    total = std::accumulate(probs.begin(), probs.begin() + keep, 0.0);
-  }
+  const std::size_t keep = kernels::warp_logits(logits, vocab, params, order, probs, total, false);
   for (std::size_t i = 0; i < keep; ++i) out[order[i].second] = probs[i] / total;
 }
 
