@@ -1,7 +1,6 @@
 #include "deployment_args.hpp"
 
 #include "conveyor/config/deployment_loader.hpp"
-#include "conveyor/engine/ngram_proposer.hpp"
 
 namespace conveyor::cli {
 
@@ -45,19 +44,6 @@ result<loaded_deployment> load_deployment_and_model(const std::string& file, con
   CONVEYOR_TRY_ASSIGN(model, engine::load_model_config(d.model.dir));
   CONVEYOR_TRY(config::validate_against_model(d, model.num_layers, model.num_heads, model.num_kv_heads,
                                               model.max_position_embeddings));
-  // The n-gram datastore is read here too, so plan (a dry run) and serve fail on it before any
-  // worker starts.
-  if (d.model.spec_k > 0 && d.model.draft == "ngram" && !d.model.ngram_corpus.empty()) {
-    auto ids = engine::read_token_ids(d.model.ngram_corpus);
-    if (!ids) return make_error(ids.err().code, "model.ngram_corpus: " + ids.err().message);
-    for (std::size_t i = 0; i < ids->size(); ++i) {
-      if ((*ids)[i] >= model.vocab_size) {
-        return make_error(errc::invalid_argument, "model.ngram_corpus: token " + std::to_string(i) + " is id " +
-                                                      std::to_string((*ids)[i]) + ", outside the model's vocabulary of " +
-                                                      std::to_string(model.vocab_size));
-      }
-    }
-  }
   out.deployment = std::move(d);
   out.model = std::move(model);
   return out;
