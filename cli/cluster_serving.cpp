@@ -116,7 +116,7 @@ result<coordinator::cluster_options> cluster_options_of(const config::deployment
   o.draft_dir = d.model.draft;
   o.draft_layers = d.model.draft_layers;
   o.spec_k = d.model.spec_k;
-  o.batch_invariant = d.model.batch_invariant.value_or(d.model.spec_k > 0);
+  o.batch_invariant = config::batch_invariant(d.model);
   o.ngram_min = d.model.ngram_min;
   o.ngram_max = d.model.ngram_max;
   o.ngram_corpus = d.model.ngram_corpus;

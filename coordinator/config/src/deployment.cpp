@@ -8,6 +8,8 @@ int gpus_per_worker(const deployment& d) {
   return d.parallel.tp;
 }
 
+bool batch_invariant(const model_section& m) { return m.batch_invariant.value_or(m.spec_k > 0); }
+
 std::string ucx_tls_env(const transport_section& t) {
   if (t.ucx_tls == "auto") return {};
   // UCX's "sm" alias covers posix, sysv and cma; cma alone fails (STACK.md), so never narrow to it.

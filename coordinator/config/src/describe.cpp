@@ -28,8 +28,8 @@ std::string describe(const deployment& d) {
   add("model.draft", d.model.draft.empty() ? "(the model itself)" : sv(d.model.draft));
   add("model.draft_layers", d.model.draft_layers == 0 ? "0 (all)" : std::to_string(d.model.draft_layers));
   add("model.spec_k", d.model.spec_k == 0 ? "0 (no speculative decoding)" : std::to_string(d.model.spec_k));
-  add("model.batch_invariant", d.model.batch_invariant ? (*d.model.batch_invariant ? "true" : "false")
-                               : (d.model.spec_k > 0 ? "true (spec_k > 0)" : "false (spec_k = 0)"));
+  add("model.batch_invariant", std::string(batch_invariant(d.model) ? "true" : "false") +
+                                   (d.model.batch_invariant ? "" : d.model.spec_k > 0 ? " (spec_k > 0)" : " (spec_k = 0)"));
   add("model.ngram_min", std::to_string(d.model.ngram_min));
   add("model.ngram_max", std::to_string(d.model.ngram_max));
   add("model.ngram_corpus", d.model.ngram_corpus.empty() ? "(none)" : sv(d.model.ngram_corpus));

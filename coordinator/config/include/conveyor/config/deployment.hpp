@@ -172,6 +172,9 @@ struct deployment {
 /// GPUs each worker process gets: parallel_level or nproc_per_node when set, else parallel.tp.
 int gpus_per_worker(const deployment& d);
 
+/// model.batch_invariant as set, else on exactly when speculative decoding is (spec_k > 0).
+bool batch_invariant(const model_section& m);
+
 /// The UCX_TLS value for transport.ucx_tls; empty means "leave UCX_TLS unset" (auto).
 std::string ucx_tls_env(const transport_section& t);
 
