@@ -7,14 +7,12 @@
 using Cxx = import "/capnp/c++.capnp";
 $Cxx.namespace("conveyor::schema");
 
-const frameSchemaVersion :UInt32 = 3;
+const frameSchemaVersion :UInt32 = 2;
 # Checked at connect time: both ends of a channel must speak the same version.
 # 2: a frame header may also travel in the compact form (transport/src/compact_header.hpp): the
 # same fields as FrameHeader, as varints behind the tag CF 56 48 01, used for small headers (decode
 # steps) because it fits UCX's inline messages and costs tens of nanoseconds to encode and decode.
 # Enum values are the ordinals below. Version-1 peers cannot read it, hence the bump.
-# 3: a small frame (wire::flag_payload_inline) travels as AM data behind an empty AM header; a
-# version-2 peer looks for the preamble in the AM header only and would drop such frames unseen.
 
 enum FrameKind {
   activations @0;

@@ -284,7 +284,7 @@ TEST(FrameCodec, HelloRoundTripsAndCarriesTheSchemaVersion) {
   channel_hello h{frame_schema_version(), 77, 0xfeedface, 1u << 20};
   auto back = decode_hello(*encode_hello(h));
   ASSERT_TRUE(back.ok());
-  EXPECT_EQ(back->schema_version, 3u);
+  EXPECT_EQ(back->schema_version, 2u);
   EXPECT_EQ(back->channel_id, 77u);
   EXPECT_EQ(back->instance, 0xfeedfaceu);
   EXPECT_EQ(back->max_payload_bytes, 1u << 20);

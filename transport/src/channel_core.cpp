@@ -261,8 +261,7 @@ ucs_status_t channel_core::on_frame(const wire::preamble& p, const void* header,
                                                    std::to_string(options_.header_limits.max_header_bytes)));
     return rndv ? UCS_ERR_EXCEEDS_LIMIT : UCS_OK;
   }
-  // A small payload may travel after the frame header, in the preamble's bytes (wire::flag_payload_inline;
-  // dispatch has already made a data-only message read as a header-only one).
+  // A small payload may travel inside the AM header, after the frame header (wire::flag_payload_inline).
   const bool payload_inline = (p.flags & wire::flag_payload_inline) != 0;
   const std::size_t inline_len = header_length - sizeof(wire::preamble);
   if (payload_inline && (rndv || length != 0 || (p.flags & wire::flag_header_separate) != 0 || inline_len < p.header_bytes)) {
@@ -616,15 +615,15 @@ void channel_core::start_send(const std::shared_ptr<send_handle::state>& s) {
     s->on_bulk_ep = true;
   }
   if (s->payload_inline) {
-    // send_owned appended the payload to the header (and kept the whole under a UCX AM header's
-    // size): one data-only message with an empty AM header, which UCX 1.13 sends inline through
-    // plain am_short (wire::flag_payload_inline says why not as the AM header).
+    // send_owned appended the payload to the header (and checked it fits a UCX AM header): one
+    // header-only message, which UCX 1.13 can send inline ("short"); with both a header and data
+    // it always takes the buffered-copy path.
     assert(s->header_offset == sizeof p);
     p.header_bytes = static_cast<std::uint32_t>(s->separate_header.size() - sizeof p - s->payload.size);
     p.flags = wire::flag_payload_inline;
     std::memcpy(s->separate_header.data(), &p, sizeof p);
     s->expect(1);
-    post_am(ep, wire::am_frame, nullptr, 0, s->separate_header.data(), s->separate_header.size(), s);
+    post_am(ep, wire::am_frame, s->separate_header.data(), s->separate_header.size(), nullptr, 0, s);
     return;
   }
   const std::size_t header_size = s->separate_header.size() - s->header_offset;

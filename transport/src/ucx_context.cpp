@@ -100,8 +100,8 @@ class ucx_channel final : public channel {
     }
     if (payload.size <= wire::max_inline_payload &&
         sizeof(wire::preamble) + header_size + payload.size <= worker_->max_am_header()) {
-      // A small payload rides behind the frame header, all in one message (wire::flag_payload_inline):
-      // UCX can then send the frame inline, and the caller's buffer is free as soon as this returns.
+      // A small payload rides in the AM header (wire::flag_payload_inline): UCX can then send the
+      // frame inline, and the caller's buffer is free as soon as this returns.
       header_bytes.resize(header_bytes.size() + payload.size);
       if (payload.size != 0) std::memcpy(header_bytes.data() + sizeof(wire::preamble) + header_size, payload.data, payload.size);
       s->payload_inline = true;

@@ -404,14 +404,6 @@ ucs_status_t ucx_worker::on_am(void* arg, const void* header, std::size_t header
 
 ucs_status_t ucx_worker::dispatch(unsigned id, const void* header, std::size_t header_length, void* data,
                                   std::size_t length, const ucp_am_recv_param_t* param) {
-  // An eager message with an empty AM header carries its preamble at the start of its data (small
-  // frames travel so: wire::flag_payload_inline); from here on it reads as if it came in the header.
-  if (header_length == 0 && (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) == 0) {
-    header = data;
-    header_length = length;
-    data = nullptr;
-    length = 0;
-  }
   auto pre = wire::read_preamble(header, header_length);
   // A message without our preamble is not from a Conveyor peer; the only safe answer is to drop it
   // (and fail a rendezvous sender, which then learns why).

@@ -23,13 +23,8 @@ constexpr std::uint32_t magic = 0x46595643;  // "CVYF"
 
 /// Set in `flags` when the frame header travels in a separate am_header message.
 constexpr std::uint32_t flag_header_separate = 1;
-/// Set in `flags` when the payload follows the frame header in the same bytes as the preamble. Such a
-/// frame travels as one contiguous eager message with an *empty* AM header: [preamble | frame header
-/// | payload] is the AM data (a receiver reads the preamble from the data when the header is empty).
-/// Why data and not the AM header: UCX 1.13 sends a header-only message through am_short_iov and a
-/// data-only one through plain am_short; ucx_perftest over shared memory, 80 B, header-only 0.44-0.49
-/// us one way against data-only 0.29-0.32 us (= its 8 B latency), 2026-11-29. With both a header and
-/// data it takes the buffered-copy path.
+/// Set in `flags` when the payload follows the frame header inside the AM header (no AM data): UCX
+/// 1.13 sends a message inline ("short", no buffer copy) only when it has a header or data, not both.
 constexpr std::uint32_t flag_payload_inline = 2;
 /// Largest payload a sender puts inline.
 constexpr std::size_t max_inline_payload = 256;
