@@ -7,6 +7,8 @@
 #include <functional>
 #include <numeric>
 #include <random>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "cuda_test_util.hpp"
@@ -48,7 +50,9 @@ void row(const char* what, double us, double bytes, double flops) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  // `time_cuda_ops attention`: the attention rows only.
+  const bool attention_only = argc > 1 && std::string(argv[1]) == "attention";
   std::string why;
   auto bp = ct::try_cuda_backend(dtype::bf16, why);
   if (!bp) {
@@ -61,9 +65,13 @@ int main() {
   const double e = 2.0;  // bytes per bf16 element
 
   // GEMMs: decode (n = 1, 64) and prefill (n = 2048) through the 1B's largest layer shapes.
-  for (auto [n, rows, cols, name] : {std::tuple{1, 2 * ffn, hidden, "gate_up"}, {64, 2 * ffn, hidden, "gate_up"},
-                                     {2048, 2 * ffn, hidden, "gate_up"}, {1, vocab, hidden, "lm_head"},
-                                     {64, vocab, hidden, "lm_head"}}) {
+  std::vector<std::tuple<int, int, int, const char*>> gemms{{1, 2 * ffn, hidden, "gate_up"},
+                                                           {64, 2 * ffn, hidden, "gate_up"},
+                                                           {2048, 2 * ffn, hidden, "gate_up"},
+                                                           {1, vocab, hidden, "lm_head"},
+                                                           {64, vocab, hidden, "lm_head"}};
+  if (attention_only) gemms.clear();
+  for (auto [n, rows, cols, name] : gemms) {
     auto wh = fill(rng, static_cast<std::size_t>(rows) * cols, 0.02f);
     kernels::weight w = b.upload_weight(wh.data(), dtype::f32, rows, cols, false);
     ct::dev_acts x(b, fill(rng, static_cast<std::size_t>(n) * cols));
@@ -117,6 +125,7 @@ int main() {
     row(label, us, e * 2.0 * cache, flops);
   }
 
+  if (attention_only) return 0;
   // Memory-bound ops at prefill size.
   {
     const int n = 2048;
