@@ -11,7 +11,8 @@
 //                  [--json FILE] [--profile decode1|decode64|prefill2048] [--profile-variant NAME]
 // --profile runs one step of that kind inside cudaProfilerStart/Stop (for ncu --profile-from-start off).
 // Variants "all" (every speed path, the default) and "base" (none) get the whole sweep; the
-// ablations (one path off or on) only the --ablate batch sizes.
+// ablations (one path off or on) only the --ablate batch sizes (0: none), a prefill ablation
+// (variant::prefill, e.g. nogqapf) the prefill sizes too.
 #include <cublas_v2.h>
 #include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
@@ -177,6 +178,7 @@ struct variant {
   std::string name;
   kernels::cuda_backend_options options;
   engine::weight_quant_options quant;  ///< int8 / fp8 weights (issue 12); default bf16
+  bool prefill = false;                 ///< an ablation that also runs the prefill sizes
 };
 
 std::vector<variant> all_variants() {
@@ -239,6 +241,10 @@ std::vector<variant> all_variants() {
   kernels::cuda_backend_options novec = o;
   novec.vec_decode = false;
   v.push_back({"novec", novec});
+  v.push_back({"gqapf", o, {}, true});  // the defaults, for a prefill-only ablation (--ablate 0)
+  kernels::cuda_backend_options nogqapf = o;  // prefill attention: one block per query head (session 3)
+  nogqapf.gqa_prefill = false;
+  v.push_back({"nogqapf", nogqapf, {}, true});
   // Quantized weights on the default paths (issue 12): the linear layers, then the LM head too.
   for (auto k : {kernels::weight_quant::int8, kernels::weight_quant::fp8}) {
     const std::string name(kernels::weight_quant_name(k));
@@ -294,9 +300,11 @@ class engine_bench {
              .done());
 
     const std::vector<int> batches = full ? c_.batches : ablate_batches;
-    for (int batch : batches) decode(batch, bw, first_tokens);
-    if (full) {
-      ttft();
+    for (int batch : batches) {
+      if (batch > 0) decode(batch, bw, first_tokens);  // --ablate 0: no decode batches
+    }
+    if (full) ttft();
+    if (full || v_.prefill) {
       for (int t : c_.prefill) prefill(t, gemm);
     }
     std::size_t free2 = 0;

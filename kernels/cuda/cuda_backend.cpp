@@ -486,6 +486,7 @@ class cuda_backend final : public backend {
         gemv_cap_grid_(o.gemv_cap_grid), gemm_tune_(o.gemm_tune), fuse_attention_(o.fuse && o.fuse_attention) {
     tune_.gqa_decode = o.gqa_decode;
     tune_.tc_prefill = o.tc_prefill;
+    tune_.gqa_prefill = o.gqa_prefill;
     tune_.vec_decode = o.vec_decode;
     tune_.pdl = o.pdl;
     tune_.wide_decode = o.wide_decode;

@@ -77,6 +77,9 @@ void launch_gemv(const gemv_args& a, gemv_prologue pro, bool pdl, int sms, cudaS
 struct attention_tuning {
   bool gqa_decode = true;  ///< decode: one block per KV head for its whole query-head group
   bool tc_prefill = true;  ///< prefill, bf16, head_dim 64/128: tensor cores
+  /// with tc_prefill, group 1/2/4/8: one 8-warp block per (query tile, KV head) for the whole group,
+  /// K/V tiles cp.async-pipelined (prefill_gqa_tc_kernel); off: prefill_tc_kernel
+  bool gqa_prefill = true;
   /// decode, bf16, head_dim 64/128: K and V rows of 32 keys loaded together with 16-byte loads
   bool vec_decode = true;
   bool pdl = false;  ///< decode kernels start as programmatic dependents (device_types.cuh)

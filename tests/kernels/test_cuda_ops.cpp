@@ -526,6 +526,34 @@ TEST_P(cuda_ops, attention_fast_paths_match_cpu) {
   run_attention_case(*b_, rng_, {"prefill h4/4 d128 chunked", 4, 4, 128, {{65, 130}, {3, 3}}});
 }
 
+// Tensor-core prefill, both kernels (gqa_prefill on: one block per KV head's group; off: one per query
+// head): rows not a multiple of the tiles, several sequences (one of a single row), chunked prefill
+// over cached keys, head_dim 64 and 128, groups 1/2/4/8 (6 falls back to the per-head kernel),
+// sliding windows and a block size that splits tiles across pages.
+TEST_P(cuda_ops, attention_prefill_paths_match_cpu) {
+  const std::vector<attn_case> cases = {
+      {"prefill gqa h32/8 d64 4 seqs", 32, 8, 64, {{333, 333}, {40, 40}, {1, 1}, {97, 97}}},
+      {"prefill gqa chunked h16/4 d64", 16, 4, 64, {{100, 612}, {31, 31}, {64, 200}}},
+      {"prefill gqa h16/4 d128 chunked", 16, 4, 128, {{150, 150}, {70, 300}}},
+      {"prefill gqa group 8 h16/2 d64 window 50", 16, 2, 64, {{130, 180}, {17, 17}}, 50},
+      {"prefill gqa group 8 h8/1 d128", 8, 1, 128, {{45, 45}, {33, 90}}},
+      {"prefill gqa h4/2 d128 bs7", 4, 2, 128, {{77, 77}}, 0, 7},
+      {"prefill gqa MHA h4/4 d64 window 100", 4, 4, 64, {{300, 300}}, 100},
+      {"prefill group 6 h12/2 d64", 12, 2, 64, {{90, 90}, {20, 50}}},
+  };
+  for (const auto& c : cases) run_attention_case(*b_, rng_, c);
+  kernels::cuda_backend_options o;
+  o.compute_dtype = t();
+  o.gqa_prefill = false;
+  auto made = kernels::make_cuda_backend(o);
+  ASSERT_TRUE(made.ok()) << made.err().message;
+  auto per_head = std::move(made).value();
+  for (auto c : cases) {
+    c.name += " per-head";
+    run_attention_case(*per_head, rng_, c);
+  }
+}
+
 // rope -> kv_write -> attention of a decode step: the grouped decode kernel takes the first two where
 // one block serves each (sequence, KV head) (and hands them to rope_kv where not: one long context,
 // several splits). Every buffer must end as the op-by-op CPU twin leaves it.

@@ -7,6 +7,8 @@
 #include <functional>
 #include <numeric>
 #include <random>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "cuda_test_util.hpp"
@@ -48,7 +50,9 @@ void row(const char* what, double us, double bytes, double flops) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  // `time_cuda_ops attention`: the attention rows only.
+  const bool attention_only = argc > 1 && std::string(argv[1]) == "attention";
   std::string why;
   auto bp = ct::try_cuda_backend(dtype::bf16, why);
   if (!bp) {
@@ -61,9 +65,13 @@ int main() {
   const double e = 2.0;  // bytes per bf16 element
 
   // GEMMs: decode (n = 1, 64) and prefill (n = 2048) through the 1B's largest layer shapes.
-  for (auto [n, rows, cols, name] : {std::tuple{1, 2 * ffn, hidden, "gate_up"}, {64, 2 * ffn, hidden, "gate_up"},
-                                     {2048, 2 * ffn, hidden, "gate_up"}, {1, vocab, hidden, "lm_head"},
-                                     {64, vocab, hidden, "lm_head"}}) {
+  std::vector<std::tuple<int, int, int, const char*>> gemms{{1, 2 * ffn, hidden, "gate_up"},
+                                                           {64, 2 * ffn, hidden, "gate_up"},
+                                                           {2048, 2 * ffn, hidden, "gate_up"},
+                                                           {1, vocab, hidden, "lm_head"},
+                                                           {64, vocab, hidden, "lm_head"}};
+  if (attention_only) gemms.clear();
+  for (auto [n, rows, cols, name] : gemms) {
     auto wh = fill(rng, static_cast<std::size_t>(rows) * cols, 0.02f);
     kernels::weight w = b.upload_weight(wh.data(), dtype::f32, rows, cols, false);
     ct::dev_acts x(b, fill(rng, static_cast<std::size_t>(n) * cols));
@@ -76,7 +84,12 @@ int main() {
     b.release(const_cast<void*>(w.data));
   }
 
-  // Attention on the paged cache: decode of 64 sequences × 2048 keys, and one 2048-token prefill.
+  // Attention on the paged cache: decode of 64 sequences × 2048 keys, and one 2048-token prefill
+  // (also through a backend with gqa_prefill off, on the same device buffers).
+  kernels::cuda_backend_options per_head_o;
+  per_head_o.compute_dtype = dtype::bf16;
+  per_head_o.gqa_prefill = false;
+  auto per_head = ct::try_cuda_backend(per_head_o, why);
   for (auto [seqs, q_len, ctx] : {std::tuple{1, 1, 2048}, {64, 1, 2048}, {64, 1, 8192}, {1, 2048, 2048}}) {
     const int bs = 16, blocks_per = (ctx + bs - 1) / bs, num_blocks = seqs * blocks_per;
     const std::size_t cache = static_cast<std::size_t>(num_blocks) * bs * kv_heads * hd;
@@ -95,15 +108,24 @@ int main() {
     kernels::attn_shape sh{heads, kv_heads, hd, 0.125f, 0};
     kernels::attention_batch batch{seqs, qs_d.as<std::int32_t>(), ctx_d.as<std::int32_t>(), table_d.as<std::int32_t>(),
                                    blocks_per, ctx, q_len};
+    const double causal = q_len > 1 ? 0.5 : 1.0;
+    const double flops = 4.0 * seqs * q_len * static_cast<double>(ctx) * causal * heads * hd;
+    char label[64];
+    if (q_len > 1 && per_head) {  // the prefill kernel before gqa_prefill, same inputs, same process
+      const double us1 = time_us(*per_head, [&] {
+        per_head->attention(qkv.get_ptr(), sh, batch, {num_blocks, bs}, k.get_ptr(), v.get_ptr(), out.get_ptr());
+      });
+      std::snprintf(label, sizeof label, "attention seqs=%d q=%d ctx=%d per-head", seqs, q_len, ctx);
+      row(label, us1, e * 2.0 * cache, flops);
+    }
     const double us = time_us(b, [&] {
       b.attention(qkv.get_ptr(), sh, batch, {num_blocks, bs}, k.get_ptr(), v.get_ptr(), out.get_ptr());
     });
-    char label[64];
     std::snprintf(label, sizeof label, "attention seqs=%d q=%d ctx=%d", seqs, q_len, ctx);
-    const double causal = q_len > 1 ? 0.5 : 1.0;
-    row(label, us, e * 2.0 * cache, 4.0 * seqs * q_len * static_cast<double>(ctx) * causal * heads * hd);
+    row(label, us, e * 2.0 * cache, flops);
   }
 
+  if (attention_only) return 0;
   // Memory-bound ops at prefill size.
   {
     const int n = 2048;

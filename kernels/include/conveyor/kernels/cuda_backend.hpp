@@ -50,6 +50,9 @@ struct cuda_backend_options {
   /// wide_decode takes the grid); the vec kernel was issue-bound (batch 64 −8%, batch 1 −5% a step)
   bool tc_decode = true;
   bool tc_prefill = true;  ///< bf16 prefill attention on tensor cores (head_dim 64 or 128)
+  /// with tc_prefill, group 1/2/4/8: one block per KV head serves its query-head group (K/V tiles
+  /// read once per group, cp.async-pipelined); off: one block per query head (bench/NOTES.md, session 4)
+  bool gqa_prefill = true;
   /// bf16 linears of ≤ 256 tokens through cuBLASLt, with the algorithm timed fastest for the shape
   /// at its first call (cuBLAS's own choice among the candidates); off: cublasGemmEx's choice. Off:
   /// it picked nearly cuBLAS's own kernels, and the steps measured no faster in three runs
