@@ -75,10 +75,9 @@ void channel_core::update_deliverable() {
 }
 
 void channel_core::spin(const std::function<bool()>& done, deadline until) {
-  auto spin_until = std::min(until, clock::now() + worker_->config().busy_poll);
   {
     ucx_worker::spin_scope spinning(*worker_);
-    if (worker_->spin_progress(done, spin_until)) return;
+    if (worker_->spin_progress(done, until, worker_->config().busy_poll)) return;
   }
   worker_->spinner_gave_up();
 }

@@ -225,7 +225,9 @@ void ucx_worker::maybe_tick() {
   for (auto& core : open) core->tick(now);  // tick may close (and unregister) a channel
 }
 
-bool ucx_worker::spin_progress(const std::function<bool()>& done, clock::time_point until) {
+bool ucx_worker::spin_progress(const std::function<bool()>& done, clock::time_point until,
+                               std::chrono::microseconds budget) {
+  bool counting = false;
   for (;;) {
     {
       // Up to 64 passes under one lock (a lock and unlock per pass was a good part of a pass, and a
@@ -250,7 +252,12 @@ bool ucx_worker::spin_progress(const std::function<bool()>& done, clock::time_po
       if (done()) return true;
       __builtin_ia32_pause();
     }
-    if (clock::now() >= until) return false;
+    const auto now = clock::now();
+    if (!counting) {
+      until = std::min(until, now + budget);
+      counting = true;
+    }
+    if (now >= until) return false;
   }
 }
 
