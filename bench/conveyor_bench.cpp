@@ -226,6 +226,9 @@ std::vector<variant> all_variants() {
   kernels::cuda_backend_options nofuseattn = o;  // rope_kv as its own kernel again
   nofuseattn.fuse_attention = false;
   v.push_back({"nofuseattn", nofuseattn});
+  kernels::cuda_backend_options norope1 = o;  // fused prologue: one sincos per (head, pair) again (session 3)
+  norope1.rope_once = false;
+  v.push_back({"norope1", norope1});
   kernels::cuda_backend_options wide = o;  // 16-warp vec decode blocks where the grid is under one wave
   wide.wide_decode = true;
   v.push_back({"wide", wide});

@@ -468,17 +468,88 @@ __global__ void __launch_bounds__(block_threads) decode_gqa_kernel(
   merge_warps_and_store<G, warps, QS, false>(m_s, l_s, o_s, D, heads, h0, seq, split, splits, row, partials, out);
 }
 
+// One (query or key) pair rotated by (cos_v, sin_v) and rounded, as rope_kv_kernel does. Both prologue
+// variants inline this one expression, so they round (and contract into FMAs) alike.
+__device__ __forceinline__ void rope_pair(float xa, float xb, float cos_v, float sin_v, __nv_bfloat16& a,
+                                          __nv_bfloat16& b) {
+  a = __float2bfloat16_rn(xa * cos_v - xb * sin_v);
+  b = __float2bfloat16_rn(xb * cos_v + xa * sin_v);
+}
+
 // rope_kv_kernel's work for one decode row, done by the attention block that serves KV head `kvh`:
 // its G query heads (h0 ...) and its KV head are rotated (same rounding), written back to qkv, the new
 // key's K and V rows stored to their cache slot, and each roped query pair handed to store_q(g, i, a, b)
 // (dims i and i + D/2). The caller's __syncthreads orders the block's global writes before its reads.
-template <int D, int G, class StoreQ>
+// NT: the block's threads (blockDim.x).
+// rope.once (tune.rope_once, the default): each thread first loads the pairs of its (head, pair) items
+// (at most ceil((G + 1) D/2 / NT)), then threads 0 .. D/2 - 1 compute one angle each (the same float
+// angle, double-precision sincos and float rounding as below) into shared memory, and after a barrier
+// every item is rotated with its pair's (cos, sin): the same bits as computing them per item. Off: one
+// sincos per item, each after its item's loads, so the G + 1 heads repeat each angle and warp 0 of a
+// 128-thread block (160 items at D 64, G 4) runs two sincos and two load round trips back to back.
+template <int D, int G, int NT, class StoreQ>
 __device__ __forceinline__ void rope_kv_prologue(const attention_rope_kv& rope, int row, int width, int heads,
                                                  int kv_heads, int kvh, int h0, StoreQ store_q) {
   constexpr int half = D / 2;
+  static_assert(NT >= half, "one thread per pair computes the angles");
   __nv_bfloat16* qrow = static_cast<__nv_bfloat16*>(rope.qkv) + static_cast<std::size_t>(row) * width;
-  const float position = static_cast<float>(rope.positions[row]);
   const std::size_t slot = static_cast<std::size_t>(rope.slots[row]) * kv_heads + kvh;
+  if (rope.once) {
+    __nv_bfloat16* kd = static_cast<__nv_bfloat16*>(rope.k_cache) + slot * D;
+    __nv_bfloat16* vd = static_cast<__nv_bfloat16*>(rope.v_cache) + slot * D;
+    const __nv_bfloat16* vsrc = qrow + (heads + kv_heads + kvh) * D;
+    constexpr int items = (G + 1) * half, per = (items + NT - 1) / NT;
+    __shared__ float2 cs_s[half];
+    // Loads first: their latency runs under the sincos (all of them precede every store, so no
+    // store can alias a later load).
+    __nv_bfloat16 xa[per], xb[per], va[per], vb[per];
+#pragma unroll
+    for (int u = 0; u < per; ++u) {
+      const int idx = threadIdx.x + u * NT;
+      if (idx < items) {
+        const int g = idx / half, i = idx % half;
+        const __nv_bfloat16* x = qrow + (g < G ? h0 + g : heads + kvh) * D;
+        xa[u] = x[i];
+        xb[u] = x[i + half];
+        if (g == G) {
+          va[u] = vsrc[i];
+          vb[u] = vsrc[i + half];
+        }
+      }
+    }
+    if (threadIdx.x < half) {
+      const int i = threadIdx.x;
+      const float angle = static_cast<float>(rope.positions[row]) * rope.inv_freq[i];
+      double sn, cs;
+      sincos(static_cast<double>(angle), &sn, &cs);
+      cs_s[i] = make_float2(static_cast<float>(cs) * rope.scaling, static_cast<float>(sn) * rope.scaling);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int u = 0; u < per; ++u) {
+      const int idx = threadIdx.x + u * NT;
+      if (idx < items) {
+        const int g = idx / half, i = idx % half;
+        const float2 c = cs_s[i];
+        __nv_bfloat16 a, b;
+        rope_pair(__bfloat162float(xa[u]), __bfloat162float(xb[u]), c.x, c.y, a, b);
+        __nv_bfloat16* x = qrow + (g < G ? h0 + g : heads + kvh) * D;
+        x[i] = a;
+        x[i + half] = b;
+        if (g < G) {
+          store_q(g, i, a, b);
+        } else {
+          kd[i] = a;
+          kd[i + half] = b;
+          vd[i] = va[u];
+          vd[i + half] = vb[u];
+        }
+      }
+    }
+    return;
+  }
+  // The code of session 3, kept for the ablation (variant `norope1`).
+  const float position = static_cast<float>(rope.positions[row]);
   for (int idx = threadIdx.x; idx < (G + 1) * half; idx += blockDim.x) {
     const int g = idx / half, i = idx % half;  // g == G: the KV head
     const float angle = position * rope.inv_freq[i];
@@ -487,8 +558,8 @@ __device__ __forceinline__ void rope_kv_prologue(const attention_rope_kv& rope, 
     const float cos_v = static_cast<float>(cs) * rope.scaling, sin_v = static_cast<float>(sn) * rope.scaling;
     __nv_bfloat16* x = qrow + (g < G ? h0 + g : heads + kvh) * D;
     const float xa = __bfloat162float(x[i]), xb = __bfloat162float(x[i + half]);
-    const __nv_bfloat16 a = __float2bfloat16_rn(xa * cos_v - xb * sin_v);
-    const __nv_bfloat16 b = __float2bfloat16_rn(xb * cos_v + xa * sin_v);
+    __nv_bfloat16 a, b;
+    rope_pair(xa, xb, cos_v, sin_v, a, b);
     x[i] = a;
     x[i + half] = b;
     if (g < G) {
@@ -547,8 +618,8 @@ __global__ void __launch_bounds__(W * 32, (W == 4 && D == 64 && G == 4) ? 4 : 1)
   const int h0 = kvh * G;
   const std::int32_t* table = block_table + static_cast<std::size_t>(seq) * table_stride;
   if constexpr (ROPE) {
-    rope_kv_prologue<D, G>(rope, row, width, heads, kv_heads, kvh, h0,
-                           [&](int g, int i, __nv_bfloat16 a, __nv_bfloat16 b) {
+    rope_kv_prologue<D, G, W * 32>(rope, row, width, heads, kv_heads, kvh, h0,
+                                   [&](int g, int i, __nv_bfloat16 a, __nv_bfloat16 b) {
                              q_s[g][i] = __bfloat162float(a) * scale;
                              q_s[g][i + D / 2] = __bfloat162float(b) * scale;
                            });
@@ -714,8 +785,8 @@ __global__ void __launch_bounds__(block_threads, 4) decode_gqa_tc_kernel(
   const int h0 = kvh * G;
   const std::int32_t* table = block_table + static_cast<std::size_t>(seq) * table_stride;
   if constexpr (ROPE) {
-    rope_kv_prologue<D, G>(rope, row, width, heads, kv_heads, kvh, h0,
-                           [&](int g, int i, __nv_bfloat16 a, __nv_bfloat16 b) {
+    rope_kv_prologue<D, G, block_threads>(rope, row, width, heads, kv_heads, kvh, h0,
+                                               [&](int g, int i, __nv_bfloat16 a, __nv_bfloat16 b) {
                              q_b[g][i] = a;
                              q_b[g][i + D / 2] = b;
                            });
@@ -1388,7 +1459,8 @@ void launch_gqa(const T* qkv, const attn_shape& sh, const attention_batch& b, co
       // and verification on the same arithmetic.
       const bool fuse = rope != nullptr && splits == 1 && rope->n == b.num_seqs && tune.split_len == 0;
       if (rope != nullptr && !fuse) run_rope_kv(*rope, dtype::bf16, sh, tune, s);
-      const attention_rope_kv r = fuse ? *rope : attention_rope_kv{};
+      attention_rope_kv r = fuse ? *rope : attention_rope_kv{};
+      r.once = tune.rope_once;
       rope = nullptr;
       auto go = [&](auto kernel, int w) {
         launch_k(tune.pdl, kernel, grid, dim3(32 * w), 0, s, qkv, sh.num_heads, sh.num_kv_heads, sh.scale,

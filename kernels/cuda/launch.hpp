@@ -87,6 +87,9 @@ struct attention_tuning {
   bool wide_decode = false;
   /// with vec_decode, head_dim 64, group ≤ 8: the tensor-core decode kernel (unless wide_decode applies)
   bool tc_decode = true;
+  /// fused rope + kv_write prologue of the decode kernels: (cos, sin) once per pair a block, through
+  /// shared memory, with the pairs' loads issued before it (cuda_backend_options::rope_once)
+  bool rope_once = true;
   /// > 0: decode splits of exactly this many keys (rounded up to 32), however many sequences the
   /// call has: a row's result then depends on its own context only (batch_invariant). 0: the split
   /// count is chosen to fill the GPU.
@@ -105,6 +108,8 @@ struct attention_rope_kv {
   const std::int32_t* slots = nullptr;
   void* k_cache = nullptr;
   void* v_cache = nullptr;
+  /// set by launch_attention from attention_tuning::rope_once (the prologue's variant)
+  bool once = true;
 };
 /// Scratch floats the decode kernel needs for `splits` partial results per (sequence, head).
 std::size_t attention_partial_floats(int num_seqs, int num_heads, int head_dim, int splits);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 
 #include "conveyor/kernels/cpu_backend.hpp"
@@ -618,6 +619,123 @@ TEST_P(cuda_ops, rope_kv_write_attention_decode_matches_op_by_op) {
     kernels::attention_batch hb{n, q_start.data(), c.ctx.data(), table.data(), max_blocks, max_ctx, 1};
     kernels::cpu::attention(q_dev.data(), sh, hb, layout, k_dev.data(), v_dev.data(), ref.data());
     EXPECT_CLOSE(out.get(), ref, t(), tag("rope+kv_write+attention out" + shape));
+  }
+}
+
+// First index where two results differ in bits (as the floats read back), or -1.
+long first_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) return static_cast<long>(i);
+  }
+  return -1;
+}
+
+// The fused decode prologue (rope + kv_write in the grouped decode kernels) with rope_once on (each
+// angle's sincos once a block, shared) and off (one sincos per head and pair, session 3's code): every
+// buffer must come out bit for bit the same, and both as the op-by-op CPU twin leaves it. Contexts are
+// at most 256 keys, so each sequence is one split and the fused path runs on any GPU; positions go
+// past the contexts (to 131071) so the sincos sees large angles, and the attention scaling is not 1.
+TEST_P(cuda_ops, rope_once_fused_decode_is_bit_identical) {
+  if (t() != dtype::bf16) GTEST_SKIP() << "the fused rope + kv_write decode prologue is bf16 only";
+  struct dcase {
+    int heads, kv_heads, head_dim;
+    std::vector<int> ctx;  // context per sequence, the new token included (≤ 256)
+    float scaling;
+  };
+  std::uniform_int_distribution<int> len(1, 256), far(0, 131071);
+  dcase many{32, 8, 64, {}, 1.0f};  // the 1B shape at batch 64 (G 4)
+  for (int i = 0; i < 64; ++i) many.ctx.push_back(len(rng_));
+  const std::vector<dcase> cases{many, dcase{16, 2, 64, {1, 129, 256}, 1.0f},  // G 8: 288 (head, pair) items
+                                 dcase{8, 4, 64, {5, 200}, 0.875f},            // G 2: fewer items than threads
+                                 dcase{8, 2, 128, {200, 1, 64}, 1.25f},        // d 128 (vec kernel only)
+                                 dcase{8, 4, 128, {17, 256}, 1.0f}};
+  struct config {
+    const char* name;
+    bool tc_decode, wide_decode;
+  };
+  for (const config& cf : {config{"tc", true, false}, config{"vec", false, false}, config{"vec wide", false, true}}) {
+    std::unique_ptr<kernels::backend> be[2];
+    for (int once = 0; once < 2; ++once) {
+      kernels::cuda_backend_options o;
+      o.compute_dtype = t();
+      o.tc_decode = cf.tc_decode;
+      o.wide_decode = cf.wide_decode;
+      o.rope_once = once == 1;
+      auto made = kernels::make_cuda_backend(o);
+      ASSERT_TRUE(made.ok()) << made.err().message;
+      be[once] = std::move(made).value();
+    }
+    for (const dcase& c : cases) {
+      const int n = static_cast<int>(c.ctx.size()), block_size = 16;
+      kernels::attn_shape sh{c.heads, c.kv_heads, c.head_dim, 1.0f / std::sqrt(static_cast<float>(c.head_dim)), 0};
+      int max_ctx = 0, max_blocks = 1, total_blocks = 0;
+      for (int ctx : c.ctx) {
+        max_ctx = std::max(max_ctx, ctx);
+        max_blocks = std::max(max_blocks, (ctx + block_size - 1) / block_size);
+        total_blocks += (ctx + block_size - 1) / block_size;
+      }
+      const int num_blocks = total_blocks + 3;
+      std::vector<std::int32_t> perm(num_blocks);
+      std::iota(perm.begin(), perm.end(), 0);
+      std::shuffle(perm.begin(), perm.end(), rng_);
+      std::vector<std::int32_t> table(static_cast<std::size_t>(n) * max_blocks, 0), q_start{0}, pos, slots;
+      int next = 0;
+      for (int s = 0; s < n; ++s) {
+        for (int i = 0; i < (c.ctx[s] + block_size - 1) / block_size; ++i) table[s * max_blocks + i] = perm[next++];
+        q_start.push_back(s + 1);
+        const int p = c.ctx[s] - 1;  // the new token is the last key; its rope position may be far later
+        pos.push_back(s % 2 == 0 ? p : far(rng_));
+        slots.push_back(table[s * max_blocks + p / block_size] * block_size + p % block_size);
+      }
+      const std::size_t cache = static_cast<std::size_t>(num_blocks) * block_size * c.kv_heads * c.head_dim;
+      const auto k0 = testing::random_values(rng_, cache, t()), v0 = testing::random_values(rng_, cache, t());
+      const int width = (c.heads + 2 * c.kv_heads) * c.head_dim;
+      const auto qkv0 = testing::random_values(rng_, static_cast<std::size_t>(n) * width, t(), 2.0f);
+      std::vector<float> inv_freq(c.head_dim / 2);
+      for (int i = 0; i < c.head_dim / 2; ++i) inv_freq[i] = std::pow(5e5f, -2.0f * i / c.head_dim);
+      const std::string shape = std::string(" ") + cf.name + " h" + std::to_string(c.heads) + "/" +
+                                std::to_string(c.kv_heads) + " d" + std::to_string(c.head_dim) + " seqs " +
+                                std::to_string(n);
+      // got[once] = {qkv, k cache, v cache, out} as each backend leaves them.
+      std::vector<float> got[2][4];
+      for (int once = 0; once < 2; ++once) {
+        kernels::backend& b = *be[once];
+        dev_acts qd(b, qkv0), kd(b, k0), vd(b, v0), out(b, static_cast<std::size_t>(n) * c.heads * c.head_dim);
+        dev_bytes pos_d(b, pos), slot_d(b, slots), freq_d(b, inv_freq), qs_d(b, q_start), ctx_d(b, c.ctx),
+            table_d(b, table);
+        kernels::attention_batch batch{n, qs_d.as<std::int32_t>(), ctx_d.as<std::int32_t>(),
+                                       table_d.as<std::int32_t>(), max_blocks, max_ctx, 1};
+        const kernels::kv_layout layout{num_blocks, block_size};
+        out.poison();
+        b.rope(qd.get_ptr(), n, sh, pos_d.as<std::int32_t>(), freq_d.as<float>(), c.scaling);
+        b.kv_write(qd.get_ptr(), n, sh, slot_d.as<std::int32_t>(), layout, kd.get_ptr(), vd.get_ptr());
+        b.attention(qd.get_ptr(), sh, batch, layout, kd.get_ptr(), vd.get_ptr(), out.get_ptr());
+        got[once][0] = qd.get();
+        got[once][1] = kd.get();
+        got[once][2] = vd.get();
+        got[once][3] = out.get();
+      }
+      const char* what[4] = {"qkv", "k cache", "v cache", "out"};
+      for (int w = 0; w < 4; ++w) {
+        const long at = first_difference(got[1][w], got[0][w]);
+        EXPECT_EQ(at, -1) << "rope_once on vs off, " << what[w] << shape << ": first difference at " << at
+                          << ", seed " << testing::test_seed();
+      }
+      auto qkv = qkv0, k = k0, v = v0;
+      kernels::cpu::rope(qkv.data(), n, sh, pos.data(), inv_freq.data(), c.scaling);
+      kernels::cpu::kv_write(qkv.data(), n, sh, slots.data(), k.data(), v.data());
+      // The attention reference reads the roped rows the device wrote (checked against the CPU rope
+      // here), as in rope_kv_write_attention_decode_matches_op_by_op.
+      std::vector<float> ref(static_cast<std::size_t>(n) * c.heads * c.head_dim);
+      kernels::attention_batch hb{n, q_start.data(), c.ctx.data(), table.data(), max_blocks, max_ctx, 1};
+      const kernels::kv_layout layout{num_blocks, block_size};
+      kernels::cpu::attention(got[1][0].data(), sh, hb, layout, got[1][1].data(), got[1][2].data(), ref.data());
+      EXPECT_CLOSE(got[1][0], qkv, t(), tag("rope_once qkv" + shape));
+      EXPECT_CLOSE(got[1][1], k, t(), tag("rope_once k" + shape));
+      EXPECT_EQ(got[1][2], v) << "rope_once v" << shape;
+      EXPECT_CLOSE(got[1][3], ref, t(), tag("rope_once out" + shape));
+    }
   }
 }
 

@@ -34,6 +34,11 @@ struct cuda_backend_options {
   /// with fuse: rope + kv_write of a decode step done by the grouped decode attention kernel (bf16,
   /// one split per sequence), one launch fewer a layer
   bool fuse_attention = true;
+  /// with fuse_attention: the decode kernel's prologue computes each rope angle's (cos, sin) once a
+  /// block (one thread per pair, shared through shared memory) and loads its q/k/v pairs before the
+  /// sincos, instead of one double-precision sincos per (head, pair) after each load (the G query
+  /// heads and the key repeat the same angles; warp 0 ran two back to back). Bit-identical results.
+  bool rope_once = true;
   /// with small_gemm: a GEMV of more tiles than fit at once runs on the resident blocks, each looping
   /// over tiles (off: one block per tile). Not yet ablated in wall time (bench/NOTES.md, session 2).
   bool gemv_cap_grid = true;
