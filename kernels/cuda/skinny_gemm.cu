@@ -1,0 +1,285 @@
+// Skinny bf16 linear for decode batches (1 ≤ n ≤ 128 tokens; meant for 17..128):
+// out[n, rows] = x[n, cols] · Wᵀ (+ bias). At n = 64 the weights are ~16× the activations, so the
+// kernel is a weight stream: cuBLAS ran the 1B's layer GEMMs at 966 µs a step against a 584 µs
+// weight-read floor, partly in a separate split-K reduce kernel (bench/NOTES.md, session 3).
+//
+// A block owns BM = 128 weight rows and a K range. Its W tile and the matching x tile (all n tokens)
+// go through a STAGES-deep cp.async ring in shared memory (16 KB of weights per stage, 64 KB in
+// flight per block), 8 warps as 4 (rows) × 2 (tokens) compute on mma.sync m16n8k16 with W as A, and
+// the accumulators hold the block's whole [n × 128] output tile.
+//
+// Where row tiles alone do not fill the GPU (qkv, o_proj, down_proj), K is split over S ≤ 8 blocks
+// of one thread-block cluster: each writes its f32 tile into its own shared memory, and after a
+// cluster barrier every block sums 1/S of the tile over the S blocks' shared memory (distributed
+// shared memory, fixed order: deterministic) and writes it. No workspace, no second kernel.
+//
+// k order: as in gemv.cu, lane q's 8 contiguous k (one 16-byte shared load) feed logical k 2q, 2q+1,
+// 2q+8, 2q+9 of two mmas; A and B use the same permutation, so every dot product is the same sum.
+// Shared rows are 128 bytes (BK = 64 bf16) with 16-byte chunk c of row r stored at c ^ 4·(r & 1):
+// the 8 lanes of a load phase (rows g, g+1; chunks q) then hit 32 distinct banks.
+//
+// Programmatic dependent launch: the first stages' weights are requested before griddepcontrol.wait
+// (weights never depend on the previous kernel); x is read and out written only after it.
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+
+#include "device_types.cuh"
+#include "skinny_gemm.hpp"
+
+namespace conveyor::kernels::cuda {
+
+namespace {
+
+namespace cg = cooperative_groups;
+using bf16 = __nv_bfloat16;
+
+constexpr int BM = 128;      // weight rows per block
+constexpr int BK = 64;       // k per stage (one 128-byte shared row)
+constexpr int THREADS = 256;  // 8 warps: 4 along rows (32 each) × 2 along tokens
+constexpr int STAGES = 4;
+constexpr int MAX_SPLITS = 8;  // portable cluster size
+constexpr int RED_PITCH = BM + 4;  // f32 reduction tile [token][row]: conflict-free fragment stores
+
+template <int NTW>  // 8-token mma tiles per warp; the block covers 16 · NTW tokens
+struct shape {
+  static constexpr int NP = 16 * NTW;
+  static constexpr int W_BYTES = BM * BK * 2;
+  static constexpr int X_BYTES = NP * BK * 2;
+  static constexpr int STAGE = W_BYTES + X_BYTES;
+  static constexpr int RED_BYTES = NP * RED_PITCH * 4;
+  static constexpr int SMEM = STAGE * STAGES > RED_BYTES ? STAGE * STAGES : RED_BYTES;
+};
+
+__device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+// 16 bytes global → shared; `bytes` = 0 fills zeros (past the end of K).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(bytes)
+               : "memory");
+}
+// Weights are read once per step: first out of L2, so the activations stay.
+__device__ __forceinline__ void cp_async16_stream(void* dst, const void* src, int bytes, std::uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(bytes), "l"(policy)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ int swz(int row, int chunk) { return chunk ^ ((row & 1) << 2); }
+__device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+
+template <int NTW>
+__global__ void __launch_bounds__(THREADS) skinny_gemm_kernel(skinny_gemm_args a) {
+  using S = shape<NTW>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, q = lane % 4;
+  const int wm = warp % 4, wn = warp / 4;
+  const int rows = a.rows, cols = a.cols, n = a.n;
+  const int row0 = blockIdx.y * BM;
+  const int splits = gridDim.x, split = blockIdx.x;
+
+  const int ktiles = (cols + BK - 1) / BK;
+  const int per = (ktiles + splits - 1) / splits;
+  const int kt0 = min(ktiles, split * per);
+  const int nkt = min(ktiles, kt0 + per) - kt0;
+
+  std::uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+
+  auto load_w = [&](int stage, int kt) {
+    unsigned char* ws = smem + stage * S::STAGE;
+    const int k0 = kt * BK;
+#pragma unroll
+    for (int i = 0; i < BM * 8 / THREADS; ++i) {
+      const int c = tid + i * THREADS, r = c / 8, ch = c % 8;
+      const int k = k0 + ch * 8;
+      const int row = min(row0 + r, rows - 1);  // rows past the end: read a real row, never stored
+      const bf16* src = a.w + static_cast<std::size_t>(row) * cols + (k < cols ? k : 0);
+      cp_async16_stream(ws + r * 128 + swz(r, ch) * 16, src, k < cols ? 16 : 0, policy);
+    }
+  };
+  auto load_x = [&](int stage, int kt) {
+    unsigned char* xs = smem + stage * S::STAGE + S::W_BYTES;
+    const int k0 = kt * BK;
+    for (int c = tid; c < S::NP * 8; c += THREADS) {
+      const int t = c / 8, ch = c % 8;
+      const int k = k0 + ch * 8;
+      const int tok = min(t, n - 1);  // padding tokens: a real row, never stored
+      const bf16* src = a.x + static_cast<std::size_t>(tok) * cols + (k < cols ? k : 0);
+      cp_async16(xs + t * 128 + swz(t, ch) * 16, src, k < cols ? 16 : 0);
+    }
+  };
+
+  // Weights of the first stages before waiting on the previous kernel.
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s)
+    if (s < nkt) load_w(s, kt0 + s);
+  grid_dep_wait();
+  grid_dep_trigger();
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < nkt) load_x(s, kt0 + s);
+    cp_async_commit();  // group s holds x of stage s (group 0 also every early weight tile)
+  }
+
+  float acc[2][NTW][4];
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < NTW; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.0f;
+
+  for (int kt = 0; kt < nkt; ++kt) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();  // stage kt is in; stage kt - 1 is free (every warp finished it)
+    const int nk = kt + STAGES - 1;
+    if (nk < nkt) {
+      load_w(nk % STAGES, kt0 + nk);
+      load_x(nk % STAGES, kt0 + nk);
+    }
+    cp_async_commit();
+    const unsigned char* ws = smem + (kt % STAGES) * S::STAGE;
+    const unsigned char* xs = ws + S::W_BYTES;
+#pragma unroll
+    for (int kc = 0; kc < 2; ++kc) {
+      const int ch = kc * 4 + q;
+      uint4 w[2][2];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = wm * 32 + mt * 16 + h * 8 + g;
+          w[mt][h] = *reinterpret_cast<const uint4*>(ws + r * 128 + swz(r, ch) * 16);
+        }
+#pragma unroll
+      for (int nt = 0; nt < NTW; ++nt) {
+        const int t = wn * NTW * 8 + nt * 8 + g;
+        const uint4 xv = *reinterpret_cast<const uint4*>(xs + t * 128 + swz(t, ch) * 16);
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          mma16816(acc[mt][nt], w[mt][0].x, w[mt][1].x, w[mt][0].y, w[mt][1].y, xv.x, xv.y);
+          mma16816(acc[mt][nt], w[mt][0].z, w[mt][1].z, w[mt][0].w, w[mt][1].w, xv.z, xv.w);
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // the ring is reused as the reduction tile
+
+  // Fragment (row g / g + 8, tokens 2q, 2q + 1) → red[token][row].
+  float* red = reinterpret_cast<float*>(smem);
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < NTW; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = wm * 32 + mt * 16 + g + (e >= 2 ? 8 : 0);
+        const int t = wn * NTW * 8 + nt * 8 + 2 * q + (e & 1);
+        red[t * RED_PITCH + r] = acc[mt][nt][e];
+      }
+
+  // Sum over the cluster's K splits (fixed order) and store; each block stores 1/splits of the tile.
+  auto finish = [&](auto&& part) {
+    constexpr int R4 = BM / 4;
+    for (int i = split * THREADS + tid; i < n * R4; i += splits * THREADS) {
+      const int t = i / R4, r = (i % R4) * 4;
+      float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      for (int p = 0; p < splits; ++p) {
+        const float4 v = *reinterpret_cast<const float4*>(part(p) + t * RED_PITCH + r);
+        s.x += v.x;
+        s.y += v.y;
+        s.z += v.z;
+        s.w += v.w;
+      }
+      const float sv[4] = {s.x, s.y, s.z, s.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int row = row0 + r + j;
+        if (row >= rows) break;
+        float y = round_bf16(sv[j]);
+        if (a.bias != nullptr) y += a.bias[row];  // the op-by-op path adds the bias to the rounded product
+        a.out[static_cast<std::size_t>(t) * rows + row] = __float2bfloat16_rn(y);
+      }
+    }
+  };
+  if (splits == 1) {
+    __syncthreads();
+    finish([&](int) { return static_cast<const float*>(red); });
+  } else {
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();  // every split's tile is in its shared memory
+    finish([&](int p) { return static_cast<const float*>(cluster.map_shared_rank(red, p)); });
+    cluster.sync();  // no block leaves while another still reads its shared memory
+  }
+}
+
+template <int NTW>
+void launch_ntw(const skinny_gemm_args& a, bool pdl, int sms, cudaStream_t s) {
+  using S = shape<NTW>;
+  static const int per_sm = [] {  // the same on every device of a machine (one GPU model)
+    int blocks = 0;
+    CONVEYOR_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, skinny_gemm_kernel<NTW>, THREADS, S::SMEM));
+    return std::max(1, blocks);
+  }();
+  const int tiles = (a.rows + BM - 1) / BM;
+  const int ktiles = (a.cols + BK - 1) / BK;
+  // Split K while the grid stays within the blocks that fit at once and each split keeps ≥ 2 tiles.
+  int splits = 1;
+  while (splits < MAX_SPLITS && tiles * splits * 2 <= per_sm * sms && ktiles >= splits * 4) splits *= 2;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(splits), static_cast<unsigned>(tiles));
+  cfg.blockDim = dim3(THREADS);
+  cfg.dynamicSmemBytes = S::SMEM;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[2];
+  int na = 0;
+  if (pdl) {
+    attr[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[na].val.programmaticStreamSerializationAllowed = 1;
+    ++na;
+  }
+  if (splits > 1) {
+    attr[na].id = cudaLaunchAttributeClusterDimension;
+    attr[na].val.clusterDim.x = static_cast<unsigned>(splits);
+    attr[na].val.clusterDim.y = 1;
+    attr[na].val.clusterDim.z = 1;
+    ++na;
+  }
+  cfg.attrs = attr;
+  cfg.numAttrs = na;
+  CONVEYOR_CUDA_CHECK(cudaLaunchKernelEx(&cfg, skinny_gemm_kernel<NTW>, a));
+}
+
+}  // namespace
+
+bool skinny_gemm_supported(int n, int rows, int cols) {
+  return n >= 1 && n <= skinny_gemm_max_tokens && rows >= 1 && cols >= 8 && cols % 8 == 0;
+}
+
+void skinny_gemm_init() {
+  for (auto [k, bytes] : {std::pair{skinny_gemm_kernel<2>, shape<2>::SMEM}, {skinny_gemm_kernel<4>, shape<4>::SMEM},
+                          {skinny_gemm_kernel<6>, shape<6>::SMEM}, {skinny_gemm_kernel<8>, shape<8>::SMEM}}) {
+    CONVEYOR_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  }
+}
+
+void launch_skinny_gemm(const skinny_gemm_args& a, bool pdl, int sms, cudaStream_t s) {
+  if (a.n <= 32) return launch_ntw<2>(a, pdl, sms, s);
+  if (a.n <= 64) return launch_ntw<4>(a, pdl, sms, s);
+  if (a.n <= 96) return launch_ntw<6>(a, pdl, sms, s);
+  return launch_ntw<8>(a, pdl, sms, s);
+}
+
+}  // namespace conveyor::kernels::cuda
