@@ -62,12 +62,6 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, int bytes
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(bytes)
                : "memory");
 }
-// Weights are read once per step: first out of L2, so the activations stay.
-__device__ __forceinline__ void cp_async16_stream(void* dst, const void* src, int bytes, std::uint64_t policy) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(smem_addr(dst)), "l"(src),
-               "r"(bytes), "l"(policy)
-               : "memory");
-}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
@@ -92,9 +86,6 @@ __global__ void __launch_bounds__(THREADS) skinny_gemm_kernel(skinny_gemm_args a
   const int kt0 = min(ktiles, split * per);
   const int nkt = min(ktiles, kt0 + per) - kt0;
 
-  std::uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-
   auto load_w = [&](int stage, int kt) {
     unsigned char* ws = smem + stage * S::STAGE;
     const int k0 = kt * BK;
@@ -104,7 +95,7 @@ __global__ void __launch_bounds__(THREADS) skinny_gemm_kernel(skinny_gemm_args a
       const int k = k0 + ch * 8;
       const int row = min(row0 + r, rows - 1);  // rows past the end: read a real row, never stored
       const bf16* src = a.w + static_cast<std::size_t>(row) * cols + (k < cols ? k : 0);
-      cp_async16_stream(ws + r * 128 + swz(r, ch) * 16, src, k < cols ? 16 : 0, policy);
+      cp_async16(ws + r * 128 + swz(r, ch) * 16, src, k < cols ? 16 : 0);
     }
   };
   auto load_x = [&](int stage, int kt) {
