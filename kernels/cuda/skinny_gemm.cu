@@ -25,7 +25,7 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <utility>
+#include <cstdlib>
 
 #include "device_types.cuh"
 #include "skinny_gemm.hpp"
@@ -37,16 +37,19 @@ namespace {
 namespace cg = cooperative_groups;
 using bf16 = __nv_bfloat16;
 
-constexpr int BM = 128;      // weight rows per block
-constexpr int BK = 64;       // k per stage (one 128-byte shared row)
-constexpr int THREADS = 256;  // 8 warps: 4 along rows (32 each) × 2 along tokens
+constexpr int BK = 64;        // k per stage (one 128-byte shared row)
+constexpr int THREADS = 256;  // 8 warps: WM along rows × 8 / WM along tokens
 constexpr int STAGES = 4;
 constexpr int MAX_SPLITS = 8;  // portable cluster size
-constexpr int RED_PITCH = BM + 4;  // f32 reduction tile [token][row]: conflict-free fragment stores
 
-template <int NTW>  // 8-token mma tiles per warp; the block covers 16 · NTW tokens
+// WM warps along rows with MT 16-row mma tiles each (BM = 16 · WM · MT rows a block); 8 / WM warps
+// along tokens with NTW 8-token mma tiles each (NP = 8 · NTW · 8 / WM tokens, n padded up to it).
+template <int WM, int MT, int NTW>
 struct shape {
-  static constexpr int NP = 16 * NTW;
+  static constexpr int WN = 8 / WM;
+  static constexpr int BM = 16 * WM * MT;
+  static constexpr int NP = 8 * NTW * WN;
+  static constexpr int RED_PITCH = BM + 4;  // f32 reduction tile [token][row]: conflict-free fragment stores
   static constexpr int W_BYTES = BM * BK * 2;
   static constexpr int X_BYTES = NP * BK * 2;
   static constexpr int STAGE = W_BYTES + X_BYTES;
@@ -62,6 +65,11 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, int bytes
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(bytes)
                : "memory");
 }
+// The same through L1: the blocks on one SM read the same x tiles at about the same time.
+__device__ __forceinline__ void cp_async16_ca(void* dst, const void* src, int bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(bytes)
+               : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
@@ -70,13 +78,14 @@ __device__ __forceinline__ void cp_async_wait() {
 __device__ __forceinline__ int swz(int row, int chunk) { return chunk ^ ((row & 1) << 2); }
 __device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 
-template <int NTW>
+template <int WM, int MT, int NTW>
 __global__ void __launch_bounds__(THREADS) skinny_gemm_kernel(skinny_gemm_args a) {
-  using S = shape<NTW>;
+  using S = shape<WM, MT, NTW>;
+  constexpr int BM = S::BM, RED_PITCH = S::RED_PITCH;
   extern __shared__ __align__(128) unsigned char smem[];
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, q = lane % 4;
-  const int wm = warp % 4, wn = warp / 4;
+  const int wm = warp % WM, wn = warp / WM;
   const int rows = a.rows, cols = a.cols, n = a.n;
   const int row0 = blockIdx.y * BM;
   const int splits = gridDim.x, split = blockIdx.x;
@@ -106,7 +115,11 @@ __global__ void __launch_bounds__(THREADS) skinny_gemm_kernel(skinny_gemm_args a
       const int k = k0 + ch * 8;
       const int tok = min(t, n - 1);  // padding tokens: a real row, never stored
       const bf16* src = a.x + static_cast<std::size_t>(tok) * cols + (k < cols ? k : 0);
-      cp_async16(xs + t * 128 + swz(t, ch) * 16, src, k < cols ? 16 : 0);
+      if (a.x_ca) {
+        cp_async16_ca(xs + t * 128 + swz(t, ch) * 16, src, k < cols ? 16 : 0);
+      } else {
+        cp_async16(xs + t * 128 + swz(t, ch) * 16, src, k < cols ? 16 : 0);
+      }
     }
   };
 
@@ -122,9 +135,9 @@ __global__ void __launch_bounds__(THREADS) skinny_gemm_kernel(skinny_gemm_args a
     cp_async_commit();  // group s holds x of stage s (group 0 also every early weight tile)
   }
 
-  float acc[2][NTW][4];
+  float acc[MT][NTW][4];
 #pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int nt = 0; nt < NTW; ++nt)
 #pragma unroll
@@ -144,12 +157,12 @@ __global__ void __launch_bounds__(THREADS) skinny_gemm_kernel(skinny_gemm_args a
 #pragma unroll
     for (int kc = 0; kc < 2; ++kc) {
       const int ch = kc * 4 + q;
-      uint4 w[2][2];
+      uint4 w[MT][2];
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
+      for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int r = wm * 32 + mt * 16 + h * 8 + g;
+          const int r = (wm * MT + mt) * 16 + h * 8 + g;
           w[mt][h] = *reinterpret_cast<const uint4*>(ws + r * 128 + swz(r, ch) * 16);
         }
 #pragma unroll
@@ -157,7 +170,7 @@ __global__ void __launch_bounds__(THREADS) skinny_gemm_kernel(skinny_gemm_args a
         const int t = wn * NTW * 8 + nt * 8 + g;
         const uint4 xv = *reinterpret_cast<const uint4*>(xs + t * 128 + swz(t, ch) * 16);
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
+        for (int mt = 0; mt < MT; ++mt) {
           mma16816(acc[mt][nt], w[mt][0].x, w[mt][1].x, w[mt][0].y, w[mt][1].y, xv.x, xv.y);
           mma16816(acc[mt][nt], w[mt][0].z, w[mt][1].z, w[mt][0].w, w[mt][1].w, xv.z, xv.w);
         }
@@ -170,12 +183,12 @@ __global__ void __launch_bounds__(THREADS) skinny_gemm_kernel(skinny_gemm_args a
   // Fragment (row g / g + 8, tokens 2q, 2q + 1) → red[token][row].
   float* red = reinterpret_cast<float*>(smem);
 #pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int nt = 0; nt < NTW; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int r = wm * 32 + mt * 16 + g + (e >= 2 ? 8 : 0);
+        const int r = (wm * MT + mt) * 16 + g + (e >= 2 ? 8 : 0);
         const int t = wn * NTW * 8 + nt * 8 + 2 * q + (e & 1);
         red[t * RED_PITCH + r] = acc[mt][nt][e];
       }
@@ -215,20 +228,49 @@ __global__ void __launch_bounds__(THREADS) skinny_gemm_kernel(skinny_gemm_args a
   }
 }
 
-template <int NTW>
-void launch_ntw(const skinny_gemm_args& a, bool pdl, int sms, cudaStream_t s) {
-  using S = shape<NTW>;
+struct config {
+  int bm = 0;      // 0: chosen from the shape
+  int splits = 0;  // 0: chosen from the shape (at most MAX_SPLITS)
+  bool x_ca = false;
+};
+// SKINNY_BM=64|128|256, SKINNY_SPLITS=1..8, SKINNY_XCA=1: fixed choices, to measure them.
+const config& env_config() {
+  static const config c = [] {
+    config c;
+    if (const char* v = std::getenv("SKINNY_BM")) c.bm = std::atoi(v);
+    if (const char* v = std::getenv("SKINNY_SPLITS")) c.splits = std::atoi(v);
+    if (const char* v = std::getenv("SKINNY_XCA")) c.x_ca = std::atoi(v) != 0;
+    return c;
+  }();
+  return c;
+}
+
+template <int WM, int MT, int NTW>
+int blocks_per_sm() {
   static const int per_sm = [] {  // the same on every device of a machine (one GPU model)
     int blocks = 0;
-    CONVEYOR_CUDA_CHECK(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, skinny_gemm_kernel<NTW>, THREADS, S::SMEM));
+    CONVEYOR_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, skinny_gemm_kernel<WM, MT, NTW>, THREADS,
+                                                                      shape<WM, MT, NTW>::SMEM));
     return std::max(1, blocks);
   }();
-  const int tiles = (a.rows + BM - 1) / BM;
-  const int ktiles = (a.cols + BK - 1) / BK;
-  // Split K while the grid stays within the blocks that fit at once and each split keeps ≥ 2 tiles.
+  return per_sm;
+}
+
+template <int WM, int MT, int NTW>
+void launch_cfg(const skinny_gemm_args& args, int want_splits, bool pdl, int sms, cudaStream_t s) {
+  using S = shape<WM, MT, NTW>;
+  const int tiles = (args.rows + S::BM - 1) / S::BM;
+  const int ktiles = (args.cols + BK - 1) / BK;
+  // Split K while the grid stays within the blocks that fit at once and each split keeps ≥ 4 k tiles.
   int splits = 1;
-  while (splits < MAX_SPLITS && tiles * splits * 2 <= per_sm * sms && ktiles >= splits * 4) splits *= 2;
+  if (want_splits > 0) {
+    splits = std::min(want_splits, MAX_SPLITS);
+  } else {
+    const int fit = blocks_per_sm<WM, MT, NTW>() * sms;
+    while (splits < MAX_SPLITS && tiles * splits * 2 <= fit && ktiles >= splits * 8) splits *= 2;
+  }
+  skinny_gemm_args a = args;
+  a.x_ca = env_config().x_ca ? 1 : 0;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(splits), static_cast<unsigned>(tiles));
   cfg.blockDim = dim3(THREADS);
@@ -250,7 +292,13 @@ void launch_ntw(const skinny_gemm_args& a, bool pdl, int sms, cudaStream_t s) {
   }
   cfg.attrs = attr;
   cfg.numAttrs = na;
-  CONVEYOR_CUDA_CHECK(cudaLaunchKernelEx(&cfg, skinny_gemm_kernel<NTW>, a));
+  CONVEYOR_CUDA_CHECK(cudaLaunchKernelEx(&cfg, skinny_gemm_kernel<WM, MT, NTW>, a));
+}
+
+template <int WM, int MT, int NTW>
+void allow_smem() {
+  CONVEYOR_CUDA_CHECK(cudaFuncSetAttribute(skinny_gemm_kernel<WM, MT, NTW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           shape<WM, MT, NTW>::SMEM));
 }
 
 }  // namespace
@@ -260,17 +308,36 @@ bool skinny_gemm_supported(int n, int rows, int cols) {
 }
 
 void skinny_gemm_init() {
-  for (auto [k, bytes] : {std::pair{skinny_gemm_kernel<2>, shape<2>::SMEM}, {skinny_gemm_kernel<4>, shape<4>::SMEM},
-                          {skinny_gemm_kernel<6>, shape<6>::SMEM}, {skinny_gemm_kernel<8>, shape<8>::SMEM}}) {
-    CONVEYOR_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-  }
+  allow_smem<4, 2, 2>();
+  allow_smem<4, 2, 4>();
+  allow_smem<4, 2, 6>();
+  allow_smem<4, 2, 8>();
+  allow_smem<4, 4, 2>();
+  allow_smem<4, 4, 4>();
+  allow_smem<2, 2, 2>();
 }
 
+// Block rows: the most (fewer x re-reads from L2, fewer shared loads per weight byte) such that the
+// row tiles times the largest split still cover the multiprocessors; n > 64 only with 128.
 void launch_skinny_gemm(const skinny_gemm_args& a, bool pdl, int sms, cudaStream_t s) {
-  if (a.n <= 32) return launch_ntw<2>(a, pdl, sms, s);
-  if (a.n <= 64) return launch_ntw<4>(a, pdl, sms, s);
-  if (a.n <= 96) return launch_ntw<6>(a, pdl, sms, s);
-  return launch_ntw<8>(a, pdl, sms, s);
+  const config& c = env_config();
+  int bm = c.bm;
+  if (bm == 0) {
+    bm = 64;
+    for (int cand : {256, 128}) {
+      if ((a.rows + cand - 1) / cand * MAX_SPLITS >= sms) {
+        bm = cand;
+        break;
+      }
+    }
+  }
+  if (a.n > 64) bm = 128;
+  if (bm == 256) return a.n <= 32 ? launch_cfg<4, 4, 2>(a, c.splits, pdl, sms, s) : launch_cfg<4, 4, 4>(a, c.splits, pdl, sms, s);
+  if (bm == 64) return launch_cfg<2, 2, 2>(a, c.splits, pdl, sms, s);
+  if (a.n <= 32) return launch_cfg<4, 2, 2>(a, c.splits, pdl, sms, s);
+  if (a.n <= 64) return launch_cfg<4, 2, 4>(a, c.splits, pdl, sms, s);
+  if (a.n <= 96) return launch_cfg<4, 2, 6>(a, c.splits, pdl, sms, s);
+  return launch_cfg<4, 2, 8>(a, c.splits, pdl, sms, s);
 }
 
 }  // namespace conveyor::kernels::cuda
