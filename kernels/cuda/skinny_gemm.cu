@@ -1,12 +1,16 @@
 // Skinny bf16 linear for decode batches (1 ≤ n ≤ 128 tokens; meant for 17..128):
 // out[n, rows] = x[n, cols] · Wᵀ (+ bias). At n = 64 the weights are ~16× the activations, so the
-// kernel is a weight stream: cuBLAS ran the 1B's layer GEMMs at 966 µs a step against a 584 µs
-// weight-read floor, partly in a separate split-K reduce kernel (bench/NOTES.md, session 3).
+// kernel was meant to be a weight stream: cuBLAS ran the 1B's layer GEMMs at 966 µs a step against a
+// 584 µs weight-read floor, partly in a separate split-K reduce kernel (bench/NOTES.md, session 3).
+// Measured (session 4): slower than cuBLAS except on small, odd shapes (Qwen2-1.5B's fused qkv
+// 2048×1536), because mma.sync caps it: n = 64 at the copy rate needs ~270 TFLOP/s of m16n8k16, and
+// this kernel reached ~180-200 (time grows with n, not with the weight bytes). So it is opt-in
+// (cuda_backend_options::skinny_gemm); the same streaming design on wgmma is the next step.
 //
 // A block owns BM = 128 weight rows and a K range. Its W tile and the matching x tile (all n tokens)
-// go through a STAGES-deep cp.async ring in shared memory (16 KB of weights per stage, 64 KB in
-// flight per block), 8 warps as 4 (rows) × 2 (tokens) compute on mma.sync m16n8k16 with W as A, and
-// the accumulators hold the block's whole [n × 128] output tile.
+// go through a STAGES-deep cp.async ring in shared memory (16 KB of weights per stage, 48 KB ahead
+// of the math), 8 warps as 4 (rows) × 2 (tokens) compute on mma.sync m16n8k16 with W as A, and the
+// accumulators hold the block's whole [n × 128] output tile.
 //
 // Where row tiles alone do not fill the GPU (qkv, o_proj, down_proj), K is split over S ≤ 8 blocks
 // of one thread-block cluster: each writes its f32 tile into its own shared memory, and after a
@@ -25,7 +29,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 
 #include "device_types.cuh"
 #include "skinny_gemm.hpp"
@@ -63,11 +66,6 @@ __device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
 // 16 bytes global → shared; `bytes` = 0 fills zeros (past the end of K).
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, int bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(bytes)
-               : "memory");
-}
-// The same through L1: the blocks on one SM read the same x tiles at about the same time.
-__device__ __forceinline__ void cp_async16_ca(void* dst, const void* src, int bytes) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(bytes)
                : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
@@ -115,11 +113,7 @@ __global__ void __launch_bounds__(THREADS) skinny_gemm_kernel(skinny_gemm_args a
       const int k = k0 + ch * 8;
       const int tok = min(t, n - 1);  // padding tokens: a real row, never stored
       const bf16* src = a.x + static_cast<std::size_t>(tok) * cols + (k < cols ? k : 0);
-      if (a.x_ca) {
-        cp_async16_ca(xs + t * 128 + swz(t, ch) * 16, src, k < cols ? 16 : 0);
-      } else {
-        cp_async16(xs + t * 128 + swz(t, ch) * 16, src, k < cols ? 16 : 0);
-      }
+      cp_async16(xs + t * 128 + swz(t, ch) * 16, src, k < cols ? 16 : 0);
     }
   };
 
@@ -228,23 +222,6 @@ __global__ void __launch_bounds__(THREADS) skinny_gemm_kernel(skinny_gemm_args a
   }
 }
 
-struct config {
-  int bm = 0;      // 0: chosen from the shape
-  int splits = 0;  // 0: chosen from the shape (at most MAX_SPLITS)
-  bool x_ca = false;
-};
-// SKINNY_BM=64|128|256, SKINNY_SPLITS=1..8, SKINNY_XCA=1: fixed choices, to measure them.
-const config& env_config() {
-  static const config c = [] {
-    config c;
-    if (const char* v = std::getenv("SKINNY_BM")) c.bm = std::atoi(v);
-    if (const char* v = std::getenv("SKINNY_SPLITS")) c.splits = std::atoi(v);
-    if (const char* v = std::getenv("SKINNY_XCA")) c.x_ca = std::atoi(v) != 0;
-    return c;
-  }();
-  return c;
-}
-
 template <int WM, int MT, int NTW>
 int blocks_per_sm() {
   static const int per_sm = [] {  // the same on every device of a machine (one GPU model)
@@ -257,20 +234,14 @@ int blocks_per_sm() {
 }
 
 template <int WM, int MT, int NTW>
-void launch_cfg(const skinny_gemm_args& args, int want_splits, bool pdl, int sms, cudaStream_t s) {
+void launch_cfg(const skinny_gemm_args& a, bool pdl, int sms, cudaStream_t s) {
   using S = shape<WM, MT, NTW>;
-  const int tiles = (args.rows + S::BM - 1) / S::BM;
-  const int ktiles = (args.cols + BK - 1) / BK;
+  const int tiles = (a.rows + S::BM - 1) / S::BM;
+  const int ktiles = (a.cols + BK - 1) / BK;
   // Split K while the grid stays within the blocks that fit at once and each split keeps ≥ 4 k tiles.
   int splits = 1;
-  if (want_splits > 0) {
-    splits = std::min(want_splits, MAX_SPLITS);
-  } else {
-    const int fit = blocks_per_sm<WM, MT, NTW>() * sms;
-    while (splits < MAX_SPLITS && tiles * splits * 2 <= fit && ktiles >= splits * 8) splits *= 2;
-  }
-  skinny_gemm_args a = args;
-  a.x_ca = env_config().x_ca ? 1 : 0;
+  const int fit = blocks_per_sm<WM, MT, NTW>() * sms;
+  while (splits < MAX_SPLITS && tiles * splits * 2 <= fit && ktiles >= splits * 8) splits *= 2;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(splits), static_cast<unsigned>(tiles));
   cfg.blockDim = dim3(THREADS);
@@ -312,32 +283,15 @@ void skinny_gemm_init() {
   allow_smem<4, 2, 4>();
   allow_smem<4, 2, 6>();
   allow_smem<4, 2, 8>();
-  allow_smem<4, 4, 2>();
-  allow_smem<4, 4, 4>();
-  allow_smem<2, 2, 2>();
 }
 
-// Block rows: the most (fewer x re-reads from L2, fewer shared loads per weight byte) such that the
-// row tiles times the largest split still cover the multiprocessors; n > 64 only with 128.
+// 128-row blocks for every shape: 256 (warp tile 64 rows, x re-read a quarter as often) and 64 rows
+// (more blocks for o_proj / down_proj) measured the same or slower (bench/NOTES.md, session 4).
 void launch_skinny_gemm(const skinny_gemm_args& a, bool pdl, int sms, cudaStream_t s) {
-  const config& c = env_config();
-  int bm = c.bm;
-  if (bm == 0) {
-    bm = 64;
-    for (int cand : {256, 128}) {
-      if ((a.rows + cand - 1) / cand * MAX_SPLITS >= sms) {
-        bm = cand;
-        break;
-      }
-    }
-  }
-  if (a.n > 64) bm = 128;
-  if (bm == 256) return a.n <= 32 ? launch_cfg<4, 4, 2>(a, c.splits, pdl, sms, s) : launch_cfg<4, 4, 4>(a, c.splits, pdl, sms, s);
-  if (bm == 64) return launch_cfg<2, 2, 2>(a, c.splits, pdl, sms, s);
-  if (a.n <= 32) return launch_cfg<4, 2, 2>(a, c.splits, pdl, sms, s);
-  if (a.n <= 64) return launch_cfg<4, 2, 4>(a, c.splits, pdl, sms, s);
-  if (a.n <= 96) return launch_cfg<4, 2, 6>(a, c.splits, pdl, sms, s);
-  return launch_cfg<4, 2, 8>(a, c.splits, pdl, sms, s);
+  if (a.n <= 32) return launch_cfg<4, 2, 2>(a, pdl, sms, s);
+  if (a.n <= 64) return launch_cfg<4, 2, 4>(a, pdl, sms, s);
+  if (a.n <= 96) return launch_cfg<4, 2, 6>(a, pdl, sms, s);
+  return launch_cfg<4, 2, 8>(a, pdl, sms, s);
 }
 
 }  // namespace conveyor::kernels::cuda

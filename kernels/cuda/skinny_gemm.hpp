@@ -15,7 +15,6 @@ struct skinny_gemm_args {
   const __nv_bfloat16* x = nullptr;
   __nv_bfloat16* out = nullptr;
   int rows = 0, cols = 0, n = 0;
-  int x_ca = 0;  ///< set by the launcher: x tiles through L1 (cp.async.ca) instead of L2 only
 };
 constexpr int skinny_gemm_max_tokens = 128;
 /// Shapes launch_skinny_gemm takes (cols a multiple of 8; the caller also checks dtype and alignment).
