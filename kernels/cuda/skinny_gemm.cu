@@ -93,29 +93,44 @@ __global__ void __launch_bounds__(THREADS) skinny_gemm_kernel(skinny_gemm_args a
   const int kt0 = min(ktiles, split * per);
   const int nkt = min(ktiles, kt0 + per) - kt0;
 
-  auto load_w = [&](int stage, int kt) {
-    unsigned char* ws = smem + stage * S::STAGE;
-    const int k0 = kt * BK;
+  // Copy slots: thread tid moves 16-byte chunk tid % 8 of tile rows tid / 8 + 32 i (W: i < BM / 32,
+  // x: i < NP / 32), so its shared offset within a tile is one number plus i · 4 KB, and its global
+  // addresses advance by BK a k tile. (Recomputing them per copy cost ~11 instructions per mma.)
+  constexpr int WI = BM / 32, XI = S::NP / 32;
+  static_assert(S::NP % 32 == 0 && BM % 32 == 0, "copy slots");
+  const int cr = tid / 8, cch = tid % 8;
+  const int cpos = cr * 128 + swz(cr, cch) * 16;
+  const uint4* wbase = reinterpret_cast<const uint4*>(a.w);
+  const uint4* xbase = reinterpret_cast<const uint4*>(a.x);
+  const int c16 = cols / 8;  // 16-byte chunks a row
+  unsigned woff[WI], xoff[XI];
 #pragma unroll
-    for (int i = 0; i < BM * 8 / THREADS; ++i) {
-      const int c = tid + i * THREADS, r = c / 8, ch = c % 8;
-      const int k = k0 + ch * 8;
-      const int row = min(row0 + r, rows - 1);  // rows past the end: read a real row, never stored
-      const bf16* src = a.w + static_cast<std::size_t>(row) * cols + (k < cols ? k : 0);
-      cp_async16(ws + r * 128 + swz(r, ch) * 16, src, k < cols ? 16 : 0);
-    }
+  for (int i = 0; i < WI; ++i) {  // rows past the end read a real row, never stored
+    woff[i] = static_cast<unsigned>(min(row0 + cr + 32 * i, rows - 1)) * static_cast<unsigned>(c16) + cch;
+  }
+#pragma unroll
+  for (int i = 0; i < XI; ++i) {  // padding tokens likewise
+    xoff[i] = static_cast<unsigned>(min(cr + 32 * i, n - 1)) * static_cast<unsigned>(c16) + cch;
+  }
+  auto load_w = [&](int stage, int kt) {
+    const int k8 = kt * (BK / 8);
+    const bool in = k8 + cch < c16;
+    unsigned char* dst = smem + stage * S::STAGE + cpos;
+#pragma unroll
+    for (int i = 0; i < WI; ++i) cp_async16(dst + i * 4096, in ? wbase + woff[i] + k8 : wbase, in ? 16 : 0);
   };
   auto load_x = [&](int stage, int kt) {
-    unsigned char* xs = smem + stage * S::STAGE + S::W_BYTES;
-    const int k0 = kt * BK;
-    for (int c = tid; c < S::NP * 8; c += THREADS) {
-      const int t = c / 8, ch = c % 8;
-      const int k = k0 + ch * 8;
-      const int tok = min(t, n - 1);  // padding tokens: a real row, never stored
-      const bf16* src = a.x + static_cast<std::size_t>(tok) * cols + (k < cols ? k : 0);
-      cp_async16(xs + t * 128 + swz(t, ch) * 16, src, k < cols ? 16 : 0);
-    }
+    const int k8 = kt * (BK / 8);
+    const bool in = k8 + cch < c16;
+    unsigned char* dst = smem + stage * S::STAGE + S::W_BYTES + cpos;
+#pragma unroll
+    for (int i = 0; i < XI; ++i) cp_async16(dst + i * 4096, in ? xbase + xoff[i] + k8 : xbase, in ? 16 : 0);
   };
+  // Fragment offsets (rows (wm · MT + mt) · 16 + h · 8 + g, tokens wn · NTW · 8 + nt · 8 + g, chunk
+  // kc · 4 + q); the row parity is g's, so the swizzle is per thread, the rest compile-time steps.
+  const int a_row = wm * MT * 16 + g, b_row = wn * NTW * 8 + g;
+  const int a_off0 = a_row * 128 + swz(g, q) * 16, a_off1 = a_row * 128 + swz(g, 4 + q) * 16;
+  const int b_off0 = S::W_BYTES + b_row * 128 + swz(g, q) * 16, b_off1 = S::W_BYTES + b_row * 128 + swz(g, 4 + q) * 16;
 
   // Weights of the first stages before waiting on the previous kernel.
 #pragma unroll
@@ -137,32 +152,28 @@ __global__ void __launch_bounds__(THREADS) skinny_gemm_kernel(skinny_gemm_args a
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.0f;
 
+  int cur = 0, nxt = STAGES - 1;  // ring slots of k tile kt and of kt + STAGES - 1
   for (int kt = 0; kt < nkt; ++kt) {
     cp_async_wait<STAGES - 2>();
     __syncthreads();  // stage kt is in; stage kt - 1 is free (every warp finished it)
-    const int nk = kt + STAGES - 1;
-    if (nk < nkt) {
-      load_w(nk % STAGES, kt0 + nk);
-      load_x(nk % STAGES, kt0 + nk);
+    if (kt + STAGES - 1 < nkt) {
+      load_w(nxt, kt0 + kt + STAGES - 1);
+      load_x(nxt, kt0 + kt + STAGES - 1);
     }
     cp_async_commit();
-    const unsigned char* ws = smem + (kt % STAGES) * S::STAGE;
-    const unsigned char* xs = ws + S::W_BYTES;
+    const unsigned char* st = smem + cur * S::STAGE;
 #pragma unroll
     for (int kc = 0; kc < 2; ++kc) {
-      const int ch = kc * 4 + q;
+      const unsigned char* wa = st + (kc == 0 ? a_off0 : a_off1);
+      const unsigned char* xb = st + (kc == 0 ? b_off0 : b_off1);
       uint4 w[MT][2];
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int r = (wm * MT + mt) * 16 + h * 8 + g;
-          w[mt][h] = *reinterpret_cast<const uint4*>(ws + r * 128 + swz(r, ch) * 16);
-        }
+        for (int h = 0; h < 2; ++h) w[mt][h] = *reinterpret_cast<const uint4*>(wa + (mt * 16 + h * 8) * 128);
 #pragma unroll
       for (int nt = 0; nt < NTW; ++nt) {
-        const int t = wn * NTW * 8 + nt * 8 + g;
-        const uint4 xv = *reinterpret_cast<const uint4*>(xs + t * 128 + swz(t, ch) * 16);
+        const uint4 xv = *reinterpret_cast<const uint4*>(xb + nt * 8 * 128);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           mma16816(acc[mt][nt], w[mt][0].x, w[mt][1].x, w[mt][0].y, w[mt][1].y, xv.x, xv.y);
@@ -170,6 +181,8 @@ __global__ void __launch_bounds__(THREADS) skinny_gemm_kernel(skinny_gemm_args a
         }
       }
     }
+    cur = cur + 1 == STAGES ? 0 : cur + 1;
+    nxt = nxt + 1 == STAGES ? 0 : nxt + 1;
   }
   cp_async_wait<0>();
   __syncthreads();  // the ring is reused as the reduction tile

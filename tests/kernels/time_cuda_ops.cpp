@@ -7,6 +7,7 @@
 #include <cmath>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <numeric>
 #include <random>
@@ -55,7 +56,8 @@ void row(const char* what, double us, double bytes, double flops) {
 /// process: `reps` launches back to back on the backend's stream between two events, cycling over
 /// enough weight copies (≥ 256 MB) that every launch reads its weights from HBM as a decode step does.
 /// The skinny kernel is launched with PDL (as in a step), so consecutive launches overlap a little.
-void time_decode_linears(std::mt19937_64& rng, const std::vector<int>& ns) {
+/// `only` (a shape name) with one n: that shape alone, two launches each, no weight copies (for ncu).
+void time_decode_linears(std::mt19937_64& rng, const std::vector<int>& ns, const std::string& only = "") {
   std::string why;
   kernels::cuda_backend_options plain;
   plain.compute_dtype = dtype::bf16;
@@ -69,8 +71,9 @@ void time_decode_linears(std::mt19937_64& rng, const std::vector<int>& ns) {
   for (auto [rows, cols, name] : {std::tuple{3 * hidden, hidden, "qkv"}, {hidden, hidden, "o_proj"},
                                   {2 * ffn, hidden, "gate_up"}, {hidden, ffn, "down"}, {vocab, hidden, "lm_head"},
                                   {2048, 1536, "qwen2 q 2048x1536+bias"}}) {
+    if (!only.empty() && only != name) continue;
     const double wbytes = 2.0 * rows * cols;
-    const int copies = static_cast<int>(std::max(1.0, std::ceil(256e6 / wbytes)));
+    const int copies = only.empty() ? static_cast<int>(std::max(1.0, std::ceil(256e6 / wbytes))) : 1;
     auto wh = fill(rng, static_cast<std::size_t>(rows) * cols, 0.02f);
     std::vector<kernels::weight> ws;
     for (int c = 0; c < copies; ++c) ws.push_back(bc->upload_weight(wh.data(), dtype::f32, rows, cols, false));
@@ -84,12 +87,12 @@ void time_decode_linears(std::mt19937_64& rng, const std::vector<int>& ns) {
       for (int which = 0; which < 2; ++which) {
         kernels::backend& b = which == 0 ? *bc : *bs;
         auto s = static_cast<cudaStream_t>(kernels::cuda_stream_of(b));
-        const int reps = std::max(20, copies * 2);
+        const int reps = only.empty() ? std::max(20, copies * 2) : 1;
         cudaEvent_t e0, e1;
         cudaEventCreate(&e0);
         cudaEventCreate(&e1);
         std::vector<double> t;
-        for (int rep = 0; rep < 6; ++rep) {
+        for (int rep = 0; rep < (only.empty() ? 6 : 2); ++rep) {
           b.synchronize();
           cudaEventRecord(e0, s);
           for (int i = 0; i < reps; ++i) b.linear(x.get_ptr(), n, ws[i % copies], bias, out.get_ptr());
@@ -115,8 +118,11 @@ void time_decode_linears(std::mt19937_64& rng, const std::vector<int>& ns) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // --linears: only the decode-batch linear comparison (cuBLAS vs skinny GEMM).
+  // --linears [SHAPE N]: only the decode-batch linear comparison (cuBLAS vs skinny GEMM); with a
+  // shape name and n, that one case with two launches each (for ncu).
   const bool linears_only = argc > 1 && std::string(argv[1]) == "--linears";
+  const std::string only = linears_only && argc > 3 ? argv[2] : "";
+  const int only_n = linears_only && argc > 3 ? std::atoi(argv[3]) : 0;
   std::string why;
   auto bp = ct::try_cuda_backend(dtype::bf16, why);
   if (!bp) {
@@ -125,6 +131,10 @@ int main(int argc, char** argv) {
   }
   kernels::backend& b = *bp;
   std::mt19937_64 rng(1);
+  if (!only.empty()) {
+    time_decode_linears(rng, {only_n}, only);
+    return 0;
+  }
   time_decode_linears(rng, {32, 64, 128});
   if (linears_only) return 0;
   const int hidden = 2048, ffn = 8192, heads = 32, kv_heads = 8, hd = 64, vocab = 128256;
