@@ -1,11 +1,11 @@
 // Skinny bf16 linear for decode batches (1 ≤ n ≤ 128 tokens; meant for 17..128):
 // out[n, rows] = x[n, cols] · Wᵀ (+ bias). At n = 64 the weights are ~16× the activations, so the
-// kernel was meant to be a weight stream: cuBLAS ran the 1B's layer GEMMs at 966 µs a step against a
+// kernel is meant to be a weight stream: cuBLAS ran the 1B's layer GEMMs at 966 µs a step against a
 // 584 µs weight-read floor, partly in a separate split-K reduce kernel (bench/NOTES.md, session 3).
-// Measured (session 4): slower than cuBLAS except on small, odd shapes (Qwen2-1.5B's fused qkv
-// 2048×1536), because mma.sync caps it: n = 64 at the copy rate needs ~270 TFLOP/s of m16n8k16, and
-// this kernel reached ~180-200 (time grows with n, not with the weight bytes). So it is opt-in
-// (cuda_backend_options::skinny_gemm); the same streaming design on wgmma is the next step.
+// Measured (session 4): slower than cuBLAS on the 1B's shapes at n = 64 (b=64 step 1.63 vs 1.34 ms),
+// faster on o_proj and on Qwen2-1.5B's fused qkv (2048×1536); so it is opt-in
+// (cuda_backend_options::skinny_gemm). ncu: neither DRAM (53%), L2, the tensor pipe (27%) nor issue
+// is saturated; the 128-byte-per-row stage reads wait ~5 µs (bench/NOTES.md has the next steps).
 //
 // A block owns BM = 128 weight rows and a K range. Its W tile and the matching x tile (all n tokens)
 // go through a STAGES-deep cp.async ring in shared memory (16 KB of weights per stage, 48 KB ahead

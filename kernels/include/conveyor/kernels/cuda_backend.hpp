@@ -58,9 +58,9 @@ struct cuda_backend_options {
   /// bf16 linears of skinny_gemm_min_n ≤ n ≤ skinny_gemm_max_n (at most 128) tokens on our own
   /// tensor-core GEMM (kernels/cuda/skinny_gemm.cu: a cp.async weight stream, K split inside a
   /// thread-block cluster instead of cuBLAS's separate reduce kernel) instead of cuBLAS. Token counts
-  /// that small_gemm takes stay on the GEMV (batch_invariant's ≤ 16 rows too). Off: at n = 64 it
-  /// measured 20-60% slower than cuBLAS on the 1B's shapes (mma.sync's tensor rate caps it), faster
-  /// only on Qwen2-1.5B's fused qkv 2048×1536 (bench/NOTES.md, session 4).
+  /// that small_gemm takes stay on the GEMV (batch_invariant's ≤ 16 rows too). Off: the batch-64
+  /// step measured 22% slower with it (1.63 vs 1.34 ms); it wins only on o_proj and on Qwen2-1.5B's
+  /// fused qkv 2048×1536 (bench/NOTES.md, session 4).
   bool skinny_gemm = false;
   int skinny_gemm_min_n = 17;
   int skinny_gemm_max_n = 128;
