@@ -241,6 +241,12 @@ std::vector<variant> all_variants() {
   kernels::cuda_backend_options s2 = o;  // session 2's defaults
   s2.fuse_attention = s2.gemm_tune = s2.wide_decode = s2.small_gemm = s2.tc_decode = false;
   v.push_back({"s2", s2});
+  kernels::cuda_backend_options skinny = o;  // decode batches of 17..128 tokens on our skinny GEMM
+  skinny.skinny_gemm = true;
+  v.push_back({"skinny", skinny});
+  kernels::cuda_backend_options noskinny = o;  // cuBLAS for every linear above the GEMV's range
+  noskinny.skinny_gemm = false;
+  v.push_back({"noskinny", noskinny});
   kernels::cuda_backend_options novec = o;
   novec.vec_decode = false;
   v.push_back({"novec", novec});

@@ -24,6 +24,7 @@
 #include "launch.hpp"
 #include "lt_gemm.hpp"
 #include "quant_launch.hpp"
+#include "skinny_gemm.hpp"
 
 namespace conveyor::kernels {
 
@@ -218,6 +219,18 @@ class cuda_backend final : public backend {
     }
     flush();
     const int rows = static_cast<int>(w.rows), cols = static_cast<int>(w.cols);
+    if (skinny_gemm_ && n >= skinny_min_n_ && n <= skinny_max_n_ && t_ == dtype::bf16 && w.type == dtype::bf16 &&
+        skinny_gemm_supported(n, rows, cols) && aligned(x) && aligned(w.data) && aligned(out)) {
+      skinny_gemm_args a;
+      a.w = static_cast<const __nv_bfloat16*>(w.data);
+      a.bias = bias.empty() ? nullptr : static_cast<const float*>(bias.data);
+      a.x = static_cast<const __nv_bfloat16*>(x);
+      a.out = static_cast<__nv_bfloat16*>(out);
+      a.rows = rows;
+      a.cols = cols;
+      a.n = n;
+      return launch_skinny_gemm(a, pdl_, num_sms_, stream_);
+    }
     // Decode batch sizes: the algorithm timed fastest for this shape (lt_gemm.hpp); prefill keeps
     // cublasGemmEx's choice, which ran at ~755 TFLOP/s there.
     if (lt_ != nullptr && t_ == dtype::bf16 && w.type == dtype::bf16 && n <= gemm_tune_max_n &&
@@ -483,7 +496,8 @@ class cuda_backend final : public backend {
   explicit cuda_backend(const cuda_backend_options& o)
       : device_(o.device), t_(o.compute_dtype), rows_per_pass_(o.sample_rows_per_pass), graphs_(o.graphs),
         small_gemm_(o.small_gemm), small_gemm_max_n_(o.small_gemm_max_n), fuse_(o.fuse), fuse_norm_(o.fuse_norm), pdl_(o.pdl),
-        gemv_cap_grid_(o.gemv_cap_grid), gemm_tune_(o.gemm_tune), fuse_attention_(o.fuse && o.fuse_attention) {
+        gemv_cap_grid_(o.gemv_cap_grid), gemm_tune_(o.gemm_tune), fuse_attention_(o.fuse && o.fuse_attention),
+        skinny_gemm_(o.skinny_gemm), skinny_min_n_(o.skinny_gemm_min_n), skinny_max_n_(o.skinny_gemm_max_n) {
     tune_.gqa_decode = o.gqa_decode;
     tune_.tc_prefill = o.tc_prefill;
     tune_.gqa_prefill = o.gqa_prefill;
@@ -539,6 +553,7 @@ class cuda_backend final : public backend {
     if (counter_ == nullptr) return make_error(errc::out_of_memory, "CUDA backend: no device memory for its workspace");
     CONVEYOR_CUDA_CHECK(cudaMemset(counter_, 0, 256));
     gemv_init();
+    skinny_gemm_init();
     quant_scratch_ = alloc(quant_scratch_bytes_);
     if (quant_scratch_ == nullptr) return make_error(errc::out_of_memory, "CUDA backend: no device memory for its workspace");
     {
@@ -613,6 +628,8 @@ class cuda_backend final : public backend {
   bool graphs_, small_gemm_;
   int small_gemm_max_n_;
   bool fuse_, fuse_norm_, pdl_, gemv_cap_grid_, gemm_tune_, fuse_attention_;
+  bool skinny_gemm_;
+  int skinny_min_n_, skinny_max_n_;
   /// Token counts up to this go through lt_ (decode steps; the largest batch bucket measured).
   static constexpr int gemm_tune_max_n = 256;
   std::unique_ptr<lt_gemm> lt_;

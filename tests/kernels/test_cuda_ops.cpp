@@ -417,6 +417,47 @@ TEST_P(cuda_ops, small_batch_linear) {
   }
 }
 
+// The skinny GEMM (bf16, 17 ≤ n ≤ 128, skinny_gemm.cu) across token counts (each n-tile width),
+// row tails, K tails (not a multiple of its 64-wide k tiles), K splits over a cluster (3072×2048,
+// 2048×8192: 8 splits; 256×2056: the last split shorter than the others) and bias; f32 runs the same
+// shapes through cuBLAS.
+TEST_P(cuda_ops, skinny_linear) {
+  kernels::cuda_backend_options o;
+  o.compute_dtype = t();
+  o.skinny_gemm = true;
+  o.skinny_gemm_min_n = 17;
+  o.skinny_gemm_max_n = 128;
+  auto made = kernels::make_cuda_backend(o);
+  ASSERT_TRUE(made.ok()) << made.err().message;
+  b_ = std::move(made).value();
+  for (auto [rows, cols] : {std::pair{3072, 2048}, {2048, 8192}, {256, 2056}, {40, 40}, {130, 1000}, {8999, 72}}) {
+    for (int n : {17, 33, 64, 100, 128}) {
+      if (static_cast<double>(rows) * cols * n > 3e8 && n != 64) continue;  // CPU reference time
+      const bool with_bias = (n + rows) % 2 == 1;
+      const std::string shape = " n" + std::to_string(n) + " " + std::to_string(rows) + "x" + std::to_string(cols) +
+                                (with_bias ? " bias" : "");
+      auto x = testing::random_values(rng_, static_cast<std::size_t>(n) * cols, t());
+      auto wh = testing::random_values(rng_, static_cast<std::size_t>(rows) * cols, t(), 0.05f);
+      kernels::weight w = upload_matrix(wh, rows, cols);
+      std::vector<float> bias_h = with_bias ? testing::random_values(rng_, rows, dtype::f32) : std::vector<float>{};
+      kernels::weight bias = with_bias ? upload_vector(bias_h) : kernels::weight{};
+      dev_acts xd(*b_, x), out(*b_, static_cast<std::size_t>(n) * rows);
+      out.poison();
+      b_->linear(xd.get_ptr(), n, w, bias, out.get_ptr());
+      std::vector<float> ref(static_cast<std::size_t>(n) * rows);
+      kernels::cpu::linear(x.data(), n, wh.data(), rows, cols, with_bias ? bias_h.data() : nullptr, ref.data());
+      EXPECT_CLOSE(out.get(), ref, t(), tag("skinny linear" + shape));
+      // Deterministic: the cluster sums its K splits in a fixed order.
+      dev_acts again(*b_, static_cast<std::size_t>(n) * rows);
+      again.poison();
+      b_->linear(xd.get_ptr(), n, w, bias, again.get_ptr());
+      EXPECT_EQ(again.get(), out.get()) << tag("skinny linear repeat" + shape);
+      b_->release(const_cast<void*>(w.data));
+      if (with_bias) b_->release(const_cast<void*>(bias.data));
+    }
+  }
+}
+
 // The backend may fuse an op into the next one (rmsnorm or silu_mul into a small linear, rope into
 // kv_write); every buffer must end as the op-by-op CPU twin leaves it.
 TEST_P(cuda_ops, fused_op_pairs_match_op_by_op) {

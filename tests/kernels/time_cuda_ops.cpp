@@ -1,9 +1,13 @@
 // A small timing table of the CUDA ops at Llama-3.2-1B shapes (bf16), for scripts/gpu-suite. Not a
 // test: it prints median times and the bandwidth or FLOP rate they imply, to compare with the
 // H200's measured ceilings (~4.2 TB/s copy, ~790 TFLOP/s bf16 GEMM).
+#include <cuda_runtime.h>
+
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <numeric>
 #include <random>
@@ -48,11 +52,79 @@ void row(const char* what, double us, double bytes, double flops) {
   std::printf("[timing] %-44s %10.1f us  %8.1f GB/s  %8.1f TFLOP/s\n", what, us, bytes / us * 1e-3, flops / us * 1e-6);
 }
 
+/// Decode-batch linears (the 1B's shapes) on cuBLAS and on the skinny GEMM, each timed in the same
+/// process: `reps` launches back to back on the backend's stream between two events, cycling over
+/// enough weight copies (≥ 256 MB) that every launch reads its weights from HBM as a decode step does.
+/// The skinny kernel is launched with PDL (as in a step), so consecutive launches overlap a little.
+/// `only` (a shape name) with one n: that shape alone, two launches each, no weight copies (for ncu).
+void time_decode_linears(std::mt19937_64& rng, const std::vector<int>& ns, const std::string& only = "") {
+  std::string why;
+  kernels::cuda_backend_options plain;
+  plain.compute_dtype = dtype::bf16;
+  kernels::cuda_backend_options skinny = plain;
+  skinny.skinny_gemm = true;
+  skinny.skinny_gemm_min_n = 1;
+  auto bc = ct::try_cuda_backend(plain, why);
+  auto bs = ct::try_cuda_backend(skinny, why);
+  if (!bc || !bs) return;
+  const int hidden = 2048, ffn = 8192, vocab = 128256;
+  for (auto [rows, cols, name] : {std::tuple{3 * hidden, hidden, "qkv"}, {hidden, hidden, "o_proj"},
+                                  {2 * ffn, hidden, "gate_up"}, {hidden, ffn, "down"}, {vocab, hidden, "lm_head"},
+                                  {2048, 1536, "qwen2 q 2048x1536+bias"}}) {
+    if (!only.empty() && only != name) continue;
+    const double wbytes = 2.0 * rows * cols;
+    const int copies = only.empty() ? static_cast<int>(std::max(1.0, std::ceil(256e6 / wbytes))) : 1;
+    auto wh = fill(rng, static_cast<std::size_t>(rows) * cols, 0.02f);
+    std::vector<kernels::weight> ws;
+    for (int c = 0; c < copies; ++c) ws.push_back(bc->upload_weight(wh.data(), dtype::f32, rows, cols, false));
+    std::vector<float> bias_h(rows, 0.5f);
+    const bool with_bias = name[0] == 'q' && name[1] == 'w';
+    kernels::weight bias = with_bias ? bc->upload_weight(bias_h.data(), dtype::f32, 1, rows, true) : kernels::weight{};
+    for (int n : ns) {
+      ct::dev_acts x(*bc, fill(rng, static_cast<std::size_t>(n) * cols));
+      ct::dev_acts out(*bc, static_cast<std::size_t>(n) * rows);
+      double us[2];
+      for (int which = 0; which < 2; ++which) {
+        kernels::backend& b = which == 0 ? *bc : *bs;
+        auto s = static_cast<cudaStream_t>(kernels::cuda_stream_of(b));
+        const int reps = only.empty() ? std::max(20, copies * 2) : 1;
+        cudaEvent_t e0, e1;
+        cudaEventCreate(&e0);
+        cudaEventCreate(&e1);
+        std::vector<double> t;
+        for (int rep = 0; rep < (only.empty() ? 6 : 2); ++rep) {
+          b.synchronize();
+          cudaEventRecord(e0, s);
+          for (int i = 0; i < reps; ++i) b.linear(x.get_ptr(), n, ws[i % copies], bias, out.get_ptr());
+          cudaEventRecord(e1, s);
+          cudaEventSynchronize(e1);
+          float ms = 0;
+          cudaEventElapsedTime(&ms, e0, e1);
+          if (rep > 0) t.push_back(ms * 1e3 / reps);  // the first round warms up
+        }
+        std::sort(t.begin(), t.end());
+        us[which] = t[t.size() / 2];
+        cudaEventDestroy(e0);
+        cudaEventDestroy(e1);
+      }
+      std::printf("[linear] %-24s n=%-3d cuBLAS %7.2f us (%5.2f TB/s)  skinny %7.2f us (%5.2f TB/s)  x%.2f\n", name, n,
+                  us[0], wbytes / us[0] * 1e-6, us[1], wbytes / us[1] * 1e-6, us[0] / us[1]);
+    }
+    for (auto& w : ws) bc->release(const_cast<void*>(w.data));
+    if (with_bias) bc->release(const_cast<void*>(bias.data));
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   // `time_cuda_ops attention`: the attention rows only.
   const bool attention_only = argc > 1 && std::string(argv[1]) == "attention";
+  // --linears [SHAPE N]: instead of the table, the decode-batch linear comparison (cuBLAS vs the
+  // skinny GEMM at n = 32, 64, 128); with a shape name and n, that one case, two launches each (ncu).
+  const bool linears_only = argc > 1 && std::string(argv[1]) == "--linears";
+  const std::string only = linears_only && argc > 3 ? argv[2] : "";
+  const int only_n = linears_only && argc > 3 ? std::atoi(argv[3]) : 0;
   std::string why;
   auto bp = ct::try_cuda_backend(dtype::bf16, why);
   if (!bp) {
@@ -61,6 +133,14 @@ int main(int argc, char** argv) {
   }
   kernels::backend& b = *bp;
   std::mt19937_64 rng(1);
+  if (!only.empty()) {
+    time_decode_linears(rng, {only_n}, only);
+    return 0;
+  }
+  if (linears_only) {  // opt-in: the skinny GEMM is off by default, and this adds ~10 s
+    time_decode_linears(rng, {32, 64, 128});
+    return 0;
+  }
   const int hidden = 2048, ffn = 8192, heads = 32, kv_heads = 8, hd = 64, vocab = 128256;
   const double e = 2.0;  // bytes per bf16 element
 

@@ -63,6 +63,15 @@ struct cuda_backend_options {
   /// it picked nearly cuBLAS's own kernels, and the steps measured no faster in three runs
   /// (3-5% slower at batch 64 in two of them; bench/NOTES.md, session 3).
   bool gemm_tune = false;
+  /// bf16 linears of skinny_gemm_min_n ≤ n ≤ skinny_gemm_max_n (at most 128) tokens on our own
+  /// tensor-core GEMM (kernels/cuda/skinny_gemm.cu: a cp.async weight stream, K split inside a
+  /// thread-block cluster instead of cuBLAS's separate reduce kernel) instead of cuBLAS. Token counts
+  /// that small_gemm takes stay on the GEMV (batch_invariant's ≤ 16 rows too). Off: the batch-64
+  /// step measured 22% slower with it (1.63 vs 1.34 ms); it wins only on o_proj and on Qwen2-1.5B's
+  /// fused qkv 2048×1536 (bench/NOTES.md, session 4).
+  bool skinny_gemm = false;
+  int skinny_gemm_min_n = 17;
+  int skinny_gemm_max_n = 128;
 
   /// Row-invariant numerics (bf16; speculative decoding turns it on): a step of up to 16 tokens
   /// computes every token's row with the very arithmetic a step of that token alone would use, so a
