@@ -239,6 +239,22 @@ std::vector<variant> all_variants() {
   kernels::cuda_backend_options novec = o;
   novec.vec_decode = false;
   v.push_back({"novec", novec});
+  // Session 4 (GEMV at batch 1): each switch off alone, both off (session 3's GEMV), half_sm on.
+  kernels::cuda_backend_options nostream = o;  // a group of weight chunks per round, as before
+  nostream.gemv_stream = false;
+  v.push_back({"nostream", nostream});
+  kernels::cuda_backend_options nostage = o;  // gate_up / LM head: x not staged, rmsnorm its own kernel
+  nostage.gemv_stage_capped = false;
+  v.push_back({"nostage", nostage});
+  kernels::cuda_backend_options s3 = o;  // session 3's defaults
+  s3.gemv_stream = s3.gemv_stage_capped = s3.gemv_half_sm = false;
+  v.push_back({"s3", s3});
+  kernels::cuda_backend_options halfsm = o;  // 8-warp GEMV blocks, one an SM
+  halfsm.gemv_half_sm = true;
+  v.push_back({"halfsm", halfsm});
+  kernels::cuda_backend_options nohalfsm = o;
+  nohalfsm.gemv_half_sm = false;
+  v.push_back({"nohalfsm", nohalfsm});
   // Quantized weights on the default paths (issue 12): the linear layers, then the LM head too.
   for (auto k : {kernels::weight_quant::int8, kernels::weight_quant::fp8}) {
     const std::string name(kernels::weight_quant_name(k));

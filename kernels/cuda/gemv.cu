@@ -56,7 +56,7 @@ __device__ __forceinline__ std::uint32_t silu_pair(std::uint32_t g, std::uint32_
 constexpr int max_tokens = 16;
 
 template <int NT, int WARPS, int PRO>
-__global__ void __launch_bounds__(WARPS * 32) gemv_kernel(gemv_args a) {
+__global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1) gemv_kernel(gemv_args a) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ float red[WARPS][NT][4][32];
   __shared__ double ss_part[WARPS][NT * 8];
@@ -72,14 +72,16 @@ __global__ void __launch_bounds__(WARPS * 32) gemv_kernel(gemv_args a) {
   int tile = blockIdx.x;
   const uint4* wa = nullptr;
   const uint4* wb = nullptr;
-  auto set_rows = [&](int t) {
+  auto rows_of = [&](int t, const uint4*& pa, const uint4*& pb) {
     const int ra = min(t * 16 + g, a.rows - 1), rb = min(t * 16 + g + 8, a.rows - 1);
-    wa = reinterpret_cast<const uint4*>(a.w + static_cast<std::size_t>(ra) * cols);
-    wb = reinterpret_cast<const uint4*>(a.w + static_cast<std::size_t>(rb) * cols);
+    pa = reinterpret_cast<const uint4*>(a.w + static_cast<std::size_t>(ra) * cols);
+    pb = reinterpret_cast<const uint4*>(a.w + static_cast<std::size_t>(rb) * cols);
   };
+  auto set_rows = [&](int t) { rows_of(t, wa, wb); };
   set_rows(tile);
   const int chunks = (cols + 31) / 32;
   constexpr int U = NT == 1 ? 8 : 4;
+  const bool stream = a.stream != 0;
 
   // First group of weights before waiting on the previous kernel: weights never depend on it.
   uint4 w_a[U], w_b[U];
@@ -94,6 +96,17 @@ __global__ void __launch_bounds__(WARPS * 32) gemv_kernel(gemv_args a) {
         w_a[j] = make_uint4(0, 0, 0, 0);
         w_b[j] = make_uint4(0, 0, 0, 0);
       }
+    }
+  };
+  // One chunk into slot j (zeros past the end of K): the streaming loop refills a slot as soon as
+  // its chunk has gone into the mma.
+  auto load_slot = [&](const uint4* pa, const uint4* pb, int c, uint4& ra, uint4& rb) {
+    if (c < chunks && c * 32 + q * 8 < cols) {
+      ra = load_stream(pa + c * 4 + q);
+      rb = load_stream(pb + c * 4 + q);
+    } else {
+      ra = make_uint4(0, 0, 0, 0);
+      rb = make_uint4(0, 0, 0, 0);
     }
   };
   load_w(warp);
@@ -213,6 +226,10 @@ __global__ void __launch_bounds__(WARPS * 32) gemv_kernel(gemv_args a) {
 
   for (; tile < tiles; tile += gridDim.x) {
     const int row0 = tile * 16;
+    const bool has_next = tile + static_cast<int>(gridDim.x) < tiles;
+    const uint4* na = wa;
+    const uint4* nb = wb;
+    if (stream && has_next) rows_of(tile + gridDim.x, na, nb);
     float acc[NT][2][4];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
@@ -222,7 +239,13 @@ __global__ void __launch_bounds__(WARPS * 32) gemv_kernel(gemv_args a) {
         for (int e = 0; e < 4; ++e) acc[nt][h][e] = 0.0f;
 
     for (int base = warp; base < chunks; base += WARPS * U) {
-      if (base != warp) load_w(base);
+      // stream: slot j is refilled right after its mma (with this tile's chunk U rounds on, or in the
+      // last round with the next tile's first chunks), so U chunks stay in flight per warp all the
+      // time. Otherwise the whole group is loaded at the top of the round: the warp waits for its
+      // slowest load, then memory idles while it computes (gate_up ran at ~2.7 TB/s). Same chunks,
+      // same order into acc either way.
+      const bool last_round = base + WARPS * U >= chunks;
+      if (!stream && base != warp) load_w(base);
 #pragma unroll
       for (int j = 0; j < U; ++j) {
         const int c = base + j * WARPS;
@@ -248,6 +271,13 @@ __global__ void __launch_bounds__(WARPS * 32) gemv_kernel(gemv_args a) {
           mma16816(acc[nt][0], w_a[j].x, w_b[j].x, w_a[j].y, w_b[j].y, xv.x, xv.y);
           mma16816(acc[nt][1], w_a[j].z, w_b[j].z, w_a[j].w, w_b[j].w, xv.z, xv.w);
         }
+        if (stream) {
+          if (!last_round) {
+            load_slot(wa, wb, c + WARPS * U, w_a[j], w_b[j]);
+          } else if (has_next) {
+            load_slot(na, nb, warp + j * WARPS, w_a[j], w_b[j]);
+          }
+        }
       }
     }
 
@@ -256,7 +286,7 @@ __global__ void __launch_bounds__(WARPS * 32) gemv_kernel(gemv_args a) {
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) red[warp][nt][e][lane] = acc[nt][0][e] + acc[nt][1][e];
-    if (tile + static_cast<int>(gridDim.x) < tiles) {  // the next tile's first weights, before the reduction
+    if (!stream && has_next) {  // the next tile's first weights, before the reduction
       set_rows(tile + gridDim.x);
       load_w(warp);
     }
@@ -275,25 +305,30 @@ __global__ void __launch_bounds__(WARPS * 32) gemv_kernel(gemv_args a) {
       }
     }
     __syncthreads();  // red is rewritten by the next tile
+    if (stream) {
+      wa = na;
+      wb = nb;
+    }
   }
 }
 
 template <int NT, int WARPS, int PRO>
-void launch_one(const gemv_args& a, std::size_t smem, bool pdl, cudaStream_t s) {
+void launch_one(const gemv_args& a, std::size_t smem, bool pdl, int sms, cudaStream_t s) {
   // A grid of more tiles than fit at once is capped at the blocks that do (each then serves several
   // tiles and prefetches the next one's weights): one wave that streams instead of waves that each
-  // start with a memory round trip.
-  static const int resident = [] {
-    int blocks = 0, dev = 0, sms = 0;
-    CONVEYOR_CUDA_CHECK(cudaGetDevice(&dev));
-    CONVEYOR_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    CONVEYOR_CUDA_CHECK(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, gemv_kernel<NT, WARPS, PRO>, WARPS * 32, 0));
-    return std::max(1, blocks) * sms;
-  }();
+  // start with a memory round trip. half_sm caps it at one block an SM.
   const int tiles = (a.rows + 15) / 16;
+  int grid = tiles;
+  if (a.cap_grid != 0) {
+    int per_sm = 1;
+    if (a.half_sm == 0) {
+      CONVEYOR_CUDA_CHECK(
+          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_kernel<NT, WARPS, PRO>, WARPS * 32, smem));
+    }
+    grid = std::min(tiles, std::max(1, per_sm) * sms);
+  }
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(smem == 0 && a.cap_grid != 0 ? std::min(tiles, resident) : tiles));
+  cfg.gridDim = dim3(static_cast<unsigned>(grid));
   cfg.blockDim = dim3(WARPS * 32);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = s;
@@ -306,11 +341,12 @@ void launch_one(const gemv_args& a, std::size_t smem, bool pdl, cudaStream_t s) 
 }
 
 template <int NT, int WARPS>
-void launch_nt(const gemv_args& a, gemv_prologue pro, bool pdl, cudaStream_t s) {
+void launch_nt(const gemv_args& a, gemv_prologue pro, bool pdl, int sms, cudaStream_t s) {
+  const std::size_t staged = a.stage_x ? gemv_norm_smem_bytes(a.n, a.cols) : 0;
   switch (pro) {
-    case gemv_prologue::none: return launch_one<NT, WARPS, 0>(a, a.stage_x ? gemv_norm_smem_bytes(a.n, a.cols) : 0, pdl, s);
-    case gemv_prologue::norm: return launch_one<NT, WARPS, 1>(a, gemv_norm_smem_bytes(a.n, a.cols), pdl, s);
-    case gemv_prologue::silu: return launch_one<NT, WARPS, 2>(a, a.stage_x ? gemv_norm_smem_bytes(a.n, a.cols) : 0, pdl, s);
+    case gemv_prologue::none: return launch_one<NT, WARPS, 0>(a, staged, pdl, sms, s);
+    case gemv_prologue::norm: return launch_one<NT, WARPS, 1>(a, gemv_norm_smem_bytes(a.n, a.cols), pdl, sms, s);
+    case gemv_prologue::silu: return launch_one<NT, WARPS, 2>(a, staged, pdl, sms, s);
   }
 }
 
@@ -342,20 +378,26 @@ bool gemv_single_wave(int rows, int sms) {
   return tiles <= 2 * sms;  // 16 warps: one block per SM; 8 warps: two
 }
 
+bool gemv_one_wave(const gemv_args& a, int sms) {
+  return gemv_single_wave(a.rows, sms) || (a.cap_grid != 0 && a.stage_capped != 0);
+}
+
 void launch_gemv(const gemv_args& args, gemv_prologue pro, bool pdl, int sms, cudaStream_t s) {
   gemv_args a = args;
   // Staging is a serial step at the start of every block: it pays in a grid of one wave (o_proj,
   // down_proj) and costs a round trip per wave in a larger one (gate_up, the LM head: batch 8 lost
-  // 0.46 ms a step when every grid staged).
-  a.stage_x = gemv_single_wave(a.rows, sms) && gemv_norm_smem_bytes(a.n, a.cols) <= gemv_max_norm_smem ? 1 : 0;
+  // 0.46 ms a step when every grid staged). A capped grid is one wave too (stage_capped).
+  a.stage_x = gemv_one_wave(a, sms) && gemv_norm_smem_bytes(a.n, a.cols) <= gemv_max_norm_smem ? 1 : 0;
   // A grid that fits on the SMs at once (o_proj, down_proj) gets 16 warps per block, for more loads
   // in flight; a larger one 8, so two blocks share an SM and a second wave comes later or never
-  // (qkv_proj's 192 tiles ran as two waves of 16-warp blocks).
-  const bool wide = (a.rows + 15) / 16 <= sms;
+  // (qkv_proj's 192 tiles ran as two waves of 16-warp blocks). half_sm: always 8 warps and at most
+  // one block an SM, so the next kernel's blocks fit beside this one's and start their weight
+  // stream (PDL) before it ends. The choice depends on the shape only, never on n (batch_invariant).
+  const bool wide = a.half_sm == 0 && (a.rows + 15) / 16 <= sms;
   if (a.n <= 8) {
-    wide ? launch_nt<1, 16>(a, pro, pdl, s) : launch_nt<1, 8>(a, pro, pdl, s);
+    wide ? launch_nt<1, 16>(a, pro, pdl, sms, s) : launch_nt<1, 8>(a, pro, pdl, sms, s);
   } else {
-    wide ? launch_nt<2, 16>(a, pro, pdl, s) : launch_nt<2, 8>(a, pro, pdl, s);
+    wide ? launch_nt<2, 16>(a, pro, pdl, sms, s) : launch_nt<2, 8>(a, pro, pdl, sms, s);
   }
 }
 

@@ -58,6 +58,16 @@ struct gemv_args {
   /// A grid of more tiles than fit at once is capped at the resident blocks, which loop over tiles
   /// (0: one block per tile, as before; kept to measure the cap against).
   int cap_grid = 1;
+  /// Each warp refills a weight register slot as soon as its chunk has gone into the mma, across
+  /// tiles too, so its loads stay in flight all the time (0: a whole group per round, as before).
+  int stream = 1;
+  /// A capped grid (one wave by construction) stages x in shared memory and takes the norm prologue
+  /// like a one-wave grid does (0: only grids of at most two 8-warp blocks an SM, as before).
+  int stage_capped = 1;
+  /// 8 warps a block and at most one block an SM (with cap_grid), so the next kernel's blocks fit
+  /// beside this one's and start their weights before it ends (0: 16-warp blocks for narrow grids,
+  /// two 8-warp blocks an SM for the rest).
+  int half_sm = 0;
 };
 /// Shapes launch_gemv takes (the caller also checks dtype and alignment).
 bool gemv_supported(int n, int rows, int cols);
@@ -69,6 +79,9 @@ void gemv_init();
 /// True when the GEMV of `rows` outputs runs as one wave on `sms` multiprocessors. Only then is the
 /// norm prologue worth it: every block repeats it, and each further wave waits for it again.
 bool gemv_single_wave(int rows, int sms);
+/// True when launch_gemv runs `a` (rows, cap_grid, stage_capped) as one wave: x is staged and the
+/// norm prologue pays (it is repeated once per block, not per tile).
+bool gemv_one_wave(const gemv_args& a, int sms);
 /// `pdl`: launch as a programmatic dependent of the previous kernel (it prefetches weights early).
 void launch_gemv(const gemv_args& a, gemv_prologue pro, bool pdl, int sms, cudaStream_t s);
 

@@ -3,6 +3,8 @@
 // H200's measured ceilings (~4.2 TB/s copy, ~790 TFLOP/s bf16 GEMM).
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <memory>
 #include <cstdio>
 #include <functional>
 #include <numeric>
@@ -46,6 +48,81 @@ void row(const char* what, double us, double bytes, double flops) {
   std::printf("[timing] %-44s %10.1f us  %8.1f GB/s  %8.1f TFLOP/s\n", what, us, bytes / us * 1e-3, flops / us * 1e-6);
 }
 
+/// Decode linears (n = 1) of the 1B's layer shapes, back to back as a step runs them: a CUDA graph
+/// of `calls` linears over enough copies of the weight that they cannot stay in L2 (~256 MB), so
+/// the time per call is what the weight stream costs in a step (launch gaps and PDL overlap
+/// included, host launches not). One backend per GEMV configuration, the same weights.
+void gemv_chain_table(int hidden, int ffn, int vocab) {
+  struct config {
+    const char* name;
+    kernels::cuda_backend_options o;
+  };
+  std::vector<config> configs;
+  kernels::cuda_backend_options d;
+  d.compute_dtype = dtype::bf16;
+  configs.push_back({"default", d});
+  kernels::cuda_backend_options s3 = d;
+  s3.gemv_stream = s3.gemv_stage_capped = s3.gemv_half_sm = false;
+  configs.push_back({"s3", s3});
+  kernels::cuda_backend_options nostream = d;
+  nostream.gemv_stream = false;
+  configs.push_back({"nostream", nostream});
+  kernels::cuda_backend_options half = d;
+  half.gemv_half_sm = true;
+  configs.push_back({"halfsm", half});
+  kernels::cuda_backend_options cublas = d;
+  cublas.small_gemm = false;
+  configs.push_back({"cublas", cublas});
+  std::vector<std::unique_ptr<kernels::backend>> backends;
+  for (const auto& c : configs) {
+    std::string why;
+    backends.push_back(ct::try_cuda_backend(c.o, why));
+    if (!backends.back()) {
+      std::printf("time_cuda_ops: gemv chain skipped: %s\n", why.c_str());
+      return;
+    }
+  }
+  kernels::backend& b0 = *backends[0];
+  struct shape {
+    const char* name;
+    int rows, cols;
+  };
+  const shape shapes[] = {{"qkv", 3072, hidden},  {"o_proj", hidden, hidden}, {"gate_up", 2 * ffn, hidden},
+                          {"down", hidden, ffn},   {"lm_head", vocab, hidden}};
+  const std::size_t target = 256ull << 20;
+  std::mt19937_64 rng(2);
+  for (const auto& sh : shapes) {
+    const std::size_t bytes = static_cast<std::size_t>(sh.rows) * sh.cols * 2;
+    const int copies = static_cast<int>(std::max<std::size_t>(1, (target + bytes - 1) / bytes));
+    // Weight values do not change a memory-bound kernel's time: a byte pattern (0x3c3c ~ 0.0115).
+    void* w = b0.alloc(bytes * copies);
+    b0.fill_bytes(w, 0x3c, bytes * copies);
+    ct::dev_acts x(b0, fill(rng, static_cast<std::size_t>(sh.cols)));
+    ct::dev_acts out(b0, static_cast<std::size_t>(sh.rows));
+    const int calls = std::max(copies, 10) * (copies < 4 ? 3 : 1);
+    for (std::size_t ci = 0; ci < configs.size(); ++ci) {
+      kernels::backend& b = *backends[ci];
+      b.begin_capture();
+      for (int i = 0; i < calls; ++i) {
+        const kernels::weight wi{static_cast<const std::uint8_t*>(w) + (i % copies) * bytes, dtype::bf16, sh.rows,
+                                 sh.cols};
+        b.linear(x.get_ptr(), 1, wi, {}, out.get_ptr());
+      }
+      const kernels::capture_id id = b.end_capture();
+      if (id == 0) {
+        std::printf("[timing] gemv chain %s %s: capture failed\n", sh.name, configs[ci].name);
+        continue;
+      }
+      const double us = time_us(b, [&] { b.replay(id); }, 7) / calls;
+      b.drop_capture(id);
+      char label[80];
+      std::snprintf(label, sizeof label, "chain n=1 %s %dx%d %s", sh.name, sh.rows, sh.cols, configs[ci].name);
+      row(label, us, static_cast<double>(bytes), 2.0 * sh.rows * sh.cols);
+    }
+    b0.release(w);
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -59,6 +136,8 @@ int main() {
   std::mt19937_64 rng(1);
   const int hidden = 2048, ffn = 8192, heads = 32, kv_heads = 8, hd = 64, vocab = 128256;
   const double e = 2.0;  // bytes per bf16 element
+  gemv_chain_table(hidden, ffn, vocab);
+  if (std::getenv("TIME_GEMV_ONLY") != nullptr) return 0;
 
   // GEMMs: decode (n = 1, 64) and prefill (n = 2048) through the 1B's largest layer shapes.
   for (auto [n, rows, cols, name] : {std::tuple{1, 2 * ffn, hidden, "gate_up"}, {64, 2 * ffn, hidden, "gate_up"},

@@ -37,6 +37,17 @@ struct cuda_backend_options {
   /// with small_gemm: a GEMV of more tiles than fit at once runs on the resident blocks, each looping
   /// over tiles (off: one block per tile). Not yet ablated in wall time (bench/NOTES.md, session 2).
   bool gemv_cap_grid = true;
+  /// with small_gemm: each warp refills a weight slot as soon as it has used it (across tiles too),
+  /// so its loads stay in flight; off: a group of chunks per round, the warp waiting on the slowest
+  /// (bench/NOTES.md, session 4).
+  bool gemv_stream = true;
+  /// with small_gemm and gemv_cap_grid: a capped grid (gate_up, the LM head) stages x in shared
+  /// memory and takes the rmsnorm before it into its prologue, as one-wave grids do: once per block,
+  /// not per tile, and one launch fewer a layer.
+  bool gemv_stage_capped = true;
+  /// with small_gemm: 8-warp blocks, at most one an SM, so the next kernel's blocks fit beside them
+  /// and start their weight loads (PDL) before this one ends.
+  bool gemv_half_sm = false;
   /// Decode-step kernels (GEMV, rmsnorm, rope_kv, silu_mul, decode attention) start as programmatic
   /// dependents: each launches while the one before drains (the GEMV prefetches its weights then).
   bool pdl = true;
