@@ -239,22 +239,22 @@ std::vector<variant> all_variants() {
   kernels::cuda_backend_options novec = o;
   novec.vec_decode = false;
   v.push_back({"novec", novec});
-  // Session 4 (GEMV at batch 1): each switch off alone, both off (session 3's GEMV), half_sm on.
-  kernels::cuda_backend_options nostream = o;  // a group of weight chunks per round, as before
-  nostream.gemv_stream = false;
-  v.push_back({"nostream", nostream});
+  // Session 4 (GEMV at batch 1): TMA stages off, capped-grid staging off, both off (session 3's
+  // GEMV), and other ring sizes.
+  kernels::cuda_backend_options notma = o;
+  notma.gemv_tma = false;
+  v.push_back({"notma", notma});
   kernels::cuda_backend_options nostage = o;  // gate_up / LM head: x not staged, rmsnorm its own kernel
   nostage.gemv_stage_capped = false;
   v.push_back({"nostage", nostage});
   kernels::cuda_backend_options s3 = o;  // session 3's defaults
-  s3.gemv_stream = s3.gemv_stage_capped = s3.gemv_half_sm = false;
+  s3.gemv_tma = s3.gemv_stage_capped = false;
   v.push_back({"s3", s3});
-  kernels::cuda_backend_options halfsm = o;  // 8-warp GEMV blocks, one an SM
-  halfsm.gemv_half_sm = true;
-  v.push_back({"halfsm", halfsm});
-  kernels::cuda_backend_options nohalfsm = o;
-  nohalfsm.gemv_half_sm = false;
-  v.push_back({"nohalfsm", nohalfsm});
+  for (int kb : {96, 128, 192, 224}) {  // 192: the default, by name
+    kernels::cuda_backend_options r = o;
+    r.gemv_tma_ring_kb = kb;
+    v.push_back({"tma" + std::to_string(kb), r});
+  }
   // Quantized weights on the default paths (issue 12): the linear layers, then the LM head too.
   for (auto k : {kernels::weight_quant::int8, kernels::weight_quant::fp8}) {
     const std::string name(kernels::weight_quant_name(k));

@@ -431,9 +431,9 @@ class cuda_backend final : public backend {
     const held_op& h = held_;
     const bool consumes = h.out == x && h.n == n && h.width == a.cols && out != h.a && out != h.b;
     a.cap_grid = gemv_cap_grid_ ? 1 : 0;
-    a.stream = gemv_stream_ ? 1 : 0;
     a.stage_capped = gemv_stage_capped_ ? 1 : 0;
-    a.half_sm = gemv_half_sm_ ? 1 : 0;
+    a.tma = gemv_tma_ ? 1 : 0;
+    a.tma_ring_bytes = gemv_tma_ring_kb_ * 1024;
     if (h.kind == held_kind::norm && consumes && fuse_norm_ && gemv_one_wave(a, num_sms_) &&
         gemv_norm_smem_bytes(n, a.cols) <= gemv_max_norm_smem && aligned(h.a) && aligned(h.b) && aligned(h.w)) {
       pro = gemv_prologue::norm;
@@ -486,8 +486,8 @@ class cuda_backend final : public backend {
   explicit cuda_backend(const cuda_backend_options& o)
       : device_(o.device), t_(o.compute_dtype), rows_per_pass_(o.sample_rows_per_pass), graphs_(o.graphs),
         small_gemm_(o.small_gemm), small_gemm_max_n_(o.small_gemm_max_n), fuse_(o.fuse), fuse_norm_(o.fuse_norm), pdl_(o.pdl),
-        gemv_cap_grid_(o.gemv_cap_grid), gemv_stream_(o.gemv_stream), gemv_stage_capped_(o.gemv_stage_capped),
-        gemv_half_sm_(o.gemv_half_sm), gemm_tune_(o.gemm_tune), fuse_attention_(o.fuse && o.fuse_attention) {
+        gemv_cap_grid_(o.gemv_cap_grid), gemv_stage_capped_(o.gemv_stage_capped), gemv_tma_(o.gemv_tma),
+        gemv_tma_ring_kb_(o.gemv_tma_ring_kb), gemm_tune_(o.gemm_tune), fuse_attention_(o.fuse && o.fuse_attention) {
     tune_.gqa_decode = o.gqa_decode;
     tune_.tc_prefill = o.tc_prefill;
     tune_.vec_decode = o.vec_decode;
@@ -614,8 +614,9 @@ class cuda_backend final : public backend {
   int rows_per_pass_;
   bool graphs_, small_gemm_;
   int small_gemm_max_n_;
-  bool fuse_, fuse_norm_, pdl_, gemv_cap_grid_, gemv_stream_, gemv_stage_capped_, gemv_half_sm_, gemm_tune_,
-      fuse_attention_;
+  bool fuse_, fuse_norm_, pdl_, gemv_cap_grid_, gemv_stage_capped_, gemv_tma_;
+  int gemv_tma_ring_kb_;
+  bool gemm_tune_, fuse_attention_;
   /// Token counts up to this go through lt_ (decode steps; the largest batch bucket measured).
   static constexpr int gemm_tune_max_n = 256;
   std::unique_ptr<lt_gemm> lt_;

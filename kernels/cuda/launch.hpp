@@ -58,16 +58,15 @@ struct gemv_args {
   /// A grid of more tiles than fit at once is capped at the resident blocks, which loop over tiles
   /// (0: one block per tile, as before; kept to measure the cap against).
   int cap_grid = 1;
-  /// Each warp refills a weight register slot as soon as its chunk has gone into the mma, across
-  /// tiles too, so its loads stay in flight all the time (0: a whole group per round, as before).
-  int stream = 1;
   /// A capped grid (one wave by construction) stages x in shared memory and takes the norm prologue
   /// like a one-wave grid does (0: only grids of at most two 8-warp blocks an SM, as before).
   int stage_capped = 1;
-  /// 8 warps a block and at most one block an SM (with cap_grid), so the next kernel's blocks fit
-  /// beside this one's and start their weights before it ends (0: 16-warp blocks for narrow grids,
-  /// two 8-warp blocks an SM for the rest).
-  int half_sm = 0;
+  /// Weights through a ring of shared-memory stages filled by bulk copies (TMA) from a producer warp
+  /// that starts before griddepcontrol.wait, 8 computing warps (0: register loads, as before).
+  int tma = 1;
+  int tma_ring_bytes = 192 * 1024;  ///< with tma: the ring's target size (bytes in flight per block)
+  // Set by launch_gemv for the tma kernel: columns of a stage, stages, ring offset in dynamic smem.
+  int tma_cols = 0, tma_stages = 0, tma_ring_offset = 0;
 };
 /// Shapes launch_gemv takes (the caller also checks dtype and alignment).
 bool gemv_supported(int n, int rows, int cols);

@@ -39,10 +39,11 @@ class cuda_ops : public ::testing::TestWithParam<dtype> {
   kernels::weight upload_vector(const std::vector<float>& host) {
     return b_->upload_weight(host.data(), dtype::f32, 1, static_cast<std::int64_t>(host.size()), true);
   }
-  /// GEMV configurations the GEMV tests run under: the defaults, the loop as it was before
-  /// gemv_stream / gemv_stage_capped (session 4), and gemv_half_sm.
+  /// GEMV configurations the GEMV tests run under: the defaults (TMA stages), the register loads
+  /// without the capped-grid staging (session 3's kernel), and TMA with a small ring (more stages
+  /// per tile, two blocks an SM).
   static constexpr int gemv_configs = 3;
-  static const char* gemv_config_name(int c) { return c == 0 ? "" : c == 1 ? " [legacy]" : " [half_sm]"; }
+  static const char* gemv_config_name(int c) { return c == 0 ? "" : c == 1 ? " [legacy]" : " [tma ring 40k]"; }
   /// Re-creates the backend with the opt-in speed paths on (the small-batch GEMV and its fusions),
   /// in GEMV configuration `config`.
   void use_opt_in_paths(int config = 0) {
@@ -52,8 +53,8 @@ class cuda_ops : public ::testing::TestWithParam<dtype> {
     o.small_gemm_max_n = 16;
     o.fuse = true;
     o.fuse_norm = true;
-    if (config == 1) o.gemv_stream = o.gemv_stage_capped = o.gemv_half_sm = false;
-    if (config == 2) o.gemv_stream = o.gemv_stage_capped = o.gemv_half_sm = true;
+    if (config == 1) o.gemv_tma = o.gemv_stage_capped = false;
+    if (config == 2) o.gemv_tma_ring_kb = 40;
     auto b = kernels::make_cuda_backend(o);
     ASSERT_TRUE(b.ok()) << b.err().message;
     b_ = std::move(b).value();

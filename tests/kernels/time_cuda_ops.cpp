@@ -61,15 +61,14 @@ void gemv_chain_table(int hidden, int ffn, int vocab) {
   kernels::cuda_backend_options d;
   d.compute_dtype = dtype::bf16;
   configs.push_back({"default", d});
-  kernels::cuda_backend_options s3 = d;
-  s3.gemv_stream = s3.gemv_stage_capped = s3.gemv_half_sm = false;
+  kernels::cuda_backend_options s3 = d;  // register loads (session 3's kernel)
+  s3.gemv_tma = s3.gemv_stage_capped = false;
   configs.push_back({"s3", s3});
-  kernels::cuda_backend_options nostream = d;
-  nostream.gemv_stream = false;
-  configs.push_back({"nostream", nostream});
-  kernels::cuda_backend_options half = d;
-  half.gemv_half_sm = true;
-  configs.push_back({"halfsm", half});
+  for (int kb : {96, 128, 224}) {
+    kernels::cuda_backend_options r = d;
+    r.gemv_tma_ring_kb = kb;
+    configs.push_back({kb == 96 ? "tma96" : kb == 128 ? "tma128" : "tma224", r});
+  }
   kernels::cuda_backend_options cublas = d;
   cublas.small_gemm = false;
   configs.push_back({"cublas", cublas});
