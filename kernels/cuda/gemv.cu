@@ -190,20 +190,38 @@ __global__ void __launch_bounds__(WARPS * 32 + (TMA ? 32 : 0)) gemv_kernel(gemv_
   bf16* xs = reinterpret_cast<bf16*>(dyn);
   const bool staged = PRO == static_cast<int>(gemv_prologue::norm) || a.stage_x;
   if (PRO != static_cast<int>(gemv_prologue::norm) && staged) {
-    const int vchunks = cols / 8;
-    for (int idx = threadIdx.x; idx < n * vchunks; idx += threads) {
-      const int t = idx / vchunks, i = idx % vchunks;
-      uint4 v;
-      if constexpr (PRO == static_cast<int>(gemv_prologue::silu)) {
-        const bf16* gu = a.x + static_cast<std::size_t>(t) * 2 * cols;
-        const uint4 gv = __ldg(reinterpret_cast<const uint4*>(gu) + i);
-        const uint4 uv = __ldg(reinterpret_cast<const uint4*>(gu + cols) + i);
-        v = make_uint4(silu_pair(gv.x, uv.x), silu_pair(gv.y, uv.y), silu_pair(gv.z, uv.z), silu_pair(gv.w, uv.w));
-        if (blockIdx.x == 0) reinterpret_cast<uint4*>(a.x_out + static_cast<std::size_t>(t) * cols)[i] = v;
-      } else {
-        v = __ldg(reinterpret_cast<const uint4*>(a.x + static_cast<std::size_t>(t) * cols) + i);
+    // All of a thread's loads first, then the arithmetic and the stores: the silu prologue of
+    // down_proj (8192 columns, 4 chunks a thread) waited for one L2 round trip per chunk.
+    const int vchunks = cols / 8, total = n * vchunks;
+    constexpr int SU = 4;
+    for (int base = threadIdx.x; base < total; base += threads * SU) {
+      uint4 gv[SU], uv[SU];
+#pragma unroll
+      for (int k = 0; k < SU; ++k) {
+        const int idx = base + k * threads;
+        if (idx >= total) break;
+        const int t = idx / vchunks, i = idx % vchunks;
+        if constexpr (PRO == static_cast<int>(gemv_prologue::silu)) {
+          const bf16* gu = a.x + static_cast<std::size_t>(t) * 2 * cols;
+          gv[k] = __ldg(reinterpret_cast<const uint4*>(gu) + i);
+          uv[k] = __ldg(reinterpret_cast<const uint4*>(gu + cols) + i);
+        } else {
+          gv[k] = __ldg(reinterpret_cast<const uint4*>(a.x + static_cast<std::size_t>(t) * cols) + i);
+        }
       }
-      *reinterpret_cast<uint4*>(xs + static_cast<std::size_t>(t) * stride + i * 8) = v;
+#pragma unroll
+      for (int k = 0; k < SU; ++k) {
+        const int idx = base + k * threads;
+        if (idx >= total) break;
+        const int t = idx / vchunks, i = idx % vchunks;
+        uint4 v = gv[k];
+        if constexpr (PRO == static_cast<int>(gemv_prologue::silu)) {
+          v = make_uint4(silu_pair(gv[k].x, uv[k].x), silu_pair(gv[k].y, uv[k].y), silu_pair(gv[k].z, uv[k].z),
+                         silu_pair(gv[k].w, uv[k].w));
+          if (blockIdx.x == 0) reinterpret_cast<uint4*>(a.x_out + static_cast<std::size_t>(t) * cols)[i] = v;
+        }
+        *reinterpret_cast<uint4*>(xs + static_cast<std::size_t>(t) * stride + i * 8) = v;
+      }
     }
     sync();
   }
@@ -432,16 +450,22 @@ void launch_nt(const gemv_args& a, gemv_prologue pro, std::size_t smem, bool pdl
 
 // Shared memory a block may use (227 KB on sm_90) and what the kernel declares statically.
 constexpr std::size_t smem_per_block = 227 * 1024;
+// (An upper bound: the kernel's arrays plus 1 KB for alignment and what the compiler adds.)
 template <int NT, int WARPS>
 constexpr std::size_t static_smem() {
-  return sizeof(float) * WARPS * NT * 4 * 32 + sizeof(double) * WARPS * NT * 8 + sizeof(float) * NT * 8 + 64;
+  return sizeof(float) * WARPS * NT * 4 * 32 + sizeof(double) * WARPS * NT * 8 + sizeof(float) * NT * 8 + 1024;
 }
 constexpr int tma_warps = 8;
 
+/// Raises the kernels' dynamic shared-memory limit to `bytes`, or to what is left of a block's
+/// 227 KB beside their static arrays if that is less.
 template <int NT, int WARPS, bool TMA>
 void allow_smem(std::size_t bytes) {
   for (auto* k : {gemv_kernel<NT, WARPS, 0, TMA>, gemv_kernel<NT, WARPS, 1, TMA>, gemv_kernel<NT, WARPS, 2, TMA>}) {
-    CONVEYOR_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+    cudaFuncAttributes attr{};
+    CONVEYOR_CUDA_CHECK(cudaFuncGetAttributes(&attr, k));
+    const std::size_t limit = std::min(bytes, smem_per_block - attr.sharedSizeBytes);
+    CONVEYOR_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(limit)));
   }
 }
 
@@ -492,8 +516,8 @@ void gemv_init() {
   allow_smem<1, 16, false>(gemv_max_norm_smem);
   allow_smem<2, 8, false>(gemv_max_norm_smem);
   allow_smem<2, 16, false>(gemv_max_norm_smem);
-  allow_smem<1, tma_warps, true>(smem_per_block - static_smem<1, tma_warps>());
-  allow_smem<2, tma_warps, true>(smem_per_block - static_smem<2, tma_warps>());
+  allow_smem<1, tma_warps, true>(smem_per_block);
+  allow_smem<2, tma_warps, true>(smem_per_block);
 }
 
 bool gemv_single_wave(int rows, int sms) {

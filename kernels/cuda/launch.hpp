@@ -64,7 +64,7 @@ struct gemv_args {
   /// Weights through a ring of shared-memory stages filled by bulk copies (TMA) from a producer warp
   /// that starts before griddepcontrol.wait, 8 computing warps (0: register loads, as before).
   int tma = 1;
-  int tma_ring_bytes = 192 * 1024;  ///< with tma: the ring's target size (bytes in flight per block)
+  int tma_ring_bytes = 96 * 1024;  ///< with tma: the ring's target size (bytes in flight per block)
   // Set by launch_gemv for the tma kernel: columns of a stage, stages, ring offset in dynamic smem.
   int tma_cols = 0, tma_stages = 0, tma_ring_offset = 0;
 };

@@ -45,7 +45,9 @@ struct cuda_backend_options {
   /// bulk copies (TMA) from a producer warp that starts before the previous kernel ends; off: each
   /// warp loads groups of chunks into registers (at most ~128 KB in flight an SM; bench/NOTES.md).
   bool gemv_tma = true;
-  int gemv_tma_ring_kb = 192;  ///< with gemv_tma: the ring's size a block (bytes in flight)
+  /// with gemv_tma: the ring's size a block. 96 KB (two blocks an SM) measured fastest at batch 1
+  /// (bench/NOTES.md, session 4, against 128, 192 and 224).
+  int gemv_tma_ring_kb = 96;
   /// Decode-step kernels (GEMV, rmsnorm, rope_kv, silu_mul, decode attention) start as programmatic
   /// dependents: each launches while the one before drains (the GEMV prefetches its weights then).
   bool pdl = true;
