@@ -20,8 +20,18 @@
 // - silu: x = silu(gate) * up from gate_up rows, computed as the chunks are loaded; block 0 writes x.
 // Rounding matches the op-by-op path (each intermediate rounded to bf16 where that path stores it).
 //
-// Programmatic dependent launch: a block loads its first weights before griddepcontrol.wait, so
-// the weight stream starts while the previous kernel drains.
+// Weights reach the warps one of two ways:
+// - registers (tma off): each warp loads U chunks, waits for them, multiplies, loads the next U;
+//   at most ~128 KB in flight an SM, which held gate_up at ~3.4 TB/s.
+// - shared-memory stages (tma, the default): a producer warp copies 16-row k-slices with
+//   cp.async.bulk into a ring, an mbarrier counts their bytes, the 8 computing warps read their
+//   chunks from the stage and hand it back; the ring's bytes are in flight, not the warps' registers.
+//   Slices are multiples of 256 columns, so warp w sums chunks ≡ w (mod 8) in increasing order as the
+//   8-warp register kernel does: the same bits, for every n.
+//
+// Programmatic dependent launch: weights never depend on the previous kernel, so a block loads its
+// first weights (registers) or the producer fills the ring (tma) before griddepcontrol.wait, and the
+// weight stream starts while the previous kernel drains.
 #include <cuda_bf16.h>
 
 #include <algorithm>
