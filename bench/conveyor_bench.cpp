@@ -254,6 +254,22 @@ std::vector<variant> all_variants() {
   kernels::cuda_backend_options nogqapf = o;  // prefill attention: one block per query head (session 3)
   nogqapf.gqa_prefill = false;
   v.push_back({"nogqapf", nogqapf, {}, true});
+  // Session 4 (GEMV at batch 1): TMA stages off, capped-grid staging off, both off (session 3's
+  // GEMV), and other ring sizes.
+  kernels::cuda_backend_options notma = o;
+  notma.gemv_tma = false;
+  v.push_back({"notma", notma});
+  kernels::cuda_backend_options nostage = o;  // gate_up / LM head: x not staged, rmsnorm its own kernel
+  nostage.gemv_stage_capped = false;
+  v.push_back({"nostage", nostage});
+  kernels::cuda_backend_options s3 = o;  // session 3's defaults
+  s3.gemv_tma = s3.gemv_stage_capped = false;
+  v.push_back({"s3", s3});
+  for (int kb : {96, 128, 192, 224}) {  // 192: the default, by name
+    kernels::cuda_backend_options r = o;
+    r.gemv_tma_ring_kb = kb;
+    v.push_back({"tma" + std::to_string(kb), r});
+  }
   // Quantized weights on the default paths (issue 12): the linear layers, then the LM head too.
   for (auto k : {kernels::weight_quant::int8, kernels::weight_quant::fp8}) {
     const std::string name(kernels::weight_quant_name(k));

@@ -443,7 +443,11 @@ class cuda_backend final : public backend {
     gemv_prologue pro = gemv_prologue::none;
     const held_op& h = held_;
     const bool consumes = h.out == x && h.n == n && h.width == a.cols && out != h.a && out != h.b;
-    if (h.kind == held_kind::norm && consumes && fuse_norm_ && gemv_single_wave(a.rows, num_sms_) &&
+    a.cap_grid = gemv_cap_grid_ ? 1 : 0;
+    a.stage_capped = gemv_stage_capped_ ? 1 : 0;
+    a.tma = gemv_tma_ ? 1 : 0;
+    a.tma_ring_bytes = gemv_tma_ring_kb_ * 1024;
+    if (h.kind == held_kind::norm && consumes && fuse_norm_ && gemv_one_wave(a, num_sms_) &&
         gemv_norm_smem_bytes(n, a.cols) <= gemv_max_norm_smem && aligned(h.a) && aligned(h.b) && aligned(h.w)) {
       pro = gemv_prologue::norm;
       a.residual = static_cast<__nv_bfloat16*>(h.a);
@@ -462,7 +466,6 @@ class cuda_backend final : public backend {
       flush();
       a.x = static_cast<const __nv_bfloat16*>(x);
     }
-    a.cap_grid = gemv_cap_grid_ ? 1 : 0;
     launch_gemv(a, pro, pdl_, num_sms_, stream_);
   }
 
@@ -496,7 +499,8 @@ class cuda_backend final : public backend {
   explicit cuda_backend(const cuda_backend_options& o)
       : device_(o.device), t_(o.compute_dtype), rows_per_pass_(o.sample_rows_per_pass), graphs_(o.graphs),
         small_gemm_(o.small_gemm), small_gemm_max_n_(o.small_gemm_max_n), fuse_(o.fuse), fuse_norm_(o.fuse_norm), pdl_(o.pdl),
-        gemv_cap_grid_(o.gemv_cap_grid), gemm_tune_(o.gemm_tune), fuse_attention_(o.fuse && o.fuse_attention),
+        gemv_cap_grid_(o.gemv_cap_grid), gemv_stage_capped_(o.gemv_stage_capped), gemv_tma_(o.gemv_tma),
+        gemv_tma_ring_kb_(o.gemv_tma_ring_kb), gemm_tune_(o.gemm_tune), fuse_attention_(o.fuse && o.fuse_attention),
         skinny_gemm_(o.skinny_gemm), skinny_min_n_(o.skinny_gemm_min_n), skinny_max_n_(o.skinny_gemm_max_n) {
     tune_.gqa_decode = o.gqa_decode;
     tune_.tc_prefill = o.tc_prefill;
@@ -627,7 +631,9 @@ class cuda_backend final : public backend {
   int rows_per_pass_;
   bool graphs_, small_gemm_;
   int small_gemm_max_n_;
-  bool fuse_, fuse_norm_, pdl_, gemv_cap_grid_, gemm_tune_, fuse_attention_;
+  bool fuse_, fuse_norm_, pdl_, gemv_cap_grid_, gemv_stage_capped_, gemv_tma_;
+  int gemv_tma_ring_kb_;
+  bool gemm_tune_, fuse_attention_;
   bool skinny_gemm_;
   int skinny_min_n_, skinny_max_n_;
   /// Token counts up to this go through lt_ (decode steps; the largest batch bucket measured).

@@ -20,8 +20,18 @@
 // - silu: x = silu(gate) * up from gate_up rows, computed as the chunks are loaded; block 0 writes x.
 // Rounding matches the op-by-op path (each intermediate rounded to bf16 where that path stores it).
 //
-// Programmatic dependent launch: a block loads its first weights before griddepcontrol.wait, so
-// the weight stream starts while the previous kernel drains.
+// Weights reach the warps one of two ways:
+// - registers (tma off): each warp loads U chunks, waits for them, multiplies, loads the next U;
+//   at most ~128 KB in flight an SM, which held gate_up at ~3.4 TB/s.
+// - shared-memory stages (tma, the default): a producer warp copies 16-row k-slices with
+//   cp.async.bulk into a ring, an mbarrier counts their bytes, the 8 computing warps read their
+//   chunks from the stage and hand it back; the ring's bytes are in flight, not the warps' registers.
+//   Slices are multiples of 256 columns, so warp w sums chunks ≡ w (mod 8) in increasing order as the
+//   8-warp register kernel does: the same bits, for every n.
+//
+// Programmatic dependent launch: weights never depend on the previous kernel, so a block loads its
+// first weights (registers) or the producer fills the ring (tma) before griddepcontrol.wait, and the
+// weight stream starts while the previous kernel drains.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -55,9 +65,41 @@ __device__ __forceinline__ std::uint32_t silu_pair(std::uint32_t g, std::uint32_
 
 constexpr int max_tokens = 16;
 
-template <int NT, int WARPS, int PRO>
-__global__ void __launch_bounds__(WARPS * 32) gemv_kernel(gemv_args a) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+// Weight stages through shared memory (TMA): one bulk copy per row of a stage, completion counted on
+// an mbarrier (full), the slot handed back by the consumer warps on another (empty).
+__device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(std::uint64_t* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(std::uint64_t* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(std::uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(std::uint64_t* bar, unsigned parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra WAIT_%=;\n"
+      "}\n" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes, std::uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(smem_addr(bar))
+      : "memory");
+}
+
+template <int NT, int WARPS, int PRO, bool TMA>
+__global__ void __launch_bounds__(WARPS * 32 + (TMA ? 32 : 0)) gemv_kernel(gemv_args a) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
   __shared__ float red[WARPS][NT][4][32];
   __shared__ double ss_part[WARPS][NT * 8];
   __shared__ float inv_s[NT * 8];
@@ -66,6 +108,29 @@ __global__ void __launch_bounds__(WARPS * 32) gemv_kernel(gemv_args a) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, q = lane % 4;
   const int cols = a.cols, n = a.n;
+  constexpr int threads = WARPS * 32;  // the computing threads (TMA: plus one producer warp)
+  // Barrier of the computing threads (with TMA the producer warp runs on its own).
+  auto sync = [] {
+    if constexpr (TMA) {
+      asm volatile("bar.sync 1, %0;" ::"n"(threads) : "memory");
+    } else {
+      __syncthreads();
+    }
+  };
+  // Dynamic shared memory: [TMA: full and empty barriers, 128 B][x staged][TMA: weight stages].
+  unsigned char* dyn = smem_raw + (TMA ? 128 : 0);
+  std::uint64_t* full = reinterpret_cast<std::uint64_t*>(smem_raw);
+  std::uint64_t* empty = full + 8;
+  if constexpr (TMA) {
+    if (threadIdx.x == 0) {
+      for (int i = 0; i < a.tma_stages; ++i) {
+        mbar_init(full + i, 1);
+        mbar_init(empty + i, WARPS);
+      }
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+  }
   // A block serves tiles blockIdx.x, + gridDim.x, ... (more than one where the grid is capped at the
   // blocks that fit at once): the next tile's first weights load while this one's are reduced.
   const int tiles = (a.rows + 15) / 16;
@@ -96,30 +161,79 @@ __global__ void __launch_bounds__(WARPS * 32) gemv_kernel(gemv_args a) {
       }
     }
   };
-  load_w(warp);
+  // TMA: stage u of this block is k-slice u % slices of its tile u / slices; the stages hold
+  // 16 rows × tma_cols columns, row r at r × (that slice's columns) × 2 bytes.
+  const int kslice = a.tma_cols, slices = (cols + kslice - 1) / kslice, nstages = a.tma_stages;
+  const std::size_t stage_bytes = static_cast<std::size_t>(16) * kslice * sizeof(bf16);
+  unsigned char* ring = dyn + a.tma_ring_offset;
+  if constexpr (TMA) {
+    if (warp == WARPS) {
+      // Producer: every stage of every tile of this block, as soon as its slot is free. Weights do
+      // not depend on the previous kernel: no griddepcontrol.wait, so the first stages stream while
+      // it drains (the computing warps wait for it before they read x).
+      grid_dep_trigger();
+      const int my_tiles = (tiles - static_cast<int>(blockIdx.x) + static_cast<int>(gridDim.x) - 1) / gridDim.x;
+      const int total = my_tiles * slices;
+      for (int u = 0; u < total; ++u) {
+        const int slot = u % nstages, use = u / nstages;
+        const int t = static_cast<int>(blockIdx.x) + (u / slices) * static_cast<int>(gridDim.x);
+        const int k0 = (u % slices) * kslice, kc = min(kslice, cols - k0);
+        const int valid_rows = min(16, a.rows - t * 16);
+        if (use > 0) mbar_wait(empty + slot, (use - 1) & 1);
+        if (lane == 0) mbar_expect_tx(full + slot, static_cast<unsigned>(valid_rows * kc * sizeof(bf16)));
+        __syncwarp();
+        if (lane < valid_rows) {
+          bulk_copy(ring + slot * stage_bytes + static_cast<std::size_t>(lane) * kc * sizeof(bf16),
+                    a.w + static_cast<std::size_t>(t * 16 + lane) * cols + k0, static_cast<unsigned>(kc * sizeof(bf16)),
+                    full + slot);
+        }
+      }
+      return;
+    }
+  } else {
+    load_w(warp);
+  }
   grid_dep_wait();
   grid_dep_trigger();
 
   const int stride = cols + 8;  // padded rows of x in shared memory: conflict-free 16-byte reads
-  bf16* xs = reinterpret_cast<bf16*>(smem_raw);
+  bf16* xs = reinterpret_cast<bf16*>(dyn);
   const bool staged = PRO == static_cast<int>(gemv_prologue::norm) || a.stage_x;
   if (PRO != static_cast<int>(gemv_prologue::norm) && staged) {
-    const int vchunks = cols / 8;
-    for (int idx = threadIdx.x; idx < n * vchunks; idx += blockDim.x) {
-      const int t = idx / vchunks, i = idx % vchunks;
-      uint4 v;
-      if constexpr (PRO == static_cast<int>(gemv_prologue::silu)) {
-        const bf16* gu = a.x + static_cast<std::size_t>(t) * 2 * cols;
-        const uint4 gv = __ldg(reinterpret_cast<const uint4*>(gu) + i);
-        const uint4 uv = __ldg(reinterpret_cast<const uint4*>(gu + cols) + i);
-        v = make_uint4(silu_pair(gv.x, uv.x), silu_pair(gv.y, uv.y), silu_pair(gv.z, uv.z), silu_pair(gv.w, uv.w));
-        if (blockIdx.x == 0) reinterpret_cast<uint4*>(a.x_out + static_cast<std::size_t>(t) * cols)[i] = v;
-      } else {
-        v = __ldg(reinterpret_cast<const uint4*>(a.x + static_cast<std::size_t>(t) * cols) + i);
+    // All of a thread's loads first, then the arithmetic and the stores: the silu prologue of
+    // down_proj (8192 columns, 4 chunks a thread) waited for one L2 round trip per chunk.
+    const int vchunks = cols / 8, total = n * vchunks;
+    constexpr int SU = 4;
+    for (int base = threadIdx.x; base < total; base += threads * SU) {
+      uint4 gv[SU], uv[SU];
+#pragma unroll
+      for (int k = 0; k < SU; ++k) {
+        const int idx = base + k * threads;
+        if (idx >= total) break;
+        const int t = idx / vchunks, i = idx % vchunks;
+        if constexpr (PRO == static_cast<int>(gemv_prologue::silu)) {
+          const bf16* gu = a.x + static_cast<std::size_t>(t) * 2 * cols;
+          gv[k] = __ldg(reinterpret_cast<const uint4*>(gu) + i);
+          uv[k] = __ldg(reinterpret_cast<const uint4*>(gu + cols) + i);
+        } else {
+          gv[k] = __ldg(reinterpret_cast<const uint4*>(a.x + static_cast<std::size_t>(t) * cols) + i);
+        }
       }
-      *reinterpret_cast<uint4*>(xs + static_cast<std::size_t>(t) * stride + i * 8) = v;
+#pragma unroll
+      for (int k = 0; k < SU; ++k) {
+        const int idx = base + k * threads;
+        if (idx >= total) break;
+        const int t = idx / vchunks, i = idx % vchunks;
+        uint4 v = gv[k];
+        if constexpr (PRO == static_cast<int>(gemv_prologue::silu)) {
+          v = make_uint4(silu_pair(gv[k].x, uv[k].x), silu_pair(gv[k].y, uv[k].y), silu_pair(gv[k].z, uv[k].z),
+                         silu_pair(gv[k].w, uv[k].w));
+          if (blockIdx.x == 0) reinterpret_cast<uint4*>(a.x_out + static_cast<std::size_t>(t) * cols)[i] = v;
+        }
+        *reinterpret_cast<uint4*>(xs + static_cast<std::size_t>(t) * stride + i * 8) = v;
+      }
     }
-    __syncthreads();
+    sync();
   }
   if constexpr (PRO == static_cast<int>(gemv_prologue::norm)) {
     const int vchunks = cols / 8;
@@ -132,7 +246,7 @@ __global__ void __launch_bounds__(WARPS * 32) gemv_kernel(gemv_args a) {
       if (t >= n) break;
       const uint4* r4 = reinterpret_cast<const uint4*>(a.residual + static_cast<std::size_t>(t) * cols);
       const uint4* d4 = reinterpret_cast<const uint4*>(a.delta + static_cast<std::size_t>(t) * cols);
-      for (int i = threadIdx.x; i < vchunks; i += blockDim.x) {
+      for (int i = threadIdx.x; i < vchunks; i += threads) {
         uint4 v = r4[i];
         if (a.delta != nullptr) {
           const uint4 d = d4[i];
@@ -156,18 +270,18 @@ __global__ void __launch_bounds__(WARPS * 32) gemv_kernel(gemv_args a) {
       for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
       if (lane == 0) ss_part[warp][t] = v;
     }
-    __syncthreads();
+    sync();
     if (threadIdx.x < NT * 8) {
       double total = 0.0;
       for (int w = 0; w < WARPS; ++w) total += ss_part[w][threadIdx.x];
       inv_s[threadIdx.x] = 1.0f / sqrtf(static_cast<float>(total / cols) + a.eps);
     }
-    __syncthreads();
+    sync();
     // Pass 2 (same chunks as pass 1, so no barrier between): x = w * (x * inv), rounded.
     const float4* nw = reinterpret_cast<const float4*>(a.norm_w);
     for (int t = 0; t < n; ++t) {
       const float inv = inv_s[t];
-      for (int i = threadIdx.x; i < vchunks; i += blockDim.x) {
+      for (int i = threadIdx.x; i < vchunks; i += threads) {
         uint4* p = reinterpret_cast<uint4*>(xs + static_cast<std::size_t>(t) * stride + i * 8);
         uint4 v = *p;
         const float4 w0 = nw[i * 2], w1 = nw[i * 2 + 1];
@@ -180,13 +294,13 @@ __global__ void __launch_bounds__(WARPS * 32) gemv_kernel(gemv_args a) {
         *p = v;
       }
     }
-    __syncthreads();
+    sync();
     // Materialise what the op-by-op path leaves in memory: the normalised rows, and with delta the
     // updated residual, written by the last block to arrive (every other block has read it by then).
     bool writer = blockIdx.x == 0;
     if (a.delta != nullptr) {
       if (threadIdx.x == 0) last_s = atomicAdd(a.counter, 1u) == gridDim.x - 1;
-      __syncthreads();
+      sync();
       writer = last_s != 0;
     }
     if (writer) {
@@ -194,7 +308,7 @@ __global__ void __launch_bounds__(WARPS * 32) gemv_kernel(gemv_args a) {
         uint4* r4 = reinterpret_cast<uint4*>(a.residual + static_cast<std::size_t>(t) * cols);
         const uint4* d4 = reinterpret_cast<const uint4*>(a.delta + static_cast<std::size_t>(t) * cols);
         uint4* o4 = reinterpret_cast<uint4*>(a.x_out + static_cast<std::size_t>(t) * cols);
-        for (int i = threadIdx.x; i < vchunks; i += blockDim.x) {
+        for (int i = threadIdx.x; i < vchunks; i += threads) {
           if (a.delta != nullptr) {
             uint4 v = r4[i];
             const uint4 d = d4[i];
@@ -211,6 +325,33 @@ __global__ void __launch_bounds__(WARPS * 32) gemv_kernel(gemv_args a) {
     }
   }
 
+  // One chunk (16 rows × 32 k of W in wa4 / wb4, zero where invalid) into the accumulators, x read
+  // from where the prologue left it.
+  auto mma_chunk = [&](float (&acc)[NT][2][4], int c, bool valid, const uint4& wa4, const uint4& wb4, int tile_now) {
+    const int k0 = c * 32 + q * 8;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int t = nt * 8 + g;
+      uint4 xv = make_uint4(0, 0, 0, 0);
+      if (valid && t < n) {
+        if (staged) {
+          xv = *reinterpret_cast<const uint4*>(xs + static_cast<std::size_t>(t) * stride + k0);
+        } else if constexpr (PRO == static_cast<int>(gemv_prologue::silu)) {
+          const bf16* gu = a.x + static_cast<std::size_t>(t) * 2 * cols;
+          const uint4 gv = __ldg(reinterpret_cast<const uint4*>(gu + k0));
+          const uint4 uv = __ldg(reinterpret_cast<const uint4*>(gu + cols + k0));
+          xv = make_uint4(silu_pair(gv.x, uv.x), silu_pair(gv.y, uv.y), silu_pair(gv.z, uv.z), silu_pair(gv.w, uv.w));
+          if (tile_now == 0) *reinterpret_cast<uint4*>(a.x_out + static_cast<std::size_t>(t) * cols + k0) = xv;
+        } else {
+          xv = __ldg(reinterpret_cast<const uint4*>(a.x + static_cast<std::size_t>(t) * cols + k0));
+        }
+      }
+      mma16816(acc[nt][0], wa4.x, wb4.x, wa4.y, wb4.y, xv.x, xv.y);
+      mma16816(acc[nt][1], wa4.z, wb4.z, wa4.w, wb4.w, xv.z, xv.w);
+    }
+  };
+
+  [[maybe_unused]] int u = 0;  // TMA: stages consumed so far
   for (; tile < tiles; tile += gridDim.x) {
     const int row0 = tile * 16;
     float acc[NT][2][4];
@@ -221,32 +362,36 @@ __global__ void __launch_bounds__(WARPS * 32) gemv_kernel(gemv_args a) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[nt][h][e] = 0.0f;
 
-    for (int base = warp; base < chunks; base += WARPS * U) {
-      if (base != warp) load_w(base);
-#pragma unroll
-      for (int j = 0; j < U; ++j) {
-        const int c = base + j * WARPS;
-        const bool valid = c < chunks && c * 32 + q * 8 < cols;
-        const int k0 = c * 32 + q * 8;
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          const int t = nt * 8 + g;
-          uint4 xv = make_uint4(0, 0, 0, 0);
-          if (valid && t < n) {
-            if (staged) {
-              xv = *reinterpret_cast<const uint4*>(xs + static_cast<std::size_t>(t) * stride + k0);
-            } else if constexpr (PRO == static_cast<int>(gemv_prologue::silu)) {
-              const bf16* gu = a.x + static_cast<std::size_t>(t) * 2 * cols;
-              const uint4 gv = __ldg(reinterpret_cast<const uint4*>(gu + k0));
-              const uint4 uv = __ldg(reinterpret_cast<const uint4*>(gu + cols + k0));
-              xv = make_uint4(silu_pair(gv.x, uv.x), silu_pair(gv.y, uv.y), silu_pair(gv.z, uv.z), silu_pair(gv.w, uv.w));
-              if (tile == 0) *reinterpret_cast<uint4*>(a.x_out + static_cast<std::size_t>(t) * cols + k0) = xv;
-            } else {
-              xv = __ldg(reinterpret_cast<const uint4*>(a.x + static_cast<std::size_t>(t) * cols + k0));
-            }
+    if constexpr (TMA) {
+      // Warp w takes chunks w, w + WARPS, ... of each slice; tma_cols is a multiple of 32 × WARPS, so
+      // over the whole row that is chunks ≡ w (mod WARPS) in increasing order, as in the loop below
+      // with 8 warps: the same sums in the same order.
+      for (int sl = 0; sl < slices; ++sl, ++u) {
+        const int slot = u % nstages;
+        mbar_wait(full + slot, (u / nstages) & 1);
+        const int kbase = sl * kslice, kc = min(kslice, cols - kbase);
+        const bf16* st = reinterpret_cast<const bf16*>(ring + slot * stage_bytes);
+        const int lchunks = (kc + 31) / 32;
+#pragma unroll 4
+        for (int cl = warp; cl < lchunks; cl += WARPS) {
+          const bool valid = cl * 32 + q * 8 < kc;
+          uint4 wa4 = make_uint4(0, 0, 0, 0), wb4 = make_uint4(0, 0, 0, 0);
+          if (valid) {
+            wa4 = *reinterpret_cast<const uint4*>(st + static_cast<std::size_t>(g) * kc + cl * 32 + q * 8);
+            wb4 = *reinterpret_cast<const uint4*>(st + static_cast<std::size_t>(g + 8) * kc + cl * 32 + q * 8);
           }
-          mma16816(acc[nt][0], w_a[j].x, w_b[j].x, w_a[j].y, w_b[j].y, xv.x, xv.y);
-          mma16816(acc[nt][1], w_a[j].z, w_b[j].z, w_a[j].w, w_b[j].w, xv.z, xv.w);
+          mma_chunk(acc, kbase / 32 + cl, valid, wa4, wb4, tile);
+        }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty + slot);  // this warp is done with the slot
+      }
+    } else {
+      for (int base = warp; base < chunks; base += WARPS * U) {
+        if (base != warp) load_w(base);
+#pragma unroll
+        for (int j = 0; j < U; ++j) {
+          const int c = base + j * WARPS;
+          mma_chunk(acc, c, c < chunks && c * 32 + q * 8 < cols, w_a[j], w_b[j], tile);
         }
       }
     }
@@ -256,12 +401,12 @@ __global__ void __launch_bounds__(WARPS * 32) gemv_kernel(gemv_args a) {
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) red[warp][nt][e][lane] = acc[nt][0][e] + acc[nt][1][e];
-    if (tile + static_cast<int>(gridDim.x) < tiles) {  // the next tile's first weights, before the reduction
+    if (!TMA && tile + static_cast<int>(gridDim.x) < tiles) {  // the next tile's first weights, before the reduction
       set_rows(tile + gridDim.x);
       load_w(warp);
     }
-    __syncthreads();
-    for (int idx = threadIdx.x; idx < NT * 4 * 32; idx += blockDim.x) {
+    sync();
+    for (int idx = threadIdx.x; idx < NT * 4 * 32; idx += threads) {
       const int nt = idx / 128, e = (idx / 32) % 4, l = idx % 32;
       float s = 0.0f;
 #pragma unroll
@@ -274,27 +419,26 @@ __global__ void __launch_bounds__(WARPS * 32) gemv_kernel(gemv_args a) {
         a.out[static_cast<std::size_t>(tok) * a.rows + row] = __float2bfloat16_rn(y);
       }
     }
-    __syncthreads();  // red is rewritten by the next tile
+    sync();  // red is rewritten by the next tile
   }
 }
 
-template <int NT, int WARPS, int PRO>
-void launch_one(const gemv_args& a, std::size_t smem, bool pdl, cudaStream_t s) {
+template <int NT, int WARPS, int PRO, bool TMA>
+void launch_one(const gemv_args& a, std::size_t smem, bool pdl, int sms, cudaStream_t s) {
   // A grid of more tiles than fit at once is capped at the blocks that do (each then serves several
   // tiles and prefetches the next one's weights): one wave that streams instead of waves that each
-  // start with a memory round trip.
-  static const int resident = [] {
-    int blocks = 0, dev = 0, sms = 0;
-    CONVEYOR_CUDA_CHECK(cudaGetDevice(&dev));
-    CONVEYOR_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    CONVEYOR_CUDA_CHECK(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, gemv_kernel<NT, WARPS, PRO>, WARPS * 32, 0));
-    return std::max(1, blocks) * sms;
-  }();
+  // start with a memory round trip. The resident count includes the shared memory of this launch.
+  constexpr int threads = WARPS * 32 + (TMA ? 32 : 0);
   const int tiles = (a.rows + 15) / 16;
+  int grid = tiles;
+  if (a.cap_grid != 0 || TMA) {
+    int per_sm = 0;
+    CONVEYOR_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_kernel<NT, WARPS, PRO, TMA>, threads, smem));
+    grid = std::min(tiles, std::max(1, per_sm) * sms);
+  }
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(smem == 0 && a.cap_grid != 0 ? std::min(tiles, resident) : tiles));
-  cfg.blockDim = dim3(WARPS * 32);
+  cfg.gridDim = dim3(static_cast<unsigned>(grid));
+  cfg.blockDim = dim3(threads);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = s;
   cudaLaunchAttribute attr[1];
@@ -302,24 +446,71 @@ void launch_one(const gemv_args& a, std::size_t smem, bool pdl, cudaStream_t s) 
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 1 : 0;
-  CONVEYOR_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_kernel<NT, WARPS, PRO>, a));
+  CONVEYOR_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_kernel<NT, WARPS, PRO, TMA>, a));
 }
 
-template <int NT, int WARPS>
-void launch_nt(const gemv_args& a, gemv_prologue pro, bool pdl, cudaStream_t s) {
+template <int NT, int WARPS, bool TMA>
+void launch_nt(const gemv_args& a, gemv_prologue pro, std::size_t smem, bool pdl, int sms, cudaStream_t s) {
   switch (pro) {
-    case gemv_prologue::none: return launch_one<NT, WARPS, 0>(a, a.stage_x ? gemv_norm_smem_bytes(a.n, a.cols) : 0, pdl, s);
-    case gemv_prologue::norm: return launch_one<NT, WARPS, 1>(a, gemv_norm_smem_bytes(a.n, a.cols), pdl, s);
-    case gemv_prologue::silu: return launch_one<NT, WARPS, 2>(a, a.stage_x ? gemv_norm_smem_bytes(a.n, a.cols) : 0, pdl, s);
+    case gemv_prologue::none: return launch_one<NT, WARPS, 0, TMA>(a, smem, pdl, sms, s);
+    case gemv_prologue::norm: return launch_one<NT, WARPS, 1, TMA>(a, smem, pdl, sms, s);
+    case gemv_prologue::silu: return launch_one<NT, WARPS, 2, TMA>(a, smem, pdl, sms, s);
   }
 }
 
+// Shared memory a block may use (227 KB on sm_90) and what the kernel declares statically.
+constexpr std::size_t smem_per_block = 227 * 1024;
+// (An upper bound: the kernel's arrays plus 1 KB for alignment and what the compiler adds.)
 template <int NT, int WARPS>
-void allow_smem() {
-  for (auto* k : {gemv_kernel<NT, WARPS, 0>, gemv_kernel<NT, WARPS, 1>, gemv_kernel<NT, WARPS, 2>}) {
-    CONVEYOR_CUDA_CHECK(
-        cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(gemv_max_norm_smem)));
+constexpr std::size_t static_smem() {
+  return sizeof(float) * WARPS * NT * 4 * 32 + sizeof(double) * WARPS * NT * 8 + sizeof(float) * NT * 8 + 1024;
+}
+constexpr int tma_warps = 8;
+
+/// Raises the kernels' dynamic shared-memory limit to `bytes`, or to what is left of a block's
+/// 227 KB beside their static arrays if that is less.
+template <int NT, int WARPS, bool TMA>
+void allow_smem(std::size_t bytes) {
+  for (auto* k : {gemv_kernel<NT, WARPS, 0, TMA>, gemv_kernel<NT, WARPS, 1, TMA>, gemv_kernel<NT, WARPS, 2, TMA>}) {
+    cudaFuncAttributes attr{};
+    CONVEYOR_CUDA_CHECK(cudaFuncGetAttributes(&attr, k));
+    const std::size_t limit = std::min(bytes, smem_per_block - attr.sharedSizeBytes);
+    CONVEYOR_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(limit)));
   }
+}
+
+std::size_t round_up(std::size_t v, std::size_t m) { return (v + m - 1) / m * m; }
+
+/// Stage width, stage count and shared memory of a TMA launch; false where two stages do not fit.
+/// The stage width is a multiple of 32 × tma_warps so the arithmetic never depends on it (nor on n).
+template <int NT>
+bool plan_tma(gemv_args& a, gemv_prologue pro, std::size_t& smem) {
+  const std::size_t ring = static_cast<std::size_t>(std::max(a.tma_ring_bytes, 2 * 16 * 256 * 2));
+  constexpr std::size_t unit = 32 * tma_warps;  // columns
+  std::size_t kslice = std::min(round_up(static_cast<std::size_t>(a.cols), unit),
+                                std::max(unit, ring / 3 / 32 / unit * unit));  // a stage is 32 bytes a column
+  for (int pass = 0; pass < 2; ++pass) {
+    const bool staged = pro == gemv_prologue::norm || a.stage_x != 0;
+    const std::size_t xs = staged ? round_up(gemv_norm_smem_bytes(a.n, a.cols), 128) : 0;
+    const std::size_t fixed = static_smem<NT, tma_warps>() + 128 + xs;
+    if (fixed < smem_per_block) {
+      const std::size_t avail = smem_per_block - fixed;
+      while (kslice > unit && avail / (32 * kslice) < 2) kslice -= unit;
+      const std::size_t stages = std::min<std::size_t>(8, std::min(ring, avail) / (32 * kslice));
+      const std::size_t fit = std::min<std::size_t>(8, avail / (32 * kslice));
+      const std::size_t ns = stages >= 2 ? stages : fit;
+      if (ns >= 2) {
+        a.tma_cols = static_cast<int>(kslice);
+        a.tma_stages = static_cast<int>(ns);
+        a.tma_ring_offset = static_cast<int>(xs);
+        smem = 128 + xs + ns * 32 * kslice;
+        return true;
+      }
+    }
+    if (pro == gemv_prologue::norm || a.stage_x == 0) return false;
+    a.stage_x = 0;  // x from global instead (same values): room for the stages
+  }
+  return false;
 }
 
 }  // namespace
@@ -331,10 +522,12 @@ std::size_t gemv_norm_smem_bytes(int n, int cols) {
 }
 
 void gemv_init() {
-  allow_smem<1, 8>();
-  allow_smem<1, 16>();
-  allow_smem<2, 8>();
-  allow_smem<2, 16>();
+  allow_smem<1, 8, false>(gemv_max_norm_smem);
+  allow_smem<1, 16, false>(gemv_max_norm_smem);
+  allow_smem<2, 8, false>(gemv_max_norm_smem);
+  allow_smem<2, 16, false>(gemv_max_norm_smem);
+  allow_smem<1, tma_warps, true>(smem_per_block);
+  allow_smem<2, tma_warps, true>(smem_per_block);
 }
 
 bool gemv_single_wave(int rows, int sms) {
@@ -342,20 +535,33 @@ bool gemv_single_wave(int rows, int sms) {
   return tiles <= 2 * sms;  // 16 warps: one block per SM; 8 warps: two
 }
 
+bool gemv_one_wave(const gemv_args& a, int sms) {
+  return gemv_single_wave(a.rows, sms) || ((a.cap_grid != 0 || a.tma != 0) && a.stage_capped != 0);
+}
+
 void launch_gemv(const gemv_args& args, gemv_prologue pro, bool pdl, int sms, cudaStream_t s) {
   gemv_args a = args;
   // Staging is a serial step at the start of every block: it pays in a grid of one wave (o_proj,
   // down_proj) and costs a round trip per wave in a larger one (gate_up, the LM head: batch 8 lost
-  // 0.46 ms a step when every grid staged).
-  a.stage_x = gemv_single_wave(a.rows, sms) && gemv_norm_smem_bytes(a.n, a.cols) <= gemv_max_norm_smem ? 1 : 0;
+  // 0.46 ms a step when every grid staged). A capped grid is one wave too (stage_capped).
+  a.stage_x = gemv_one_wave(a, sms) && gemv_norm_smem_bytes(a.n, a.cols) <= gemv_max_norm_smem ? 1 : 0;
+  std::size_t smem = 0;
+  // tma: weights through shared-memory stages, 8 computing warps, whatever the shape and n (one
+  // arithmetic for every n: batch_invariant). 16-byte aligned rows are needed for the bulk copies.
+  if (a.tma != 0 && (reinterpret_cast<std::uintptr_t>(a.w) % 16) == 0 &&
+      (a.n <= 8 ? plan_tma<1>(a, pro, smem) : plan_tma<2>(a, pro, smem))) {
+    return a.n <= 8 ? launch_nt<1, tma_warps, true>(a, pro, smem, pdl, sms, s)
+                    : launch_nt<2, tma_warps, true>(a, pro, smem, pdl, sms, s);
+  }
+  smem = pro == gemv_prologue::norm || a.stage_x ? gemv_norm_smem_bytes(a.n, a.cols) : 0;
   // A grid that fits on the SMs at once (o_proj, down_proj) gets 16 warps per block, for more loads
   // in flight; a larger one 8, so two blocks share an SM and a second wave comes later or never
   // (qkv_proj's 192 tiles ran as two waves of 16-warp blocks).
   const bool wide = (a.rows + 15) / 16 <= sms;
   if (a.n <= 8) {
-    wide ? launch_nt<1, 16>(a, pro, pdl, s) : launch_nt<1, 8>(a, pro, pdl, s);
+    wide ? launch_nt<1, 16, false>(a, pro, smem, pdl, sms, s) : launch_nt<1, 8, false>(a, pro, smem, pdl, sms, s);
   } else {
-    wide ? launch_nt<2, 16>(a, pro, pdl, s) : launch_nt<2, 8>(a, pro, pdl, s);
+    wide ? launch_nt<2, 16, false>(a, pro, smem, pdl, sms, s) : launch_nt<2, 8, false>(a, pro, smem, pdl, sms, s);
   }
 }
 

@@ -58,6 +58,15 @@ struct gemv_args {
   /// A grid of more tiles than fit at once is capped at the resident blocks, which loop over tiles
   /// (0: one block per tile, as before; kept to measure the cap against).
   int cap_grid = 1;
+  /// A capped grid (one wave by construction) stages x in shared memory and takes the norm prologue
+  /// like a one-wave grid does (0: only grids of at most two 8-warp blocks an SM, as before).
+  int stage_capped = 1;
+  /// Weights through a ring of shared-memory stages filled by bulk copies (TMA) from a producer warp
+  /// that starts before griddepcontrol.wait, 8 computing warps (0: register loads, as before).
+  int tma = 1;
+  int tma_ring_bytes = 96 * 1024;  ///< with tma: the ring's target size (bytes in flight per block)
+  // Set by launch_gemv for the tma kernel: columns of a stage, stages, ring offset in dynamic smem.
+  int tma_cols = 0, tma_stages = 0, tma_ring_offset = 0;
 };
 /// Shapes launch_gemv takes (the caller also checks dtype and alignment).
 bool gemv_supported(int n, int rows, int cols);
@@ -69,6 +78,9 @@ void gemv_init();
 /// True when the GEMV of `rows` outputs runs as one wave on `sms` multiprocessors. Only then is the
 /// norm prologue worth it: every block repeats it, and each further wave waits for it again.
 bool gemv_single_wave(int rows, int sms);
+/// True when launch_gemv runs `a` (rows, cap_grid, stage_capped) as one wave: x is staged and the
+/// norm prologue pays (it is repeated once per block, not per tile).
+bool gemv_one_wave(const gemv_args& a, int sms);
 /// `pdl`: launch as a programmatic dependent of the previous kernel (it prefetches weights early).
 void launch_gemv(const gemv_args& a, gemv_prologue pro, bool pdl, int sms, cudaStream_t s);
 

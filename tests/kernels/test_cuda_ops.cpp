@@ -40,14 +40,22 @@ class cuda_ops : public ::testing::TestWithParam<dtype> {
   kernels::weight upload_vector(const std::vector<float>& host) {
     return b_->upload_weight(host.data(), dtype::f32, 1, static_cast<std::int64_t>(host.size()), true);
   }
-  /// Re-creates the backend with the opt-in speed paths on (the small-batch GEMV and its fusions).
-  void use_opt_in_paths() {
+  /// GEMV configurations the GEMV tests run under: the defaults (TMA stages), the register loads
+  /// without the capped-grid staging (session 3's kernel), and TMA with a small ring (more stages
+  /// per tile, two blocks an SM).
+  static constexpr int gemv_configs = 3;
+  static const char* gemv_config_name(int c) { return c == 0 ? "" : c == 1 ? " [legacy]" : " [tma ring 40k]"; }
+  /// Re-creates the backend with the opt-in speed paths on (the small-batch GEMV and its fusions),
+  /// in GEMV configuration `config`.
+  void use_opt_in_paths(int config = 0) {
     kernels::cuda_backend_options o;
     o.compute_dtype = t();
     o.small_gemm = true;
     o.small_gemm_max_n = 16;
     o.fuse = true;
     o.fuse_norm = true;
+    if (config == 1) o.gemv_tma = o.gemv_stage_capped = false;
+    if (config == 2) o.gemv_tma_ring_kb = 40;
     auto b = kernels::make_cuda_backend(o);
     ASSERT_TRUE(b.ok()) << b.err().message;
     b_ = std::move(b).value();
@@ -391,28 +399,70 @@ TEST_P(cuda_ops, sample_matches_cpu_draws) {
 }
 
 // The small-batch GEMV (bf16, n ≤ 16) across token counts, row tails, K tails and bias; f32 runs
-// the same shapes through cuBLAS.
+// the same shapes through cuBLAS. The other GEMV configurations on the shapes that take their paths.
 TEST_P(cuda_ops, small_batch_linear) {
-  use_opt_in_paths();
-  // 16384 and 8999 rows: more tiles than fit on the GPU at once (blocks loop over tiles).
-  for (auto [rows, cols] : {std::pair{48, 64}, {17, 96}, {40, 40}, {3072, 2048}, {2048, 8192}, {16384, 256}, {8999, 64}}) {
-    for (int n : {1, 2, 5, 8, 9, 16}) {
-      const bool with_bias = (n + rows) % 2 == 1;
-      const std::string shape = " n" + std::to_string(n) + " " + std::to_string(rows) + "x" + std::to_string(cols) +
-                                (with_bias ? " bias" : "");
+  for (int config = 0; config < gemv_configs; ++config) {
+    use_opt_in_paths(config);
+    // 16384 and 8999 rows: more tiles than fit on the GPU at once (blocks loop over tiles).
+    for (auto [rows, cols] : {std::pair{48, 64}, {17, 96}, {40, 40}, {3072, 2048}, {2048, 8192}, {16384, 256}, {8999, 64}}) {
+      if (config != 0 && rows < 2048) continue;
+      for (int n : {1, 2, 5, 8, 9, 16}) {
+        if (config != 0 && n != 1 && n != 9) continue;
+        const bool with_bias = (n + rows) % 2 == 1;
+        const std::string shape = " n" + std::to_string(n) + " " + std::to_string(rows) + "x" + std::to_string(cols) +
+                                  (with_bias ? " bias" : "") + gemv_config_name(config);
+        auto x = testing::random_values(rng_, static_cast<std::size_t>(n) * cols, t());
+        auto wh = testing::random_values(rng_, static_cast<std::size_t>(rows) * cols, t(), 0.05f);
+        kernels::weight w = upload_matrix(wh, rows, cols);
+        std::vector<float> bias_h = with_bias ? testing::random_values(rng_, rows, dtype::f32) : std::vector<float>{};
+        kernels::weight bias = with_bias ? upload_vector(bias_h) : kernels::weight{};
+        dev_acts xd(*b_, x), out(*b_, static_cast<std::size_t>(n) * rows);
+        out.poison();
+        b_->linear(xd.get_ptr(), n, w, bias, out.get_ptr());
+        std::vector<float> ref(static_cast<std::size_t>(n) * rows);
+        kernels::cpu::linear(x.data(), n, wh.data(), rows, cols, with_bias ? bias_h.data() : nullptr, ref.data());
+        EXPECT_CLOSE(out.get(), ref, t(), tag("small linear" + shape));
+        b_->release(const_cast<void*>(w.data));
+        if (with_bias) b_->release(const_cast<void*>(bias.data));
+      }
+    }
+  }
+}
+
+// batch_invariant relies on it: in every GEMV configuration, each row of a GEMV of n ≤ 16 tokens is
+// bit for bit the GEMV of that token alone (the reduction order over K must not depend on n).
+TEST_P(cuda_ops, small_batch_linear_rows_match_single_rows) {
+  if (t() != dtype::bf16) GTEST_SKIP() << "the GEMV is bf16 only";
+  for (int config = 0; config < gemv_configs; ++config) {
+    use_opt_in_paths(config);
+    for (auto [rows, cols] : {std::pair{2048, 8192}, {16384, 256}, {3072, 2048}}) {
+      const int n = 16;
       auto x = testing::random_values(rng_, static_cast<std::size_t>(n) * cols, t());
       auto wh = testing::random_values(rng_, static_cast<std::size_t>(rows) * cols, t(), 0.05f);
       kernels::weight w = upload_matrix(wh, rows, cols);
-      std::vector<float> bias_h = with_bias ? testing::random_values(rng_, rows, dtype::f32) : std::vector<float>{};
-      kernels::weight bias = with_bias ? upload_vector(bias_h) : kernels::weight{};
-      dev_acts xd(*b_, x), out(*b_, static_cast<std::size_t>(n) * rows);
-      out.poison();
-      b_->linear(xd.get_ptr(), n, w, bias, out.get_ptr());
-      std::vector<float> ref(static_cast<std::size_t>(n) * rows);
-      kernels::cpu::linear(x.data(), n, wh.data(), rows, cols, with_bias ? bias_h.data() : nullptr, ref.data());
-      EXPECT_CLOSE(out.get(), ref, t(), tag("small linear" + shape));
+      for (int m : {16, 5}) {  // two n-tiles, one n-tile
+        dev_acts xd(*b_, std::vector<float>(x.begin(), x.begin() + static_cast<std::ptrdiff_t>(m) * cols));
+        dev_acts all(*b_, static_cast<std::size_t>(m) * rows);
+        b_->linear(xd.get_ptr(), m, w, {}, all.get_ptr());
+        const std::vector<float> got = all.get();
+        int same = 0;
+        for (int r = 0; r < m; ++r) {
+          dev_acts xr(*b_, std::vector<float>(x.begin() + static_cast<std::ptrdiff_t>(r) * cols,
+                                              x.begin() + static_cast<std::ptrdiff_t>(r + 1) * cols));
+          dev_acts one(*b_, static_cast<std::size_t>(rows));
+          b_->linear(xr.get_ptr(), 1, w, {}, one.get_ptr());
+          const std::vector<float> want = one.get();
+          const bool eq = std::equal(want.begin(), want.end(), got.begin() + static_cast<std::ptrdiff_t>(r) * rows);
+          same += eq;
+          EXPECT_TRUE(eq) << "row " << r << " of n=" << m << " " << rows << "x" << cols << gemv_config_name(config);
+        }
+        std::printf("[parity] %-56s %d/%d rows bit-identical\n",
+                    tag("small linear rows n" + std::to_string(m) + " " + std::to_string(rows) + "x" +
+                        std::to_string(cols) + gemv_config_name(config))
+                        .c_str(),
+                    same, m);
+      }
       b_->release(const_cast<void*>(w.data));
-      if (with_bias) b_->release(const_cast<void*>(bias.data));
     }
   }
 }
@@ -461,57 +511,63 @@ TEST_P(cuda_ops, skinny_linear) {
 // The backend may fuse an op into the next one (rmsnorm or silu_mul into a small linear, rope into
 // kv_write); every buffer must end as the op-by-op CPU twin leaves it.
 TEST_P(cuda_ops, fused_op_pairs_match_op_by_op) {
-  use_opt_in_paths();
-  for (auto [n, hidden, rows] : {std::tuple{1, 2048, 3072}, {7, 96, 64}, {16, 2048, 256}, {20, 64, 48}, {3, 256, 9000}}) {
-    const std::string shape = " n" + std::to_string(n) + " h" + std::to_string(hidden);
-    auto x = testing::random_values(rng_, static_cast<std::size_t>(n) * hidden, t(), 2.0f);
-    auto res = testing::random_values(rng_, x.size(), t());
-    std::vector<float> nw(hidden);
-    std::uniform_real_distribution<float> wd(0.5f, 1.5f);
-    for (auto& v : nw) v = wd(rng_);
-    kernels::weight nwd = upload_vector(nw);
-    auto wh = testing::random_values(rng_, static_cast<std::size_t>(rows) * hidden, t(), 0.05f);
-    kernels::weight w = upload_matrix(wh, rows, hidden);
-    const float eps = 1e-5f;
-    std::vector<float> ref_n(x.size()), ref_out(static_cast<std::size_t>(n) * rows);
+  for (int config = 0; config < gemv_configs; ++config) {
+    use_opt_in_paths(config);
+    // 9000 and 16384 rows: capped grids (the norm prologue there with gemv_stage_capped).
+    for (auto [n, hidden, rows] : {std::tuple{1, 2048, 3072}, {7, 96, 64}, {16, 2048, 256}, {20, 64, 48}, {3, 256, 9000},
+                                   {1, 2048, 16384}}) {
+      if (config != 0 && hidden < 256) continue;
+      const std::string shape = " n" + std::to_string(n) + " h" + std::to_string(hidden) + " rows " +
+                                std::to_string(rows) + gemv_config_name(config);
+      auto x = testing::random_values(rng_, static_cast<std::size_t>(n) * hidden, t(), 2.0f);
+      auto res = testing::random_values(rng_, x.size(), t());
+      std::vector<float> nw(hidden);
+      std::uniform_real_distribution<float> wd(0.5f, 1.5f);
+      for (auto& v : nw) v = wd(rng_);
+      kernels::weight nwd = upload_vector(nw);
+      auto wh = testing::random_values(rng_, static_cast<std::size_t>(rows) * hidden, t(), 0.05f);
+      kernels::weight w = upload_matrix(wh, rows, hidden);
+      const float eps = 1e-5f;
+      std::vector<float> ref_n(x.size()), ref_out(static_cast<std::size_t>(n) * rows);
 
-    // add_rmsnorm -> linear
-    dev_acts xd(*b_, x), rd(*b_, res), nd(*b_, x.size()), out(*b_, ref_out.size());
-    nd.poison();
-    out.poison();
-    b_->add_rmsnorm(rd.get_ptr(), xd.get_ptr(), n, hidden, nwd, eps, nd.get_ptr());
-    b_->linear(nd.get_ptr(), n, w, {}, out.get_ptr());
-    std::vector<float> res_ref = res;
-    kernels::cpu::add_rmsnorm(res_ref.data(), x.data(), n, hidden, nw.data(), eps, ref_n.data());
-    kernels::cpu::linear(ref_n.data(), n, wh.data(), rows, hidden, nullptr, ref_out.data());
-    EXPECT_CLOSE(out.get(), ref_out, t(), tag("add_rmsnorm+linear out" + shape));
-    EXPECT_CLOSE(rd.get(), res_ref, t(), tag("add_rmsnorm+linear residual" + shape));
-    EXPECT_CLOSE(nd.get(), ref_n, t(), tag("add_rmsnorm+linear normed" + shape));
+      // add_rmsnorm -> linear
+      dev_acts xd(*b_, x), rd(*b_, res), nd(*b_, x.size()), out(*b_, ref_out.size());
+      nd.poison();
+      out.poison();
+      b_->add_rmsnorm(rd.get_ptr(), xd.get_ptr(), n, hidden, nwd, eps, nd.get_ptr());
+      b_->linear(nd.get_ptr(), n, w, {}, out.get_ptr());
+      std::vector<float> res_ref = res;
+      kernels::cpu::add_rmsnorm(res_ref.data(), x.data(), n, hidden, nw.data(), eps, ref_n.data());
+      kernels::cpu::linear(ref_n.data(), n, wh.data(), rows, hidden, nullptr, ref_out.data());
+      EXPECT_CLOSE(out.get(), ref_out, t(), tag("add_rmsnorm+linear out" + shape));
+      EXPECT_CLOSE(rd.get(), res_ref, t(), tag("add_rmsnorm+linear residual" + shape));
+      EXPECT_CLOSE(nd.get(), ref_n, t(), tag("add_rmsnorm+linear normed" + shape));
 
-    // rmsnorm -> linear
-    nd.poison();
-    out.poison();
-    b_->rmsnorm(xd.get_ptr(), n, hidden, nwd, eps, nd.get_ptr());
-    b_->linear(nd.get_ptr(), n, w, {}, out.get_ptr());
-    kernels::cpu::rmsnorm(x.data(), n, hidden, nw.data(), eps, ref_n.data());
-    kernels::cpu::linear(ref_n.data(), n, wh.data(), rows, hidden, nullptr, ref_out.data());
-    EXPECT_CLOSE(out.get(), ref_out, t(), tag("rmsnorm+linear out" + shape));
-    EXPECT_CLOSE(nd.get(), ref_n, t(), tag("rmsnorm+linear normed" + shape));
+      // rmsnorm -> linear
+      nd.poison();
+      out.poison();
+      b_->rmsnorm(xd.get_ptr(), n, hidden, nwd, eps, nd.get_ptr());
+      b_->linear(nd.get_ptr(), n, w, {}, out.get_ptr());
+      kernels::cpu::rmsnorm(x.data(), n, hidden, nw.data(), eps, ref_n.data());
+      kernels::cpu::linear(ref_n.data(), n, wh.data(), rows, hidden, nullptr, ref_out.data());
+      EXPECT_CLOSE(out.get(), ref_out, t(), tag("rmsnorm+linear out" + shape));
+      EXPECT_CLOSE(nd.get(), ref_n, t(), tag("rmsnorm+linear normed" + shape));
 
-    // silu_mul -> linear (ffn = hidden here)
-    auto gu = testing::random_values(rng_, static_cast<std::size_t>(n) * 2 * hidden, t(), 2.0f);
-    dev_acts gud(*b_, gu), act(*b_, x.size());
-    act.poison();
-    out.poison();
-    b_->silu_mul(gud.get_ptr(), n, hidden, act.get_ptr());
-    b_->linear(act.get_ptr(), n, w, {}, out.get_ptr());
-    std::vector<float> ref_act(x.size());
-    kernels::cpu::silu_mul(gu.data(), n, hidden, ref_act.data());
-    kernels::cpu::linear(ref_act.data(), n, wh.data(), rows, hidden, nullptr, ref_out.data());
-    EXPECT_CLOSE(out.get(), ref_out, t(), tag("silu_mul+linear out" + shape));
-    EXPECT_CLOSE(act.get(), ref_act, t(), tag("silu_mul+linear act" + shape));
-    b_->release(const_cast<void*>(w.data));
-    b_->release(const_cast<void*>(nwd.data));
+      // silu_mul -> linear (ffn = hidden here)
+      auto gu = testing::random_values(rng_, static_cast<std::size_t>(n) * 2 * hidden, t(), 2.0f);
+      dev_acts gud(*b_, gu), act(*b_, x.size());
+      act.poison();
+      out.poison();
+      b_->silu_mul(gud.get_ptr(), n, hidden, act.get_ptr());
+      b_->linear(act.get_ptr(), n, w, {}, out.get_ptr());
+      std::vector<float> ref_act(x.size());
+      kernels::cpu::silu_mul(gu.data(), n, hidden, ref_act.data());
+      kernels::cpu::linear(ref_act.data(), n, wh.data(), rows, hidden, nullptr, ref_out.data());
+      EXPECT_CLOSE(out.get(), ref_out, t(), tag("silu_mul+linear out" + shape));
+      EXPECT_CLOSE(act.get(), ref_act, t(), tag("silu_mul+linear act" + shape));
+      b_->release(const_cast<void*>(w.data));
+      b_->release(const_cast<void*>(nwd.data));
+    }
   }
   // rope -> kv_write
   for (auto [heads, kv_heads, head_dim, n] : {std::tuple{32, 8, 64, 1}, {8, 2, 16, 37}, {12, 2, 128, 5}, {32, 8, 64, 200}}) {

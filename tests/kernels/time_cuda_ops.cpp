@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cmath>
 #include <chrono>
+#include <cstdlib>
+#include <memory>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -115,6 +117,80 @@ void time_decode_linears(std::mt19937_64& rng, const std::vector<int>& ns, const
   }
 }
 
+/// Decode linears (n = 1) of the 1B's layer shapes, back to back as a step runs them: a CUDA graph
+/// of `calls` linears over enough copies of the weight that they cannot stay in L2 (~256 MB), so
+/// the time per call is what the weight stream costs in a step (launch gaps and PDL overlap
+/// included, host launches not). One backend per GEMV configuration, the same weights.
+void gemv_chain_table(int hidden, int ffn, int vocab) {
+  struct config {
+    const char* name;
+    kernels::cuda_backend_options o;
+  };
+  std::vector<config> configs;
+  kernels::cuda_backend_options d;
+  d.compute_dtype = dtype::bf16;
+  configs.push_back({"default", d});
+  kernels::cuda_backend_options s3 = d;  // register loads (session 3's kernel)
+  s3.gemv_tma = s3.gemv_stage_capped = false;
+  configs.push_back({"s3", s3});
+  for (int kb : {128, 192, 224}) {  // the default ring is 96 KB
+    kernels::cuda_backend_options r = d;
+    r.gemv_tma_ring_kb = kb;
+    configs.push_back({kb == 128 ? "tma128" : kb == 192 ? "tma192" : "tma224", r});
+  }
+  kernels::cuda_backend_options cublas = d;
+  cublas.small_gemm = false;
+  configs.push_back({"cublas", cublas});
+  std::vector<std::unique_ptr<kernels::backend>> backends;
+  for (const auto& c : configs) {
+    std::string why;
+    backends.push_back(ct::try_cuda_backend(c.o, why));
+    if (!backends.back()) {
+      std::printf("time_cuda_ops: gemv chain skipped: %s\n", why.c_str());
+      return;
+    }
+  }
+  kernels::backend& b0 = *backends[0];
+  struct shape {
+    const char* name;
+    int rows, cols;
+  };
+  const shape shapes[] = {{"qkv", 3072, hidden},  {"o_proj", hidden, hidden}, {"gate_up", 2 * ffn, hidden},
+                          {"down", hidden, ffn},   {"lm_head", vocab, hidden}};
+  const std::size_t target = 256ull << 20;
+  std::mt19937_64 rng(2);
+  for (const auto& sh : shapes) {
+    const std::size_t bytes = static_cast<std::size_t>(sh.rows) * sh.cols * 2;
+    const int copies = static_cast<int>(std::max<std::size_t>(1, (target + bytes - 1) / bytes));
+    // Weight values do not change a memory-bound kernel's time: a byte pattern (0x3c3c ~ 0.0115).
+    void* w = b0.alloc(bytes * copies);
+    b0.fill_bytes(w, 0x3c, bytes * copies);
+    ct::dev_acts x(b0, fill(rng, static_cast<std::size_t>(sh.cols)));
+    ct::dev_acts out(b0, static_cast<std::size_t>(sh.rows));
+    const int calls = std::max(copies, 10) * (copies < 4 ? 3 : 1);
+    for (std::size_t ci = 0; ci < configs.size(); ++ci) {
+      kernels::backend& b = *backends[ci];
+      b.begin_capture();
+      for (int i = 0; i < calls; ++i) {
+        const kernels::weight wi{static_cast<const std::uint8_t*>(w) + (i % copies) * bytes, dtype::bf16, sh.rows,
+                                 sh.cols};
+        b.linear(x.get_ptr(), 1, wi, {}, out.get_ptr());
+      }
+      const kernels::capture_id id = b.end_capture();
+      if (id == 0) {
+        std::printf("[timing] gemv chain %s %s: capture failed\n", sh.name, configs[ci].name);
+        continue;
+      }
+      const double us = time_us(b, [&] { b.replay(id); }, 7) / calls;
+      b.drop_capture(id);
+      char label[80];
+      std::snprintf(label, sizeof label, "chain n=1 %s %dx%d %s", sh.name, sh.rows, sh.cols, configs[ci].name);
+      row(label, us, static_cast<double>(bytes), 2.0 * sh.rows * sh.cols);
+    }
+    b0.release(w);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -143,6 +219,8 @@ int main(int argc, char** argv) {
   }
   const int hidden = 2048, ffn = 8192, heads = 32, kv_heads = 8, hd = 64, vocab = 128256;
   const double e = 2.0;  // bytes per bf16 element
+  gemv_chain_table(hidden, ffn, vocab);
+  if (std::getenv("TIME_GEMV_ONLY") != nullptr) return 0;
 
   // GEMMs: decode (n = 1, 64) and prefill (n = 2048) through the 1B's largest layer shapes.
   std::vector<std::tuple<int, int, int, const char*>> gemms{{1, 2 * ffn, hidden, "gate_up"},

@@ -42,6 +42,17 @@ struct cuda_backend_options {
   /// with small_gemm: a GEMV of more tiles than fit at once runs on the resident blocks, each looping
   /// over tiles (off: one block per tile). Not yet ablated in wall time (bench/NOTES.md, session 2).
   bool gemv_cap_grid = true;
+  /// with small_gemm and gemv_cap_grid: a capped grid (gate_up, the LM head) stages x in shared
+  /// memory and takes the rmsnorm before it into its prologue, as one-wave grids do: once per block,
+  /// not per tile, and one launch fewer a layer (bench/NOTES.md, session 4).
+  bool gemv_stage_capped = true;
+  /// with small_gemm: the GEMV streams its weights through a ring of shared-memory stages filled by
+  /// bulk copies (TMA) from a producer warp that starts before the previous kernel ends; off: each
+  /// warp loads groups of chunks into registers (at most ~128 KB in flight an SM; bench/NOTES.md).
+  bool gemv_tma = true;
+  /// with gemv_tma: the ring's size a block. 96 KB (two blocks an SM) measured fastest at batch 1
+  /// (bench/NOTES.md, session 4, against 128, 192 and 224).
+  int gemv_tma_ring_kb = 96;
   /// Decode-step kernels (GEMV, rmsnorm, rope_kv, silu_mul, decode attention) start as programmatic
   /// dependents: each launches while the one before drains (the GEMV prefetches its weights then).
   bool pdl = true;
