@@ -747,6 +747,33 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool va
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
+/// A warp's m16n8k16 A fragments of its query rows r_a and r_b = r_a + 8 (lane: g = lane / 4,
+/// q = lane % 4), straight from qkv's row-major bf16 rows; rows past q_len read the last row (their
+/// results are never stored). Both prefill kernels start so.
+template <int D>
+__device__ __forceinline__ void load_q_fragments(std::uint32_t (&qf)[D / 16][4], const __nv_bfloat16* qkv, int q0,
+                                                 int r_a, int r_b, int q_len, int width, int h, int q) {
+  const __nv_bfloat16* qa = qkv + static_cast<std::size_t>(q0 + min(r_a, q_len - 1)) * width + h * D;
+  const __nv_bfloat16* qb = qkv + static_cast<std::size_t>(q0 + min(r_b, q_len - 1)) * width + h * D;
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) {
+    const int d = ks * 16 + 2 * q;
+    qf[ks][0] = *reinterpret_cast<const std::uint32_t*>(qa + d);
+    qf[ks][1] = *reinterpret_cast<const std::uint32_t*>(qb + d);
+    qf[ks][2] = *reinterpret_cast<const std::uint32_t*>(qa + d + 8);
+    qf[ks][3] = *reinterpret_cast<const std::uint32_t*>(qb + d + 8);
+  }
+}
+
+/// Zeroes a warp's f32 accumulator fragments of D output columns (D / 8 n8 tiles).
+template <int D>
+__device__ __forceinline__ void zero_fragments(float (&o)[D / 8][4]) {
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[i][e] = 0.0f;
+}
+
 // Grouped flash-decoding on tensor cores (bf16, head_dim 64, group G ≤ 8), the decode kernel of the
 // 1B shape at every batch size (tune.tc_decode). Same grid, split, partials and result as
 // decode_gqa_vec_kernel; ncu had that one issue-bound (batch 64: 17 µs a layer, ~880 instructions a
@@ -812,10 +839,7 @@ __global__ void __launch_bounds__(block_threads, 4) decode_gqa_tc_kernel(
   }
   const float sl2 = scale * 1.4426950408889634f;  // exp(x) = exp2(x log2 e)
   float o[D / 8][4];
-#pragma unroll
-  for (int i = 0; i < D / 8; ++i)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) o[i][e] = 0.0f;
+  zero_fragments<D>(o);
   float m = -INFINITY, l = 0.0f;  // row g (log2 units); l: this lane's keys only until the end
   __nv_bfloat16* vs = v_s[warp];
   const int mi = lane / 8;
@@ -950,23 +974,9 @@ __global__ void __launch_bounds__(block_threads, D == 64 ? 3 : 1) prefill_tc_ker
   const int lo_b = window > 0 ? pos_b - window + 1 : 0;
 
   std::uint32_t qf[D / 16][4];
-  {
-    const __nv_bfloat16* qa = qkv + static_cast<std::size_t>(q0 + min(r_a, q_len - 1)) * width + h * D;
-    const __nv_bfloat16* qb = qkv + static_cast<std::size_t>(q0 + min(r_b, q_len - 1)) * width + h * D;
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) {
-      const int d = ks * 16 + 2 * q;
-      qf[ks][0] = *reinterpret_cast<const std::uint32_t*>(qa + d);
-      qf[ks][1] = *reinterpret_cast<const std::uint32_t*>(qb + d);
-      qf[ks][2] = *reinterpret_cast<const std::uint32_t*>(qa + d + 8);
-      qf[ks][3] = *reinterpret_cast<const std::uint32_t*>(qb + d + 8);
-    }
-  }
+  load_q_fragments<D>(qf, qkv, q0, r_a, r_b, q_len, width, h, q);
   float o[D / 8][4];
-#pragma unroll
-  for (int i = 0; i < D / 8; ++i)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) o[i][e] = 0.0f;
+  zero_fragments<D>(o);
   float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.0f, l_b = 0.0f;
   const float sl2 = scale * 1.4426950408889634f;  // exp(x) = exp2(x log2 e)
 
@@ -1204,23 +1214,9 @@ __global__ void __launch_bounds__(W * 32, D == 64 ? 16 / W : 1) prefill_gqa_tc_k
   asm volatile("cp.async.commit_group;\n" ::);
 
   std::uint32_t qf[D / 16][4];
-  {
-    const __nv_bfloat16* qa = qkv + static_cast<std::size_t>(q0 + min(r_a, q_len - 1)) * width + h * D;
-    const __nv_bfloat16* qb = qkv + static_cast<std::size_t>(q0 + min(r_b, q_len - 1)) * width + h * D;
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) {
-      const int d = ks * 16 + 2 * q;
-      qf[ks][0] = *reinterpret_cast<const std::uint32_t*>(qa + d);
-      qf[ks][1] = *reinterpret_cast<const std::uint32_t*>(qb + d);
-      qf[ks][2] = *reinterpret_cast<const std::uint32_t*>(qa + d + 8);
-      qf[ks][3] = *reinterpret_cast<const std::uint32_t*>(qb + d + 8);
-    }
-  }
+  load_q_fragments<D>(qf, qkv, q0, r_a, r_b, q_len, width, h, q);
   float o[D / 8][4];
-#pragma unroll
-  for (int i = 0; i < D / 8; ++i)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) o[i][e] = 0.0f;
+  zero_fragments<D>(o);
   // m: the rows' running max of the raw scores; l: this lane's columns only until the end.
   float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.0f, l_b = 0.0f;
   const float sl2 = scale * 1.4426950408889634f;  // exp(x·scale) = 2^(x·scale·log2 e)
