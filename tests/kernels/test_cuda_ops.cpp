@@ -40,6 +40,33 @@ class cuda_ops : public ::testing::TestWithParam<dtype> {
   kernels::weight upload_vector(const std::vector<float>& host) {
     return b_->upload_weight(host.data(), dtype::f32, 1, static_cast<std::int64_t>(host.size()), true);
   }
+  /// One linear on the backend (random x of n × cols, W of rows × cols, a bias when `with_bias`)
+  /// against the CPU twin, reported as `op` + the shape + `suffix`. With `repeat`, a second call on
+  /// the same inputs must give the same bits (a kernel that sums K splits in a fixed order).
+  void check_linear(const std::string& op, int n, int rows, int cols, bool with_bias, const std::string& suffix = "",
+                    bool repeat = false) {
+    const std::string shape = " n" + std::to_string(n) + " " + std::to_string(rows) + "x" + std::to_string(cols) +
+                              (with_bias ? " bias" : "") + suffix;
+    auto x = testing::random_values(rng_, static_cast<std::size_t>(n) * cols, t());
+    auto wh = testing::random_values(rng_, static_cast<std::size_t>(rows) * cols, t(), 0.05f);
+    kernels::weight w = upload_matrix(wh, rows, cols);
+    std::vector<float> bias_h = with_bias ? testing::random_values(rng_, rows, dtype::f32) : std::vector<float>{};
+    kernels::weight bias = with_bias ? upload_vector(bias_h) : kernels::weight{};
+    dev_acts xd(*b_, x), out(*b_, static_cast<std::size_t>(n) * rows);
+    out.poison();
+    b_->linear(xd.get_ptr(), n, w, bias, out.get_ptr());
+    std::vector<float> ref(static_cast<std::size_t>(n) * rows);
+    kernels::cpu::linear(x.data(), n, wh.data(), rows, cols, with_bias ? bias_h.data() : nullptr, ref.data());
+    EXPECT_CLOSE(out.get(), ref, t(), tag(op + shape));
+    if (repeat) {
+      dev_acts again(*b_, static_cast<std::size_t>(n) * rows);
+      again.poison();
+      b_->linear(xd.get_ptr(), n, w, bias, again.get_ptr());
+      EXPECT_EQ(again.get(), out.get()) << tag(op + " repeat" + shape);
+    }
+    b_->release(const_cast<void*>(w.data));
+    if (with_bias) b_->release(const_cast<void*>(bias.data));
+  }
   /// GEMV configurations the GEMV tests run under: the defaults (TMA stages), the register loads
   /// without the capped-grid staging (session 3's kernel), and TMA with a small ring (more stages
   /// per tile, two blocks an SM).
@@ -191,23 +218,7 @@ TEST_P(cuda_ops, add) {
 
 TEST_P(cuda_ops, linear_with_and_without_bias) {
   for (auto [n, rows, cols] : {std::tuple{1, 1, 1}, {3, 17, 33}, {64, 384, 256}, {130, 1000, 515}, {1, 4096, 2048}}) {
-    for (bool with_bias : {false, true}) {
-      const std::string shape = " n" + std::to_string(n) + " " + std::to_string(rows) + "x" + std::to_string(cols) +
-                                (with_bias ? " bias" : "");
-      auto x = testing::random_values(rng_, static_cast<std::size_t>(n) * cols, t());
-      auto wh = testing::random_values(rng_, static_cast<std::size_t>(rows) * cols, t(), 0.05f);
-      kernels::weight w = upload_matrix(wh, rows, cols);
-      std::vector<float> bias_h = with_bias ? testing::random_values(rng_, rows, dtype::f32) : std::vector<float>{};
-      kernels::weight bias = with_bias ? upload_vector(bias_h) : kernels::weight{};
-      dev_acts xd(*b_, x), out(*b_, static_cast<std::size_t>(n) * rows);
-      out.poison();
-      b_->linear(xd.get_ptr(), n, w, bias, out.get_ptr());
-      std::vector<float> ref(static_cast<std::size_t>(n) * rows);
-      kernels::cpu::linear(x.data(), n, wh.data(), rows, cols, with_bias ? bias_h.data() : nullptr, ref.data());
-      EXPECT_CLOSE(out.get(), ref, t(), tag("linear" + shape));
-      b_->release(const_cast<void*>(w.data));
-      if (with_bias) b_->release(const_cast<void*>(bias.data));
-    }
+    for (bool with_bias : {false, true}) check_linear("linear", n, rows, cols, with_bias);
   }
 }
 
@@ -408,22 +419,7 @@ TEST_P(cuda_ops, small_batch_linear) {
       if (config != 0 && rows < 2048) continue;
       for (int n : {1, 2, 5, 8, 9, 16}) {
         if (config != 0 && n != 1 && n != 9) continue;
-        const bool with_bias = (n + rows) % 2 == 1;
-        const std::string shape = " n" + std::to_string(n) + " " + std::to_string(rows) + "x" + std::to_string(cols) +
-                                  (with_bias ? " bias" : "") + gemv_config_name(config);
-        auto x = testing::random_values(rng_, static_cast<std::size_t>(n) * cols, t());
-        auto wh = testing::random_values(rng_, static_cast<std::size_t>(rows) * cols, t(), 0.05f);
-        kernels::weight w = upload_matrix(wh, rows, cols);
-        std::vector<float> bias_h = with_bias ? testing::random_values(rng_, rows, dtype::f32) : std::vector<float>{};
-        kernels::weight bias = with_bias ? upload_vector(bias_h) : kernels::weight{};
-        dev_acts xd(*b_, x), out(*b_, static_cast<std::size_t>(n) * rows);
-        out.poison();
-        b_->linear(xd.get_ptr(), n, w, bias, out.get_ptr());
-        std::vector<float> ref(static_cast<std::size_t>(n) * rows);
-        kernels::cpu::linear(x.data(), n, wh.data(), rows, cols, with_bias ? bias_h.data() : nullptr, ref.data());
-        EXPECT_CLOSE(out.get(), ref, t(), tag("small linear" + shape));
-        b_->release(const_cast<void*>(w.data));
-        if (with_bias) b_->release(const_cast<void*>(bias.data));
+        check_linear("small linear", n, rows, cols, (n + rows) % 2 == 1, gemv_config_name(config));
       }
     }
   }
@@ -483,27 +479,8 @@ TEST_P(cuda_ops, skinny_linear) {
   for (auto [rows, cols] : {std::pair{3072, 2048}, {2048, 8192}, {256, 2056}, {40, 40}, {130, 1000}, {8999, 72}}) {
     for (int n : {17, 33, 64, 100, 128}) {
       if (static_cast<double>(rows) * cols * n > 3e8 && n != 64) continue;  // CPU reference time
-      const bool with_bias = (n + rows) % 2 == 1;
-      const std::string shape = " n" + std::to_string(n) + " " + std::to_string(rows) + "x" + std::to_string(cols) +
-                                (with_bias ? " bias" : "");
-      auto x = testing::random_values(rng_, static_cast<std::size_t>(n) * cols, t());
-      auto wh = testing::random_values(rng_, static_cast<std::size_t>(rows) * cols, t(), 0.05f);
-      kernels::weight w = upload_matrix(wh, rows, cols);
-      std::vector<float> bias_h = with_bias ? testing::random_values(rng_, rows, dtype::f32) : std::vector<float>{};
-      kernels::weight bias = with_bias ? upload_vector(bias_h) : kernels::weight{};
-      dev_acts xd(*b_, x), out(*b_, static_cast<std::size_t>(n) * rows);
-      out.poison();
-      b_->linear(xd.get_ptr(), n, w, bias, out.get_ptr());
-      std::vector<float> ref(static_cast<std::size_t>(n) * rows);
-      kernels::cpu::linear(x.data(), n, wh.data(), rows, cols, with_bias ? bias_h.data() : nullptr, ref.data());
-      EXPECT_CLOSE(out.get(), ref, t(), tag("skinny linear" + shape));
-      // Deterministic: the cluster sums its K splits in a fixed order.
-      dev_acts again(*b_, static_cast<std::size_t>(n) * rows);
-      again.poison();
-      b_->linear(xd.get_ptr(), n, w, bias, again.get_ptr());
-      EXPECT_EQ(again.get(), out.get()) << tag("skinny linear repeat" + shape);
-      b_->release(const_cast<void*>(w.data));
-      if (with_bias) b_->release(const_cast<void*>(bias.data));
+      // repeat: deterministic, the cluster sums its K splits in a fixed order.
+      check_linear("skinny linear", n, rows, cols, (n + rows) % 2 == 1, "", /*repeat=*/true);
     }
   }
 }
