@@ -765,6 +765,37 @@ __device__ __forceinline__ void load_q_fragments(std::uint32_t (&qf)[D / 16][4],
   }
 }
 
+/// The end of both prefill kernels: each row's softmax denominator is summed over its quad (every
+/// lane held its own columns' share), and rows r_a / r_b (when they are real rows) are stored as
+/// bf16, O / l, at their head's D columns of `out`.
+template <int D>
+__device__ __forceinline__ void store_normalised_rows(const float (&o)[D / 8][4], float l_a, float l_b, bool row_a,
+                                                      bool row_b, __nv_bfloat16* out, int q0, int r_a, int r_b,
+                                                      int heads, int h, int q) {
+#pragma unroll
+  for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+    l_a += __shfl_xor_sync(0xffffffffu, l_a, o2);
+    l_b += __shfl_xor_sync(0xffffffffu, l_b, o2);
+  }
+  const std::size_t out_stride = static_cast<std::size_t>(heads) * D;
+  if (row_a) {
+    const float inv = 1.0f / l_a;
+    __nv_bfloat16* dst = out + static_cast<std::size_t>(q0 + r_a) * out_stride + h * D + 2 * q;
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      *reinterpret_cast<std::uint32_t*>(dst + i * 8) = pack_bf16x2(o[i][0] * inv, o[i][1] * inv);
+    }
+  }
+  if (row_b) {
+    const float inv = 1.0f / l_b;
+    __nv_bfloat16* dst = out + static_cast<std::size_t>(q0 + r_b) * out_stride + h * D + 2 * q;
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      *reinterpret_cast<std::uint32_t*>(dst + i * 8) = pack_bf16x2(o[i][2] * inv, o[i][3] * inv);
+    }
+  }
+}
+
 /// Zeroes a warp's f32 accumulator fragments of D output columns (D / 8 n8 tiles).
 template <int D>
 __device__ __forceinline__ void zero_fragments(float (&o)[D / 8][4]) {
@@ -1099,28 +1130,7 @@ __global__ void __launch_bounds__(block_threads, D == 64 ? 3 : 1) prefill_tc_ker
       }
     }
   }
-#pragma unroll
-  for (int o2 = 1; o2 <= 2; o2 <<= 1) {
-    l_a += __shfl_xor_sync(0xffffffffu, l_a, o2);
-    l_b += __shfl_xor_sync(0xffffffffu, l_b, o2);
-  }
-  const std::size_t out_stride = static_cast<std::size_t>(heads) * D;
-  if (pos_a >= 0) {
-    const float inv = 1.0f / l_a;
-    __nv_bfloat16* dst = out + static_cast<std::size_t>(q0 + r_a) * out_stride + h * D + 2 * q;
-#pragma unroll
-    for (int i = 0; i < D / 8; ++i) {
-      *reinterpret_cast<std::uint32_t*>(dst + i * 8) = pack_bf16x2(o[i][0] * inv, o[i][1] * inv);
-    }
-  }
-  if (pos_b >= 0) {
-    const float inv = 1.0f / l_b;
-    __nv_bfloat16* dst = out + static_cast<std::size_t>(q0 + r_b) * out_stride + h * D + 2 * q;
-#pragma unroll
-    for (int i = 0; i < D / 8; ++i) {
-      *reinterpret_cast<std::uint32_t*>(dst + i * 8) = pack_bf16x2(o[i][2] * inv, o[i][3] * inv);
-    }
-  }
+  store_normalised_rows<D>(o, l_a, l_b, pos_a >= 0, pos_b >= 0, out, q0, r_a, r_b, heads, h, q);
 }
 
 // --- prefill v2 (tune.gqa_prefill): one block per (query tile, KV head) serving the group ---
@@ -1316,28 +1326,7 @@ __global__ void __launch_bounds__(W * 32, D == 64 ? 16 / W : 1) prefill_gqa_tc_k
     }
   }
   asm volatile("cp.async.wait_all;\n" ::: "memory");
-#pragma unroll
-  for (int o2 = 1; o2 <= 2; o2 <<= 1) {
-    l_a += __shfl_xor_sync(0xffffffffu, l_a, o2);
-    l_b += __shfl_xor_sync(0xffffffffu, l_b, o2);
-  }
-  const std::size_t out_stride = static_cast<std::size_t>(heads) * D;
-  if (pos_a >= 0) {
-    const float inv = 1.0f / l_a;
-    __nv_bfloat16* dst = out + static_cast<std::size_t>(q0 + r_a) * out_stride + h * D + 2 * q;
-#pragma unroll
-    for (int i = 0; i < D / 8; ++i) {
-      *reinterpret_cast<std::uint32_t*>(dst + i * 8) = pack_bf16x2(o[i][0] * inv, o[i][1] * inv);
-    }
-  }
-  if (pos_b >= 0) {
-    const float inv = 1.0f / l_b;
-    __nv_bfloat16* dst = out + static_cast<std::size_t>(q0 + r_b) * out_stride + h * D + 2 * q;
-#pragma unroll
-    for (int i = 0; i < D / 8; ++i) {
-      *reinterpret_cast<std::uint32_t*>(dst + i * 8) = pack_bf16x2(o[i][2] * inv, o[i][3] * inv);
-    }
-  }
+  store_normalised_rows<D>(o, l_a, l_b, pos_a >= 0, pos_b >= 0, out, q0, r_a, r_b, heads, h, q);
 }
 
 template <int D, int G, int W>
