@@ -67,7 +67,11 @@ class ucx_worker {
   /// progress thread yields instead of progressing, so the two do not fight over the lock.
   class spin_scope {
    public:
-    explicit spin_scope(ucx_worker& w) : w_(w) { w_.spinners_.fetch_add(1, std::memory_order_acq_rel); }
+    explicit spin_scope(ucx_worker& w) : w_(w) {
+      w_.spinners_.fetch_add(1, std::memory_order_acq_rel);
+      // Written only when the progress thread has cleared it (once per its look, not per frame).
+      if (w_.spin_seen_.load(std::memory_order_relaxed) == 0) w_.spin_seen_.store(1, std::memory_order_relaxed);
+    }
     // No wake-up call here (a futex wake would cost every received frame a syscall): the progress
     // thread waits for spinners with a timeout and looks again (run()).
     ~spin_scope() { w_.spinners_.fetch_sub(1, std::memory_order_acq_rel); }
@@ -84,8 +88,9 @@ class ucx_worker {
   /// the GPU host, where a one-way small frame is ~1 us).
   bool spin_progress(const std::function<bool()>& done, std::chrono::steady_clock::time_point until,
                      std::chrono::microseconds budget);
-  /// A spinning caller gives up and is about to block: the progress thread must take over now, not
-  /// after its step-aside timeout. Costs a syscall, so only on that slow path.
+  /// A spinning caller gives up and is about to block, or a caller left UCX requests pending: the
+  /// progress thread must take over now, not after its step-aside window. Costs a syscall, so only
+  /// on those slow paths.
   void spinner_gave_up();
   /// Runs `fn` as post() does and waits for it. Never call under the worker lock.
   void run_sync(std::function<void()> fn);
@@ -138,7 +143,13 @@ class ucx_worker {
 
   std::mutex ucx_mu_;          // the worker and everything below
   std::atomic<int> want_{0};      // caller threads holding or waiting for ucx_mu_
-  std::atomic<int> spinners_{0};  // caller threads spinning on the worker (spin_scope)
+  // Caller threads spinning on the worker now (spin_scope), and whether one has spun since the
+  // progress thread last looked (it clears the flag, a spinner sets it). Each on its own cache line:
+  // the progress thread must not share a line that a spinner writes for every frame.
+  alignas(64) std::atomic<int> spinners_{0};
+  alignas(64) std::atomic<int> spin_seen_{0};
+  std::atomic<bool> spinner_quit_{false};  // a spinner gave up and will block: take over at once
+  char spin_pad_[64 - sizeof(std::atomic<int>) - sizeof(std::atomic<bool>)];
   int outstanding_ = 0;
   std::chrono::milliseconds tick_interval_{100};
   std::chrono::steady_clock::time_point last_tick_{};
