@@ -266,6 +266,21 @@ TEST(FrameCodec, InconsistentPlansAreRejected) {
   check(h, "control");
 }
 
+TEST(FrameCodec, WeightOnlyDtypesCannotTravel) {
+  // i8 / f8e4m3 exist for quantized weights; a frame carrying one must fail to encode (the wire has
+  // no value for them), in either form, not go out labelled f32.
+  for (auto t : {kernels::dtype::i8, kernels::dtype::f8e4m3}) {
+    for (auto form : both_forms) {
+      auto h = activations_header();
+      h.tensor.type = t;
+      auto r = encode_header(h, 0, form);
+      ASSERT_FALSE(r.ok());
+      EXPECT_EQ(r.err().code, errc::invalid_argument);
+      EXPECT_NE(r.err().message.find(std::string(kernels::dtype_name(t))), std::string::npos) << r.err().message;
+    }
+  }
+}
+
 TEST(FrameCodec, UnknownEnumValuesFromANewerPeerAreErrors) {
   capnp::MallocMessageBuilder m;
   auto b = m.initRoot<schema::FrameHeader>();

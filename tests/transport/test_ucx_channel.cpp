@@ -312,9 +312,14 @@ TEST_P(UcxChannel, SenderRefusesFramesThatCannotBeValid) {
   auto mismatch = ch->send(test::test_header(2, 1024), {big.data(), 1000});
   ASSERT_FALSE(mismatch.ok());
   EXPECT_NE(mismatch.err().message.find("truncated"), std::string::npos) << mismatch.err().message;
-  auto device = ch->send(test::test_header(3, 16), {big.data(), 16, memory_type::cuda});
-  ASSERT_FALSE(device.ok());
-  EXPECT_EQ(device.err().code, errc::unsupported);
+  // Debian's UCX reports host memory only (ucp_context_query): a device payload is refused with
+  // that reason, not handed to UCX (which would read a device address as a host one).
+  if (!ctx_->device_memory()) {
+    auto device = ch->send(test::test_header(3, 16), {big.data(), 16, memory_type::cuda});
+    ASSERT_FALSE(device.ok());
+    EXPECT_EQ(device.err().code, errc::unsupported);
+    EXPECT_NE(device.err().message.find("CUDA-aware"), std::string::npos) << device.err().message;
+  }
   echo_once(*ch, 4, 1024);  // nothing was sent, so the channel is fine
 }
 

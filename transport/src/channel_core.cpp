@@ -556,6 +556,11 @@ void channel_core::post_am(ucp_ep_h ep, unsigned id, const void* header, std::si
   ucp_request_param_t rp{};
   rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   rp.cb.send = &channel_core::on_send_done;
+  if (data != nullptr && data == s->payload.data && s->payload.memory == memory_type::cuda) {
+    // Only a UCX that reported CUDA memory gets here (send_owned): it moves the bytes itself.
+    rp.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+    rp.memory_type = UCS_MEMORY_TYPE_CUDA;
+  }
   if (s->channel.expired()) s->channel = weak_from_this();
   rp.user_data = &slot;
   sent_ = true;

@@ -36,6 +36,8 @@ schema::DType to_wire(dtype t) {
     case dtype::bf16: return schema::DType::BF16;
     case dtype::f16: return schema::DType::F16;
     case dtype::i32: return schema::DType::I32;
+    case dtype::i8:
+    case dtype::f8e4m3: break;  // weight-only dtypes: validate() refuses them in a frame
   }
   return schema::DType::F32;
 }
@@ -139,6 +141,13 @@ status check_sampling(const sampling_params& s, std::size_t i) {
 }
 
 /// The checks both wire forms share: plan consistency and the tensor's shape.
+/// The weight-only dtypes (quantized checkpoints) have no wire value: to_wire would send them as f32.
+status check_wire_dtype(dtype t) {
+  if (t <= dtype::i32) return ok_status();
+  return make_error(errc::invalid_argument, "frame header: a frame's tensor is f32, bf16, f16 or i32, not " +
+                                                std::string(kernels::dtype_name(t)));
+}
+
 status validate(const frame_header& h, const codec_limits& limits) {
   std::uint64_t total_tokens = 0;
   for (std::size_t i = 0; i < h.seqs.size(); ++i) {
@@ -257,6 +266,7 @@ result<std::vector<std::byte>> encode_header(const frame_header& h, std::size_t 
 
 status encode_header_into(const frame_header& h, std::vector<std::byte>& out, std::size_t headroom, header_form form,
                           std::size_t tailroom) {
+  CONVEYOR_TRY(check_wire_dtype(h.tensor.type));
   // Small headers (a decode step) in the compact form; Cap'n Proto for the rest (compact_header.hpp).
   if (form == header_form::automatic && compact::encode(h, headroom, tailroom, out)) return ok_status();
   try {

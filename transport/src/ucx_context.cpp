@@ -77,10 +77,11 @@ class ucx_channel final : public channel {
     if (core_->failed()) {
       if (auto why = core_->failure()) return *why;
     }
-    if (payload.memory != memory_type::host) {
-      // Debian's UCX cannot read device memory: callers stage through host memory (staging_pool)
-      // until a CUDA-aware UCX reports the memory type.
-      return make_error(errc::unsupported, where() + "device-memory payloads are not supported by this UCX (host only)");
+    const bool device = payload.memory == memory_type::cuda;
+    if (device && !worker_->device_memory()) {
+      // Debian's UCX cannot read device memory: callers stage through host memory (staging_pool).
+      return make_error(errc::unsupported, where() + "a device-memory payload needs a CUDA-aware UCX; this one " +
+                                               "reports host memory only (stage it through a pinned host buffer)");
     }
     if (payload.size != 0 && payload.data == nullptr) {
       return make_error(errc::invalid_argument, where() + "payload has a size but no data");
@@ -98,7 +99,7 @@ class ucx_channel final : public channel {
                                                     " bytes is over the limit of " +
                                                     std::to_string(opts.header_limits.max_header_bytes));
     }
-    if (payload.size <= wire::max_inline_payload &&
+    if (!device && payload.size <= wire::max_inline_payload &&
         sizeof(wire::preamble) + header_size + payload.size <= worker_->max_am_header()) {
       // A small payload rides in the AM header (wire::flag_payload_inline): UCX can then send the
       // frame inline, and the caller's buffer is free as soon as this returns.
@@ -136,6 +137,8 @@ result<std::unique_ptr<ucx_context>> ucx_context::create(const ucx_config& confi
 const worker_address& ucx_context::address() const { return worker_->address(); }
 
 std::string ucx_context::describe() const { return worker_->describe(); }
+
+bool ucx_context::device_memory() const { return worker_->device_memory(); }
 
 result<std::unique_ptr<channel>> ucx_context::connect(const worker_address& peer, const channel_options& options) {
   if (peer.empty()) return make_error(errc::invalid_argument, "connect: empty peer address");

@@ -113,6 +113,11 @@ status ucx_worker::init_ucx() {
     return make_error(errc::invalid_argument, "ucx: cannot initialise with tls '" + config_.tls +
                                                   "': " + ucs_status_string(st));
   }
+  ucp_context_attr_t ca{};
+  ca.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
+  st = ucp_context_query(context_, &ca);
+  if (st != UCS_OK) return ucs_error("ucp_context_query", st);
+  memory_types_ = ca.memory_types;
   ucp_worker_params_t wp{};
   wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   // One thread at a time (ucx_mu_), but not always the same one: callers send and progress too.

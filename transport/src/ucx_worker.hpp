@@ -38,6 +38,9 @@ class ucx_worker {
   const worker_address& address() const { return address_; }
   std::uint64_t instance() const { return instance_; }
   std::size_t max_am_header() const { return max_am_header_; }
+  /// Whether this UCX reads and writes CUDA device memory itself (ucp_context_query's memory
+  /// types; Debian's UCX 1.13: host only).
+  bool device_memory() const { return (memory_types_ & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0; }
   const ucx_config& config() const { return config_; }
   std::string describe() const { return describe_; }
   /// Receive buffers shared by this worker's channels.
@@ -129,6 +132,7 @@ class ucx_worker {
   ucp_worker_h worker_ = nullptr;
   worker_address address_;
   std::size_t max_am_header_ = 0;
+  std::uint64_t memory_types_ = 0;  // bit i: ucs_memory_type_t i
   std::string describe_;
   int command_fd_ = -1;  // eventfd: wakes the thread when a command is posted
   int epoll_fd_ = -1;

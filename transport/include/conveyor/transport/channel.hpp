@@ -24,8 +24,9 @@ inline deadline after(clock::duration d) { return clock::now() + d; }
 struct payload_view {
   const void* data = nullptr;
   std::size_t size = 0;
-  /// `cuda` payloads are refused with errc::unsupported while UCX is not CUDA-aware (Debian's):
-  /// callers stage device activations through reused pinned host buffers (transport::staging_pool).
+  /// `cuda` payloads go straight from device memory where UCX reports CUDA memory
+  /// (ucx_context::device_memory); elsewhere (Debian's UCX) they are refused with errc::unsupported
+  /// and callers stage device activations through reused pinned host buffers (transport::staging_pool).
   memory_type memory = memory_type::host;
 };
 

@@ -60,7 +60,7 @@ struct frame_header {
   bool operator==(const frame_header&) const = default;
 };
 
-/// Where a payload lives. Debian's UCX is host-only; `cuda` is reserved for staging or a CUDA-aware UCX.
+/// Where a payload lives. `cuda` payloads need a UCX that reports CUDA memory (Debian's is host-only).
 enum class memory_type : std::uint8_t { host, cuda };
 
 }  // namespace conveyor::transport

@@ -38,6 +38,10 @@ class ucx_context {
   result<std::unique_ptr<channel>> connect(const worker_address& peer, const channel_options& options);
   /// The UCX transports the worker actually uses, for logs and benchmarks (e.g. "tcp", "posix").
   std::string describe() const;
+  /// Whether this UCX reports CUDA memory among its memory types: then a payload_view marked
+  /// memory_type::cuda is sent straight from device memory; otherwise such a send is refused and
+  /// callers stage through pinned host buffers (staging_pool). Debian's UCX 1.13: false.
+  bool device_memory() const;
 
  private:
   explicit ucx_context(std::shared_ptr<ucx_worker> worker);
