@@ -436,17 +436,7 @@ void launch_one(const gemv_args& a, std::size_t smem, bool pdl, int sms, cudaStr
     CONVEYOR_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_kernel<NT, WARPS, PRO, TMA>, threads, smem));
     grid = std::min(tiles, std::max(1, per_sm) * sms);
   }
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(grid));
-  cfg.blockDim = dim3(threads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  CONVEYOR_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_kernel<NT, WARPS, PRO, TMA>, a));
+  launch_k(pdl, gemv_kernel<NT, WARPS, PRO, TMA>, dim3(static_cast<unsigned>(grid)), dim3(threads), smem, s, a);
 }
 
 template <int NT, int WARPS, bool TMA>
