@@ -14,23 +14,13 @@ namespace {
 
 constexpr unsigned threads = 256;
 
-// One block per row: index of the first maximum (torch.argmax's tie rule), for greedy rows.
-template <class T>
-__global__ void argmax_kernel(const T* logits, int vocab, const device_sample_params* params, std::int32_t* tokens) {
-  const int row = blockIdx.x;
-  if (!params[row].greedy) return;
-  const T* x = logits + static_cast<std::size_t>(row) * vocab;
-  float best = -INFINITY;
-  int best_i = vocab;  // sentinel: loses every tie
-  for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-    const float v = to_f32(x[i]);
-    if (best_i == vocab || v > best) {  // ascending i: the first maximum of this thread's share
-      best = v;
-      best_i = i;
-    }
-  }
-  __shared__ float sv[threads / 32];
-  __shared__ int si[threads / 32];
+// The end of both argmax kernels: each thread's (best, best_i) (best_i == vocab: nothing seen yet)
+// reduced over the block of NT threads by torch.argmax's rule (the larger value; ties and NaN-free
+// rows by the lower index), and written by thread 0 (an all-NaN row: token 0, like the CPU's argmax).
+template <unsigned NT>
+__device__ __forceinline__ void argmax_block_finish(float best, int best_i, int vocab, std::int32_t* token) {
+  __shared__ float sv[NT / 32];
+  __shared__ int si[NT / 32];
   for (int o = 16; o > 0; o >>= 1) {
     const float ov = __shfl_xor_sync(0xffffffffu, best, o);
     const int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
@@ -46,8 +36,26 @@ __global__ void argmax_kernel(const T* logits, int vocab, const device_sample_pa
         best_i = si[w];
       }
     }
-    tokens[row] = best_i == vocab ? 0 : best_i;  // all-NaN row: token 0, like the CPU's argmax
+    *token = best_i == vocab ? 0 : best_i;
   }
+}
+
+// One block per row: index of the first maximum (torch.argmax's tie rule), for greedy rows.
+template <class T>
+__global__ void argmax_kernel(const T* logits, int vocab, const device_sample_params* params, std::int32_t* tokens) {
+  const int row = blockIdx.x;
+  if (!params[row].greedy) return;
+  const T* x = logits + static_cast<std::size_t>(row) * vocab;
+  float best = -INFINITY;
+  int best_i = vocab;  // sentinel: loses every tie
+  for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+    const float v = to_f32(x[i]);
+    if (best_i == vocab || v > best) {  // ascending i: the first maximum of this thread's share
+      best = v;
+      best_i = i;
+    }
+  }
+  argmax_block_finish<threads>(best, best_i, vocab, tokens + row);
 }
 
 // The same rule with 1024 threads and 16-byte loads (bf16 rows whose length is a multiple of 8): one
@@ -75,25 +83,7 @@ __global__ void __launch_bounds__(wide_threads) argmax_bf16x8_kernel(const __nv_
       }
     }
   }
-  __shared__ float sv[wide_threads / 32];
-  __shared__ int si[wide_threads / 32];
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, best, o);
-    const int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
-    if (oi != vocab && (best_i == vocab || ov > best || (ov == best && oi < best_i))) { best = ov; best_i = oi; }
-  }
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) { sv[warp] = best; si[warp] = best_i; }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w) {
-      if (si[w] != vocab && (best_i == vocab || sv[w] > best || (sv[w] == best && si[w] < best_i))) {
-        best = sv[w];
-        best_i = si[w];
-      }
-    }
-    tokens[row] = best_i == vocab ? 0 : best_i;
-  }
+  argmax_block_finish<wide_threads>(best, best_i, vocab, tokens + row);
 }
 
 // Sort keys: logit / temperature (float, as the CPU computes it), and the index.
