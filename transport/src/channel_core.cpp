@@ -355,19 +355,7 @@ ucs_status_t channel_core::on_separate_header(const wire::preamble& p, void* dat
     try_finish(p.seq);
     return UCS_OK;
   }
-  auto* ctx = new recv_context{shared_from_this(), p.seq, true};
-  ucp_request_param_t rp{};
-  rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-  rp.cb.recv_am = &channel_core::on_recv_done;
-  rp.user_data = ctx;
-  ucs_status_ptr_t req = ucp_am_recv_data_nbx(worker_->handle(), data, pf.header_bytes.data(), length, &rp);
-  if (req == nullptr) {
-    on_recv_done(nullptr, UCS_OK, length, ctx);
-  } else if (UCS_PTR_IS_ERR(req)) {
-    on_recv_done(nullptr, UCS_PTR_STATUS(req), 0, ctx);
-  } else {
-    worker_->request_started();
-  }
+  recv_rndv(p.seq, true, data, pf.header_bytes.data(), length);
   return UCS_INPROGRESS;
 }
 
@@ -384,12 +372,16 @@ void channel_core::start_rndv(std::uint64_t seq, void* desc, std::size_t length)
     std::lock_guard lock(mu_);
     buffered_bytes_ += length;
   }
-  auto* ctx = new recv_context{shared_from_this(), seq, false};
+  recv_rndv(seq, false, desc, pf.payload.data(), length);
+}
+
+void channel_core::recv_rndv(std::uint64_t seq, bool header, void* desc, void* into, std::size_t length) {
+  auto* ctx = new recv_context{shared_from_this(), seq, header};
   ucp_request_param_t rp{};
   rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   rp.cb.recv_am = &channel_core::on_recv_done;
   rp.user_data = ctx;
-  ucs_status_ptr_t req = ucp_am_recv_data_nbx(worker_->handle(), desc, pf.payload.data(), length, &rp);
+  ucs_status_ptr_t req = ucp_am_recv_data_nbx(worker_->handle(), desc, into, length, &rp);
   if (req == nullptr) {
     on_recv_done(nullptr, UCS_OK, length, ctx);
   } else if (UCS_PTR_IS_ERR(req)) {

@@ -100,7 +100,9 @@ class channel_core : public std::enable_shared_from_this<channel_core> {
 
   partial_frame& partial(const wire::preamble& p);
   void start_rndv(std::uint64_t seq, void* desc, std::size_t length);
-  void start_rndv_header(std::uint64_t seq, void* desc, std::size_t length);
+  /// Fetches a rendezvous message's `length` bytes (UCX descriptor `desc`) into `into`: a separate
+  /// header (`header`) or a payload of frame `seq`; on_recv_done finishes it.
+  void recv_rndv(std::uint64_t seq, bool header, void* desc, void* into, std::size_t length);
   void reject(std::uint64_t seq, error why);
   void try_finish(std::uint64_t seq);
   /// Queues a complete frame for receive().
