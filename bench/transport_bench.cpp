@@ -179,8 +179,10 @@ bool start_peer(peer& p, const std::string& tls, bool echo) {
   return true;
 }
 
-/// Median one-way latency (half the round trip) of `bytes`-byte frames, in microseconds.
-double frame_latency_us(channel& ch, std::size_t bytes, int iters) {
+/// Median one-way latency (half the round trip) of `bytes`-byte frames, in microseconds. With
+/// `send_call_us`, also the duration of each send() call (a diagnostic pass: the extra clock reads
+/// add to the round trip, so its latency is not the one reported).
+double frame_latency_us(channel& ch, std::size_t bytes, int iters, std::vector<double>* send_call_us = nullptr) {
   std::vector<std::byte> payload(bytes, std::byte{1});
   std::vector<double> rtt;
   // The plan is built once, as a stage has its plan at hand: the timed part is encoding and sending
@@ -192,6 +194,9 @@ double frame_latency_us(channel& ch, std::size_t bytes, int iters) {
     auto t0 = std::chrono::steady_clock::now();
     auto s = ch.send(header, {payload.data(), payload.size()});
     if (!s.ok()) return -1;
+    if (send_call_us != nullptr && i >= iters / 10) {
+      send_call_us->push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+    }
     // A small send is mostly complete when send() returns: its status then needs no deadline (a
     // deadline is a clock read, 35-40 ns on the GPU host); a wait on a done send returns at once.
     if (!s->wait(s->done() ? deadline{} : after(10s)).ok()) return -1;
@@ -353,8 +358,8 @@ int main(int argc, char** argv) {
     // noisy spell of the machine does not decide it (one pair per run read 1.80x and 2.43x on the same
     // host, 2026-11-29, with perftest itself moving 0.40-0.49 us).
     perftest_result p_lat, p_lat_same;
-    double lat = -1, lat4k = -1;
-    std::vector<double> lat_ratios, lats, p_lats;
+    double lat = -1, lat4k = -1, diag_one_way = -1;
+    std::vector<double> lat_ratios, lats, p_lats, send_calls;
     {
       peer p;
       if (!start_peer(p, tls, true)) return 1;
@@ -371,6 +376,11 @@ int main(int argc, char** argv) {
         std::fflush(stdout);
       }
       lat4k = frame_latency_us(*p.ch, 4096, lat_iters);
+      // Where a one-way goes (diagnostic pass): the sender's send() call is ours alone (encode, the
+      // worker lock, the channel's state, ucp_am_send_nbx of an inline message); the rest of the
+      // one-way is UCX's wire and the receiver's detect, take and decode.
+      diag_one_way = frame_latency_us(*p.ch, 8, lat_iters, &send_calls);
+      std::sort(send_calls.begin(), send_calls.end());
     }
     if (!frames_only) p_lat_same = run_perftest(tls, "ucp_am_lat", wire_bytes, lat_iters * 4);
     auto median = [](std::vector<double> v) {
@@ -391,6 +401,11 @@ int main(int argc, char** argv) {
                 "transport alone %.2f us = %.2fx perftest\n",
                 enc_ns, dec_ns, codec_one_way_us, lat - codec_one_way_us,
                 p_lat.ok ? (lat - codec_one_way_us) / p_lat.median_lat_us : 0.0);
+    if (!send_calls.empty()) {
+      std::printf("  send() call    : median %.2f us, p90 %.2f us of a %.2f us one-way (diagnostic pass, a clock read "
+                  "around each send)\n",
+                  send_calls[send_calls.size() / 2], send_calls[send_calls.size() * 9 / 10], diag_one_way);
+    }
     std::printf("latency 4 KiB    : frame %.2f us\n", lat4k);
     std::fflush(stdout);
     if (latency_only) continue;
