@@ -558,7 +558,7 @@ void channel_core::post_am(ucp_ep_h ep, unsigned id, const void* header, std::si
   sent_ = true;
   ucs_status_ptr_t req = ucp_am_send_nbx(ep, id, header, header_length, data, length, &rp);
   if (req == nullptr) {
-    on_send_done(nullptr, UCS_OK, &slot);
+    s->complete_posted_inline();
   } else if (UCS_PTR_IS_ERR(req)) {
     on_send_done(nullptr, UCS_PTR_STATUS(req), &slot);
   } else {

@@ -76,6 +76,15 @@ class send_handle::state {
   /// Before the first request is posted (the state is not shared with a completer yet).
   void expect(int requests) { outstanding_ = requests; }
   void complete_one(status s);
+  /// complete_one(ok) for a request UCX finished inside the posting call (the usual small frame):
+  /// the send is still being started under the worker lock and no handle of it has been handed out,
+  /// so nobody can wait on it yet, and the lock and wake-up complete_one takes for waiters are not
+  /// needed. Completions that come later run under the worker lock too, after this one.
+  void complete_posted_inline() {
+    if (--outstanding_ > 0) return;
+    completed_at_ = std::chrono::steady_clock::now();
+    done_.store(true, std::memory_order_release);
+  }
   /// Completes the send now, failed, whatever UCX still owes: for endpoints without UCX error
   /// handling, whose requests a force close leaves pending forever. Later completions are ignored.
   void fail_now(error why);
