@@ -259,6 +259,9 @@ std::vector<variant> all_variants() {
   kernels::cuda_backend_options notma = o;
   notma.gemv_tma = false;
   v.push_back({"notma", notma});
+  kernels::cuda_backend_options qkvreg = o;  // grids of one to two waves (qkv) on the register kernel
+  qkvreg.gemv_tma_partial_wave = false;
+  v.push_back({"qkvreg", qkvreg});
   kernels::cuda_backend_options nostage = o;  // gate_up / LM head: x not staged, rmsnorm its own kernel
   nostage.gemv_stage_capped = false;
   v.push_back({"nostage", nostage});

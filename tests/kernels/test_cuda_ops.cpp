@@ -68,10 +68,13 @@ class cuda_ops : public ::testing::TestWithParam<dtype> {
     if (with_bias) b_->release(const_cast<void*>(bias.data));
   }
   /// GEMV configurations the GEMV tests run under: the defaults (TMA stages), the register loads
-  /// without the capped-grid staging (session 3's kernel), and TMA with a small ring (more stages
-  /// per tile, two blocks an SM).
-  static constexpr int gemv_configs = 3;
-  static const char* gemv_config_name(int c) { return c == 0 ? "" : c == 1 ? " [legacy]" : " [tma ring 40k]"; }
+  /// without the capped-grid staging (session 3's kernel), TMA with a small ring (more stages per
+  /// tile, two blocks an SM), and TMA except for grids of one to two waves (qkv_proj's shape on the
+  /// register kernel).
+  static constexpr int gemv_configs = 4;
+  static const char* gemv_config_name(int c) {
+    return c == 0 ? "" : c == 1 ? " [legacy]" : c == 2 ? " [tma ring 40k]" : " [tma, register partial waves]";
+  }
   /// Re-creates the backend with the opt-in speed paths on (the small-batch GEMV and its fusions),
   /// in GEMV configuration `config`.
   void use_opt_in_paths(int config = 0) {
@@ -83,6 +86,7 @@ class cuda_ops : public ::testing::TestWithParam<dtype> {
     o.fuse_norm = true;
     if (config == 1) o.gemv_tma = o.gemv_stage_capped = false;
     if (config == 2) o.gemv_tma_ring_kb = 40;
+    if (config == 3) o.gemv_tma_partial_wave = false;
     auto b = kernels::make_cuda_backend(o);
     ASSERT_TRUE(b.ok()) << b.err().message;
     b_ = std::move(b).value();

@@ -53,6 +53,11 @@ struct cuda_backend_options {
   /// with gemv_tma: the ring's size a block. 96 KB (two blocks an SM) measured fastest at batch 1
   /// (bench/NOTES.md, session 4, against 128, 192 and 224).
   int gemv_tma_ring_kb = 96;
+  /// with gemv_tma: also grids of more than one and fewer than two waves of 16-row tiles (qkv_proj's
+  /// 192 tiles on 132 SMs, 4.4 → 5.0 µs with TMA in session 4); off: those run on the register
+  /// kernel, whose 8-warp grids compute the same bits (batch_invariant unchanged). Not yet measured
+  /// in a step: variant `qkvreg` (bench/NOTES.md, session 4).
+  bool gemv_tma_partial_wave = true;
   /// Decode-step kernels (GEMV, rmsnorm, rope_kv, silu_mul, decode attention) start as programmatic
   /// dependents: each launches while the one before drains (the GEMV prefetches its weights then).
   bool pdl = true;
