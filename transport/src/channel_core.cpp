@@ -79,7 +79,7 @@ void channel_core::spin(const std::function<bool()>& done, deadline until) {
     ucx_worker::spin_scope spinning(*worker_);
     if (worker_->spin_progress(done, until, worker_->config().busy_poll)) return;
   }
-  worker_->spinner_gave_up();
+  worker_->take_over_now();
 }
 
 result<frame> channel_core::receive(deadline until) {

@@ -210,24 +210,21 @@ ucx_worker::worker_lock::worker_lock(ucx_worker& w) : w_(w) {
 
 ucx_worker::worker_lock::~worker_lock() {
   // Requests this caller left pending (a rendezvous send, a large receive) need progress after it
-  // goes: the sleeping progress thread would otherwise wake only on the next network event.
-  // Asleep in epoll: the command fd wakes it. Stepped aside for spinners (run()): it would look
-  // again only after a window with no spinner, and a caller that spins on receives keeps it aside,
-  // so it is told to take over (one futex wake, only for a send UCX could not finish at once).
+  // goes: asleep, the progress thread would wake only on the next network event, and stepped aside
+  // for spinners only after a window with none (a caller that spins on receives keeps it aside).
   const bool pending = w_.outstanding_ > 0;
-  const bool asleep = pending && w_.sleeping_.load();
   w_.ucx_mu_.unlock();
   w_.want_.fetch_sub(1, std::memory_order_acq_rel);
-  if (asleep) {
-    w_.wake();
-  } else if (pending) {
-    w_.spinner_gave_up();
-  }
+  if (pending) w_.take_over_now();
 }
 
-void ucx_worker::spinner_gave_up() {
+void ucx_worker::take_over_now() {
   spinner_quit_.store(true, std::memory_order_release);
-  ::syscall(SYS_futex, reinterpret_cast<int*>(&spin_seen_), FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
+  if (sleeping_.load()) {
+    wake();  // asleep in epoll: the command fd
+  } else {
+    ::syscall(SYS_futex, reinterpret_cast<int*>(&spin_seen_), FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
+  }
 }
 
 void ucx_worker::maybe_tick() {
@@ -314,12 +311,12 @@ void ucx_worker::run(std::promise<status>* started) {
   auto last_active = steady_clock::now();
   std::unique_lock lock(ucx_mu_, std::defer_lock);
   while (!stop_.load(std::memory_order_relaxed)) {
-    // A spinner that gave up has spun, but the worker is ours now (unless others still spin).
+    // take_over_now: whoever spun before, the worker is ours now (unless others still spin).
     if (spinner_quit_.exchange(false, std::memory_order_acq_rel)) spin_seen_.store(0, std::memory_order_relaxed);
     if (spinners_.load(std::memory_order_acquire) > 0 || spin_seen_.load(std::memory_order_relaxed) != 0) {
       // Callers spin on the worker and progress it meanwhile (a receive, frame after frame): step
       // aside, asleep, for a whole window, and take over only once a window has passed with no
-      // spinner, or when one gives up (spinner_gave_up wakes us). The thread touches neither the
+      // spinner, or when one gives up (take_over_now wakes us). The thread touches neither the
       // worker nor any line a spinner writes per frame while it sleeps: waiting on the spinner
       // count itself returned at once whenever it changed (every half microsecond in a ping-pong),
       // and the loop that followed took the worker lock and progressed UCX in the gaps, pulling the

@@ -91,10 +91,10 @@ class ucx_worker {
   /// the GPU host, where a one-way small frame is ~1 us).
   bool spin_progress(const std::function<bool()>& done, std::chrono::steady_clock::time_point until,
                      std::chrono::microseconds budget);
-  /// A spinning caller gives up and is about to block, or a caller left UCX requests pending: the
-  /// progress thread must take over now, not after its step-aside window. Costs a syscall, so only
-  /// on those slow paths.
-  void spinner_gave_up();
+  /// The progress thread must take over now, not after its step-aside window: a spinning caller
+  /// gives up and is about to block, or a caller left UCX requests pending. Wakes it wherever it
+  /// waits (epoll or the step-aside futex). Costs a syscall, so only on those slow paths.
+  void take_over_now();
   /// Runs `fn` as post() does and waits for it. Never call under the worker lock.
   void run_sync(std::function<void()> fn);
 
@@ -152,9 +152,8 @@ class ucx_worker {
   // the progress thread must not share a line that a spinner writes for every frame.
   alignas(64) std::atomic<int> spinners_{0};
   alignas(64) std::atomic<int> spin_seen_{0};
-  std::atomic<bool> spinner_quit_{false};  // a spinner gave up and will block: take over at once
-  char spin_pad_[64 - sizeof(std::atomic<int>) - sizeof(std::atomic<bool>)];
-  int outstanding_ = 0;
+  std::atomic<bool> spinner_quit_{false};  // take_over_now: take over at once
+  alignas(64) int outstanding_ = 0;  // (a new line: the worker state after this is the lock holder's)
   std::chrono::milliseconds tick_interval_{100};
   std::chrono::steady_clock::time_point last_tick_{};
   unsigned caller_passes_ = 0;
