@@ -37,6 +37,42 @@ __device__ __forceinline__ void load_q_fragments(std::uint32_t (&qf)[D / 16][4],
     qf[ks][3] = *reinterpret_cast<const std::uint32_t*>(qb + d + 8);
   }
 }
+/// Rows r_a / r_b of a warp's O fragments times their softmax rescale factors.
+template <int D>
+__device__ __forceinline__ void rescale_rows(float (&o)[D / 8][4], float alpha_a, float alpha_b) {
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) {
+    o[i][0] *= alpha_a;
+    o[i][1] *= alpha_a;
+    o[i][2] *= alpha_b;
+    o[i][3] *= alpha_b;
+  }
+}
+
+/// O += P V for a warp's 16 rows over a tile of KT keys: the S accumulator layout is P's A-fragment
+/// layout (two 8-key blocks per 16-key step), rounded to bf16; V's B fragments come transposed by
+/// ldmatrix from the tile in shared memory (rows of LD elements).
+template <int D, int KT>
+__device__ __forceinline__ void accumulate_pv(float (&o)[D / 8][4], const float (&s)[KT / 8][4],
+                                              const __nv_bfloat16* v_tile, int LD, int lane) {
+  const int mi = lane / 8;
+#pragma unroll
+  for (int kk = 0; kk < KT / 16; ++kk) {
+    const std::uint32_t a0 = pack_bf16x2(s[2 * kk][0], s[2 * kk][1]);
+    const std::uint32_t a1 = pack_bf16x2(s[2 * kk][2], s[2 * kk][3]);
+    const std::uint32_t a2 = pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    const std::uint32_t a3 = pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    const __nv_bfloat16* vrow = v_tile + (kk * 16 + (mi & 1) * 8 + lane % 8) * LD + (mi >> 1) * 8;
+#pragma unroll
+    for (int dn = 0; dn < D / 8; dn += 2) {
+      std::uint32_t b[4];
+      ldmatrix_x4_trans(b, vrow + dn * 8);
+      mma16816(o[dn], a0, a1, a2, a3, b[0], b[1]);
+      mma16816(o[dn + 1], a0, a1, a2, a3, b[2], b[3]);
+    }
+  }
+}
+
 /// The end of both prefill kernels: each row's softmax denominator is summed over its quad (every
 /// lane held its own columns' share), and rows r_a / r_b (when they are real rows) are stored as
 /// bf16, O / l, at their head's D columns of `out`.
@@ -201,30 +237,8 @@ __global__ void __launch_bounds__(block_threads, D == 64 ? 3 : 1) prefill_tc_ker
     }
     l_a = l_a * alpha_a + sum_a;  // this lane's columns only; the quad is summed at the end
     l_b = l_b * alpha_b + sum_b;
-#pragma unroll
-    for (int i = 0; i < D / 8; ++i) {
-      o[i][0] *= alpha_a;
-      o[i][1] *= alpha_a;
-      o[i][2] *= alpha_b;
-      o[i][3] *= alpha_b;
-    }
-    // O += P V: the S accumulator layout is P's A-fragment layout (two 8-key blocks per 16-key step).
-    const int mi = lane / 8;
-#pragma unroll
-    for (int kk = 0; kk < tc_key_tile / 16; ++kk) {
-      const std::uint32_t a0 = pack_bf16x2(s[2 * kk][0], s[2 * kk][1]);
-      const std::uint32_t a1 = pack_bf16x2(s[2 * kk][2], s[2 * kk][3]);
-      const std::uint32_t a2 = pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      const std::uint32_t a3 = pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-      const __nv_bfloat16* vrow = v_s + (kk * 16 + (mi & 1) * 8 + lane % 8) * LD + (mi >> 1) * 8;
-#pragma unroll
-      for (int dn = 0; dn < D / 8; dn += 2) {
-        std::uint32_t b[4];
-        ldmatrix_x4_trans(b, vrow + dn * 8);
-        mma16816(o[dn], a0, a1, a2, a3, b[0], b[1]);
-        mma16816(o[dn + 1], a0, a1, a2, a3, b[2], b[3]);
-      }
-    }
+    rescale_rows<D>(o, alpha_a, alpha_b);
+    accumulate_pv<D, tc_key_tile>(o, s, v_s, LD, lane);
   }
   store_normalised_rows<D>(o, l_a, l_b, pos_a >= 0, pos_b >= 0, out, q0, r_a, r_b, heads, h, q);
 }
@@ -395,31 +409,8 @@ __global__ void __launch_bounds__(W * 32, D == 64 ? 16 / W : 1) prefill_gqa_tc_k
     }
     l_a = l_a * alpha_a + sum_a;
     l_b = l_b * alpha_b + sum_b;
-    if (__any_sync(0xffffffffu, moved)) {
-#pragma unroll
-      for (int i = 0; i < D / 8; ++i) {
-        o[i][0] *= alpha_a;
-        o[i][1] *= alpha_a;
-        o[i][2] *= alpha_b;
-        o[i][3] *= alpha_b;
-      }
-    }
-    // O += P V: the S accumulator layout is P's A-fragment layout (two 8-key blocks per 16-key step).
-#pragma unroll
-    for (int kk = 0; kk < KT / 16; ++kk) {
-      const std::uint32_t a0 = pack_bf16x2(s[2 * kk][0], s[2 * kk][1]);
-      const std::uint32_t a1 = pack_bf16x2(s[2 * kk][2], s[2 * kk][3]);
-      const std::uint32_t a2 = pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      const std::uint32_t a3 = pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-      const __nv_bfloat16* vrow = vs + (kk * 16 + (mi & 1) * 8 + lane % 8) * LD + (mi >> 1) * 8;
-#pragma unroll
-      for (int dn = 0; dn < D / 8; dn += 2) {
-        std::uint32_t b[4];
-        ldmatrix_x4_trans(b, vrow + dn * 8);
-        mma16816(o[dn], a0, a1, a2, a3, b[0], b[1]);
-        mma16816(o[dn + 1], a0, a1, a2, a3, b[2], b[3]);
-      }
-    }
+    if (__any_sync(0xffffffffu, moved)) rescale_rows<D>(o, alpha_a, alpha_b);
+    accumulate_pv<D, KT>(o, s, vs, LD, lane);
   }
   asm volatile("cp.async.wait_all;\n" ::: "memory");
   store_normalised_rows<D>(o, l_a, l_b, pos_a >= 0, pos_b >= 0, out, q0, r_a, r_b, heads, h, q);
