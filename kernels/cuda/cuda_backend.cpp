@@ -446,7 +446,7 @@ class cuda_backend final : public backend {
     a.cap_grid = gemv_cap_grid_ ? 1 : 0;
     a.stage_capped = gemv_stage_capped_ ? 1 : 0;
     // A grid between one and two waves of tiles (qkv_proj) can stay on the register kernel.
-    const int tiles = (a.rows + 15) / 16;
+    const int tiles = gemv_tiles(a.rows);
     const bool partial_wave = tiles > num_sms_ && tiles < 2 * num_sms_;
     a.tma = gemv_tma_ && (gemv_tma_partial_wave_ || !partial_wave) ? 1 : 0;
     a.tma_ring_bytes = gemv_tma_ring_kb_ * 1024;

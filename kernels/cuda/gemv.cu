@@ -133,7 +133,7 @@ __global__ void __launch_bounds__(WARPS * 32 + (TMA ? 32 : 0)) gemv_kernel(gemv_
   }
   // A block serves tiles blockIdx.x, + gridDim.x, ... (more than one where the grid is capped at the
   // blocks that fit at once): the next tile's first weights load while this one's are reduced.
-  const int tiles = (a.rows + 15) / 16;
+  const int tiles = gemv_tiles(a.rows);
   int tile = blockIdx.x;
   const uint4* wa = nullptr;
   const uint4* wb = nullptr;
@@ -429,7 +429,7 @@ void launch_one(const gemv_args& a, std::size_t smem, bool pdl, int sms, cudaStr
   // tiles and prefetches the next one's weights): one wave that streams instead of waves that each
   // start with a memory round trip. The resident count includes the shared memory of this launch.
   constexpr int threads = WARPS * 32 + (TMA ? 32 : 0);
-  const int tiles = (a.rows + 15) / 16;
+  const int tiles = gemv_tiles(a.rows);
   int grid = tiles;
   if (a.cap_grid != 0 || TMA) {
     int per_sm = 0;
@@ -521,7 +521,7 @@ void gemv_init() {
 }
 
 bool gemv_single_wave(int rows, int sms) {
-  const int tiles = (rows + 15) / 16;
+  const int tiles = gemv_tiles(rows);
   return tiles <= 2 * sms;  // 16 warps: one block per SM; 8 warps: two
 }
 
@@ -547,7 +547,7 @@ void launch_gemv(const gemv_args& args, gemv_prologue pro, bool pdl, int sms, cu
   // A grid that fits on the SMs at once (o_proj, down_proj) gets 16 warps per block, for more loads
   // in flight; a larger one 8, so two blocks share an SM and a second wave comes later or never
   // (qkv_proj's 192 tiles ran as two waves of 16-warp blocks).
-  const bool wide = (a.rows + 15) / 16 <= sms;
+  const bool wide = gemv_tiles(a.rows) <= sms;
   if (a.n <= 8) {
     wide ? launch_nt<1, 16, false>(a, pro, smem, pdl, sms, s) : launch_nt<1, 8, false>(a, pro, smem, pdl, sms, s);
   } else {

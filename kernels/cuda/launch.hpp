@@ -75,6 +75,8 @@ std::size_t gemv_norm_smem_bytes(int n, int cols);
 constexpr std::size_t gemv_max_norm_smem = 160 * 1024;
 /// Raises the kernels' shared-memory limit on the current device (once, before the first launch).
 void gemv_init();
+/// The GEMV's output tiles of 16 rows for `rows` outputs (a block computes one tile at a time).
+constexpr int gemv_tiles(int rows) { return (rows + 15) / 16; }
 /// True when the GEMV of `rows` outputs runs as one wave on `sms` multiprocessors. Only then is the
 /// norm prologue worth it: every block repeats it, and each further wave waits for it again.
 bool gemv_single_wave(int rows, int sms);
