@@ -35,6 +35,12 @@ std::string ucx_tls_env(const std::string& tls) { return tls == "shm" ? "posix,s
 
 // ---------------------------------------------------------------- ucx_perftest
 
+double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
 struct perftest_result {
   double median_lat_us = 0;  // one-way (perftest reports half the round trip)
   double bw_mbs = 0;         // MB/s (10^6... perftest prints MiB/s as "MB/s")
@@ -203,8 +209,7 @@ double frame_latency_us(channel& ch, std::size_t bytes, int iters, std::vector<d
     if (!ch.receive_into(f, after(10s)).ok()) return -1;
     if (i >= iters / 10) rtt.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
   }
-  std::sort(rtt.begin(), rtt.end());
-  return rtt[rtt.size() / 2] / 2;
+  return median(std::move(rtt)) / 2;
 }
 
 /// One-way frame bandwidth in MB/s (10^6 bytes... as MiB/s to match perftest: 2^20 bytes/s).
@@ -383,11 +388,6 @@ int main(int argc, char** argv) {
       std::sort(send_calls.begin(), send_calls.end());
     }
     if (!frames_only) p_lat_same = run_perftest(tls, "ucp_am_lat", wire_bytes, lat_iters * 4);
-    auto median = [](std::vector<double> v) {
-      if (v.empty()) return 0.0;
-      std::sort(v.begin(), v.end());
-      return v[v.size() / 2];
-    };
     lat = median(lats);
     p_lat.median_lat_us = median(p_lats);
     p_lat.ok = !p_lats.empty();
@@ -426,10 +426,9 @@ int main(int argc, char** argv) {
                   bw, window, pb.bw_mbs, ratio);
       std::fflush(stdout);
     }
-    std::sort(ratios.begin(), ratios.end());
     auto p_tag = frames_only ? perftest_result{} : run_perftest(tls, "tag_bw", 64u << 20, frames64, "-O " + std::to_string(window));
     std::printf("bandwidth 64 MiB : median ratio %.2f of am_bw (goal >= 0.8), %d in flight both; perftest tag_bw %.0f MiB/s\n",
-                ratios[ratios.size() / 2], window, p_tag.bw_mbs);
+                median(ratios), window, p_tag.bw_mbs);
   }
   if (latency_only) return 0;
   std::printf("\n## CPU all-reduce (f32, 16 MiB per rank): ranks as threads (cpu_group) | as processes (shm_group)\n");

@@ -37,7 +37,7 @@ schema::DType to_wire(dtype t) {
     case dtype::f16: return schema::DType::F16;
     case dtype::i32: return schema::DType::I32;
     case dtype::i8:
-    case dtype::f8e4m3: break;  // weight-only dtypes: validate() refuses them in a frame
+    case dtype::f8e4m3: break;  // weight-only dtypes: check_wire_dtype refuses them before encoding
   }
   return schema::DType::F32;
 }
