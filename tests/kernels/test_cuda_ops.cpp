@@ -21,6 +21,37 @@ using testing::dev_bytes;
 
 std::string name_of(dtype t) { return std::string(kernels::dtype_name(t)); }
 
+/// The paged KV layout of a decode step over sequences of `ctx` keys each, the new token being the
+/// last key: their blocks drawn from a shuffled pool of all they need + 3, the block table, q_start
+/// (one row a sequence) and each new token's cache slot.
+struct paged_decode {
+  int max_ctx = 0, max_blocks = 1, num_blocks = 0;
+  std::vector<std::int32_t> table, q_start{0}, slots;
+};
+paged_decode make_paged_decode(const std::vector<int>& ctx, int block_size, std::mt19937_64& rng) {
+  paged_decode d;
+  const int n = static_cast<int>(ctx.size());
+  int total_blocks = 0;
+  for (int c : ctx) {
+    d.max_ctx = std::max(d.max_ctx, c);
+    d.max_blocks = std::max(d.max_blocks, (c + block_size - 1) / block_size);
+    total_blocks += (c + block_size - 1) / block_size;
+  }
+  d.num_blocks = total_blocks + 3;
+  std::vector<std::int32_t> perm(d.num_blocks);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  d.table.assign(static_cast<std::size_t>(n) * d.max_blocks, 0);
+  int next = 0;
+  for (int s = 0; s < n; ++s) {
+    for (int i = 0; i < (ctx[s] + block_size - 1) / block_size; ++i) d.table[s * d.max_blocks + i] = perm[next++];
+    d.q_start.push_back(s + 1);
+    const int p = ctx[s] - 1;
+    d.slots.push_back(d.table[s * d.max_blocks + p / block_size] * block_size + p % block_size);
+  }
+  return d;
+}
+
 class cuda_ops : public ::testing::TestWithParam<dtype> {
  protected:
   void SetUp() override {
@@ -648,25 +679,9 @@ TEST_P(cuda_ops, rope_kv_write_attention_decode_matches_op_by_op) {
                          dcase{8, 2, 64, {4000}}}) {
     const int n = static_cast<int>(c.ctx.size()), block_size = 16;
     kernels::attn_shape sh{c.heads, c.kv_heads, c.head_dim, 1.0f / std::sqrt(static_cast<float>(c.head_dim)), 0};
-    int max_ctx = 0, max_blocks = 1, total_blocks = 0;
-    for (int ctx : c.ctx) {
-      max_ctx = std::max(max_ctx, ctx);
-      max_blocks = std::max(max_blocks, (ctx + block_size - 1) / block_size);
-      total_blocks += (ctx + block_size - 1) / block_size;
-    }
-    const int num_blocks = total_blocks + 3;
-    std::vector<std::int32_t> perm(num_blocks);
-    std::iota(perm.begin(), perm.end(), 0);
-    std::shuffle(perm.begin(), perm.end(), rng_);
-    std::vector<std::int32_t> table(static_cast<std::size_t>(n) * max_blocks, 0), q_start{0}, pos, slots;
-    int next = 0;
-    for (int s = 0; s < n; ++s) {
-      for (int i = 0; i < (c.ctx[s] + block_size - 1) / block_size; ++i) table[s * max_blocks + i] = perm[next++];
-      q_start.push_back(s + 1);
-      pos.push_back(c.ctx[s] - 1);  // the new token is the last key
-      const int p = c.ctx[s] - 1;
-      slots.push_back(table[s * max_blocks + p / block_size] * block_size + p % block_size);
-    }
+    const auto [max_ctx, max_blocks, num_blocks, table, q_start, slots] = make_paged_decode(c.ctx, block_size, rng_);
+    std::vector<std::int32_t> pos;
+    for (int s = 0; s < n; ++s) pos.push_back(c.ctx[s] - 1);  // the new token is the last key
     const std::size_t cache = static_cast<std::size_t>(num_blocks) * block_size * c.kv_heads * c.head_dim;
     auto k = testing::random_values(rng_, cache, t()), v = testing::random_values(rng_, cache, t());
     const int width = (c.heads + 2 * c.kv_heads) * c.head_dim;
@@ -747,25 +762,10 @@ TEST_P(cuda_ops, rope_once_fused_decode_is_bit_identical) {
     for (const dcase& c : cases) {
       const int n = static_cast<int>(c.ctx.size()), block_size = 16;
       kernels::attn_shape sh{c.heads, c.kv_heads, c.head_dim, 1.0f / std::sqrt(static_cast<float>(c.head_dim)), 0};
-      int max_ctx = 0, max_blocks = 1, total_blocks = 0;
-      for (int ctx : c.ctx) {
-        max_ctx = std::max(max_ctx, ctx);
-        max_blocks = std::max(max_blocks, (ctx + block_size - 1) / block_size);
-        total_blocks += (ctx + block_size - 1) / block_size;
-      }
-      const int num_blocks = total_blocks + 3;
-      std::vector<std::int32_t> perm(num_blocks);
-      std::iota(perm.begin(), perm.end(), 0);
-      std::shuffle(perm.begin(), perm.end(), rng_);
-      std::vector<std::int32_t> table(static_cast<std::size_t>(n) * max_blocks, 0), q_start{0}, pos, slots;
-      int next = 0;
-      for (int s = 0; s < n; ++s) {
-        for (int i = 0; i < (c.ctx[s] + block_size - 1) / block_size; ++i) table[s * max_blocks + i] = perm[next++];
-        q_start.push_back(s + 1);
-        const int p = c.ctx[s] - 1;  // the new token is the last key; its rope position may be far later
-        pos.push_back(s % 2 == 0 ? p : far(rng_));
-        slots.push_back(table[s * max_blocks + p / block_size] * block_size + p % block_size);
-      }
+      const auto [max_ctx, max_blocks, num_blocks, table, q_start, slots] = make_paged_decode(c.ctx, block_size, rng_);
+      // The new token is the last key; its rope position may be far later (odd sequences).
+      std::vector<std::int32_t> pos;
+      for (int s = 0; s < n; ++s) pos.push_back(s % 2 == 0 ? c.ctx[s] - 1 : far(rng_));
       const std::size_t cache = static_cast<std::size_t>(num_blocks) * block_size * c.kv_heads * c.head_dim;
       const auto k0 = testing::random_values(rng_, cache, t()), v0 = testing::random_values(rng_, cache, t());
       const int width = (c.heads + 2 * c.kv_heads) * c.head_dim;
