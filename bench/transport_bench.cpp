@@ -11,6 +11,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <mutex>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -137,7 +139,7 @@ ucx_config config_for(const std::string& tls) {
   if (!ch.ok()) _exit(3);
   frame f;  // reused: a stage receiving frame after frame does the same (channel::receive_into)
   for (;;) {
-    if (!(*ch)->receive_into(f, after(120s)).ok()) break;
+    if (!(*ch)->receive_into(f, clock::duration(120s)).ok()) break;
     if (echo) {
       auto s = (*ch)->send_encoded(f.header_bytes, {f.payload.data(), f.payload.size()});
       if (!s.ok() || !s->wait(s->done() ? deadline{} : after(60s)).ok()) break;
@@ -206,7 +208,7 @@ double frame_latency_us(channel& ch, std::size_t bytes, int iters, std::vector<d
     // A small send is mostly complete when send() returns: its status then needs no deadline (a
     // deadline is a clock read, 35-40 ns on the GPU host); a wait on a done send returns at once.
     if (!s->wait(s->done() ? deadline{} : after(10s)).ok()) return -1;
-    if (!ch.receive_into(f, after(10s)).ok()) return -1;
+    if (!ch.receive_into(f, clock::duration(10s)).ok()) return -1;
     if (i >= iters / 10) rtt.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
   }
   return median(std::move(rtt)) / 2;
@@ -272,6 +274,42 @@ std::pair<double, double> codec_ns(int iters) {
   auto t2 = std::chrono::steady_clock::now();
   return {std::chrono::duration<double, std::nano>(t1 - t0).count() / iters,
           std::chrono::duration<double, std::nano>(t2 - t1).count() / iters};
+}
+
+/// What the small-frame path's building blocks cost on this machine (ns each, one thread, warm
+/// lines): a steady_clock read, a locked read-modify-write (an atomic add: the lock prefix a mutex,
+/// a shared_ptr copy or a counter pays), and an uncontended mutex lock + unlock. To weigh a change
+/// that removes some of them against the one-way latency.
+struct host_costs {
+  double clock_ns = 0, locked_rmw_ns = 0, mutex_pair_ns = 0;
+};
+
+host_costs measure_host_costs() {
+  constexpr int n = 2'000'000;
+  using steady = std::chrono::steady_clock;
+  auto per = [](steady::time_point t0, steady::time_point t1) {
+    return std::chrono::duration<double, std::nano>(t1 - t0).count() / n;
+  };
+  host_costs c;
+  auto t0 = steady::now();
+  std::int64_t sink = 0;
+  for (int i = 0; i < n; ++i) sink += steady::now().time_since_epoch().count();
+  auto t1 = steady::now();
+  c.clock_ns = per(t0, t1);
+  std::atomic<std::int64_t> counter{sink & 1};
+  t0 = steady::now();
+  for (int i = 0; i < n; ++i) counter.fetch_add(1, std::memory_order_acq_rel);
+  t1 = steady::now();
+  c.locked_rmw_ns = per(t0, t1);
+  std::mutex mu;
+  t0 = steady::now();
+  for (int i = 0; i < n; ++i) {
+    mu.lock();
+    mu.unlock();
+  }
+  t1 = steady::now();
+  c.mutex_pair_ns = per(t0, t1);
+  return c;
 }
 
 // ---------------------------------------------------------------- CPU all-reduce
@@ -352,6 +390,11 @@ int main(int argc, char** argv) {
   std::printf("# conveyor transport bench (loopback; %u hardware threads; busy_poll %lld us, transfer_poll %lld us)\n",
               std::thread::hardware_concurrency(), static_cast<long long>(g_busy_poll.count()),
               static_cast<long long>(g_transfer_poll.count()));
+  {
+    auto hc = measure_host_costs();
+    std::printf("# this machine: clock read %.1f ns, locked read-modify-write %.1f ns, mutex lock+unlock %.1f ns\n",
+                hc.clock_ns, hc.locked_rmw_ns, hc.mutex_pair_ns);
+  }
   std::fflush(stdout);  // the peer is a fork: it must not inherit unflushed output
   for (const auto& tls : tls_list) {
     std::printf("\n## tls=%s (UCX_TLS=%s)\n", tls.c_str(), ucx_tls_env(tls).c_str());

@@ -123,6 +123,23 @@ TEST_P(UcxChannel, ReceiveDeadlinePassesWithoutBreakingTheChannel) {
   EXPECT_LT(waited, 1s);
   EXPECT_TRUE(ch->health().ok());
   echo_once(*ch, 7, 1024);
+  // The same with a timeout instead of a deadline (it starts when the wait first reads the clock,
+  // at most a spin batch late): it passes, no sooner, and the channel still works.
+  frame g;
+  t0 = clock::now();
+  auto st = ch->receive_into(g, clock::duration(100ms));
+  waited = clock::now() - t0;
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.err().message.find("deadline"), std::string::npos) << st.err().message;
+  EXPECT_GE(waited, 100ms);
+  EXPECT_LT(waited, 1s);
+  auto payload = test::pattern(16, 9);
+  auto s = ch->send(test::test_header(9, payload.size()), {payload.data(), payload.size()});
+  ASSERT_TRUE(s.ok()) << s.err().message;
+  ASSERT_TRUE(ch->receive_into(g, clock::duration(10s)).ok());
+  EXPECT_EQ(g.header.microbatch_id, 9u);
+  ASSERT_EQ(g.payload.size(), payload.size());
+  EXPECT_EQ(0, std::memcmp(g.payload.data(), payload.data(), payload.size()));
 }
 
 TEST_P(UcxChannel, PeerKilledWithSendsPendingFailsEverySendWithinBound) {

@@ -74,10 +74,10 @@ void channel_core::update_deliverable() {
   deliverable_.store(next_ready() || failure_.has_value(), std::memory_order_release);
 }
 
-void channel_core::spin(const std::function<bool()>& done, deadline until) {
+void channel_core::spin(const std::function<bool()>& done, wait_limit& limit) {
   {
     ucx_worker::spin_scope spinning(*worker_);
-    if (worker_->spin_progress(done, until, worker_->config().busy_poll)) return;
+    if (worker_->spin_progress(done, limit, worker_->config().busy_poll)) return;
   }
   worker_->take_over_now();
 }
@@ -88,12 +88,12 @@ result<frame> channel_core::receive(deadline until) {
   return f;
 }
 
-status channel_core::receive_into(frame& f, deadline until) {
+status channel_core::receive_into(frame& f, wait_limit limit) {
   // Spin first (ucx_config::busy_poll), progressing the worker from this thread: a frame then goes
   // from UCX's callback to this caller with no thread hand-off, and a condition-variable sleep and
   // wake-up (tens of microseconds, more than a small frame's whole trip over shared memory) is paid
   // only when nothing came within the spin. After it, the progress thread takes over.
-  if (!frame_ready()) spin([this] { return frame_ready(); }, until);
+  if (!frame_ready()) spin([this] { return frame_ready(); }, limit);
   std::unique_lock lock(mu_);
   for (;;) {
     if (next_ready()) {
@@ -117,7 +117,7 @@ status channel_core::receive_into(frame& f, deadline until) {
     }
     // Frames that arrived whole before a failure are still delivered; after them, the failure.
     if (failure_) return *failure_;
-    if (cv_.wait_until(lock, until) == std::cv_status::timeout && !next_ready() && !failure_) {
+    if (cv_.wait_until(lock, limit.resolve()) == std::cv_status::timeout && !next_ready() && !failure_) {
       return make_error(errc::io, name(id()) + ": no frame before the receive deadline");
     }
   }

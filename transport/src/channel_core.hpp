@@ -18,6 +18,7 @@
 #include "conveyor/transport/ucx_context.hpp"
 #include "conveyor/transport/frame_codec.hpp"
 #include "send_state.hpp"
+#include "wait_limit.hpp"
 #include "wire.hpp"
 
 namespace conveyor::transport {
@@ -43,10 +44,10 @@ class channel_core : public std::enable_shared_from_this<channel_core> {
   result<frame> receive(deadline until);
   /// channel::receive_into: the frame's header is decoded here, on the caller's thread, into `f`'s
   /// own vectors, and `f`'s buffers are kept for the next small frame (next_).
-  status receive_into(frame& f, deadline until);
+  status receive_into(frame& f, wait_limit limit);
   /// Progresses the worker from this thread until `done()` holds or ucx_config::busy_poll (or
-  /// `until`) passes: a waiter that spins needs no wake-up from the progress thread.
-  void spin(const std::function<bool()>& done, deadline until);
+  /// `limit`) passes: a waiter that spins needs no wake-up from the progress thread.
+  void spin(const std::function<bool()>& done, wait_limit& limit);
   /// The peer's payload limit from its hello (0 before the hello).
   std::uint64_t peer_max_payload() const;
 

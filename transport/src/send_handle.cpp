@@ -52,7 +52,7 @@ void send_handle::state::fail_now(error why) {
 }
 
 std::optional<std::chrono::steady_clock::time_point> send_handle::state::completed_at() const {
-  if (!done()) return std::nullopt;
+  if (!done() || completed_at_ == std::chrono::steady_clock::time_point{}) return std::nullopt;
   return completed_at_;
 }
 
@@ -80,7 +80,8 @@ status send_handle::wait(deadline until) {
   if (!state_->done()) {
     // Spin on the worker first, as receive() does: a send UCX could not finish in the call
     // completes here without a wake-up from the progress thread.
-    if (auto core = state_->channel.lock()) core->spin([s = state_.get()] { return s->done(); }, until);
+    wait_limit limit(until);
+    if (auto core = state_->channel.lock()) core->spin([s = state_.get()] { return s->done(); }, limit);
   }
   if (state_->wait_until(until)) return state_->result_status();
   // A peer that takes no data before the deadline is treated as dead: failing the channel makes UCX

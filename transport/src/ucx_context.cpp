@@ -22,14 +22,21 @@ class ucx_channel final : public channel {
 
   result<send_handle> send(const frame_header& header, payload_view payload) override {
     CONVEYOR_TRY(check_payload_size(header, payload.size));
+    CONVEYOR_TRY(check_payload(payload));
     // Room after the header for a payload small enough to travel inline (no reallocation then).
     std::size_t tail = payload.size <= wire::max_inline_payload ? payload.size : 0;
+    // The whole send under the worker lock, encode included (tens of nanoseconds): the lock then
+    // also guards the channel's spare send state, which took a mutex of its own before (two locked
+    // read-modify-writes a send, ~20 ns each on the GPU host).
+    ucx_worker::worker_lock lock(*worker_);
     auto s = state_for_send();
     CONVEYOR_TRY(encode_header_into(header, s->separate_header, sizeof(wire::preamble), header_form::automatic, tail));
     return send_owned(std::move(s), payload);
   }
 
   result<send_handle> send_encoded(std::span<const std::byte> header_bytes, payload_view payload) override {
+    CONVEYOR_TRY(check_payload(payload));
+    ucx_worker::worker_lock lock(*worker_);
     auto s = state_for_send();
     auto& bytes = s->separate_header;
     bytes.reserve(sizeof(wire::preamble) + header_bytes.size() +
@@ -41,6 +48,9 @@ class ucx_channel final : public channel {
 
   result<frame> receive(deadline until) override { return core_->receive(until); }
   status receive_into(frame& f, deadline until) override { return core_->receive_into(f, until); }
+  status receive_into(frame& f, clock::duration timeout) override {
+    return core_->receive_into(f, wait_limit::within(timeout));
+  }
 
   status health() const override {
     if (auto why = core_->failure()) return *why;
@@ -53,32 +63,25 @@ class ucx_channel final : public channel {
   /// then kept. A state is shared only by the handles, UCX's completion slots (while UCX owns a
   /// request) and the channel's in-flight list (never a completed send's, outside the worker lock),
   /// so use_count() == 1 (just spare_) on a completed one means nobody can reach it any more.
+  /// Under the worker lock (channels may be sent on from several threads).
   std::shared_ptr<send_handle::state> state_for_send() {
-    {
-      std::lock_guard lock(spare_mu_);
-      if (spare_ && spare_.use_count() == 1 && spare_->done()) {
-        spare_->reset_for_reuse();
-        return spare_;
-      }
+    if (spare_ && spare_.use_count() == 1 && spare_->done()) {
+      spare_->reset_for_reuse();
+      return spare_;
     }
-    auto s = std::make_shared<send_handle::state>();
-    s->channel = core_;
-    std::lock_guard lock(spare_mu_);
-    spare_ = s;
-    return s;
+    spare_ = std::make_shared<send_handle::state>();
+    spare_->channel = core_;
+    return spare_;
   }
 
-  /// `s->separate_header`: the encoded header after sizeof(wire::preamble) bytes of room.
-  result<send_handle> send_owned(std::shared_ptr<send_handle::state> s, payload_view payload) {
-    auto& header_bytes = s->separate_header;
-    const std::size_t header_size = header_bytes.size() - sizeof(wire::preamble);
+  /// The checks of a payload that need no header (before the worker lock: they fail without it).
+  status check_payload(const payload_view& payload) const {
     // Error messages are built on the error paths only (a string per frame shows at small sizes).
     auto where = [&] { return "channel " + std::to_string(core_->id()) + ": "; };
     if (core_->failed()) {
       if (auto why = core_->failure()) return *why;
     }
-    const bool device = payload.memory == memory_type::cuda;
-    if (device && !worker_->device_memory()) {
+    if (payload.memory == memory_type::cuda && !worker_->device_memory()) {
       // Debian's UCX cannot read device memory: callers stage through host memory (staging_pool).
       return make_error(errc::unsupported, where() + "a device-memory payload needs a CUDA-aware UCX; this one " +
                                                "reports host memory only (stage it through a pinned host buffer)");
@@ -94,12 +97,21 @@ class ucx_channel final : public channel {
                                                     " bytes is over the limit of " + std::to_string(limit) +
                                                     " (the smaller of both ends' max_payload_bytes)");
     }
+    return ok_status();
+  }
+
+  /// Under the worker lock, after check_payload: `s->separate_header` holds the encoded header
+  /// after sizeof(wire::preamble) bytes of room.
+  result<send_handle> send_owned(std::shared_ptr<send_handle::state> s, payload_view payload) {
+    auto& header_bytes = s->separate_header;
+    const std::size_t header_size = header_bytes.size() - sizeof(wire::preamble);
+    const auto& opts = core_->options();
     if (header_size > opts.header_limits.max_header_bytes) {
-      return make_error(errc::invalid_argument, where() + "header of " + std::to_string(header_size) +
-                                                    " bytes is over the limit of " +
+      return make_error(errc::invalid_argument, "channel " + std::to_string(core_->id()) + ": header of " +
+                                                    std::to_string(header_size) + " bytes is over the limit of " +
                                                     std::to_string(opts.header_limits.max_header_bytes));
     }
-    if (!device && payload.size <= wire::max_inline_payload &&
+    if (payload.memory != memory_type::cuda && payload.size <= wire::max_inline_payload &&
         sizeof(wire::preamble) + header_size + payload.size <= worker_->max_am_header()) {
       // A small payload rides in the AM header (wire::flag_payload_inline): UCX can then send the
       // frame inline, and the caller's buffer is free as soon as this returns.
@@ -111,17 +123,13 @@ class ucx_channel final : public channel {
     s->payload = payload;
     // Sent from this thread (no hand-off to the progress thread): ucp_am_send_nbx does not block,
     // and the worker lock waits at most one progress pass. Sends stay in call order per channel.
-    {
-      ucx_worker::worker_lock lock(*worker_);
-      core_->start_send(s);
-    }
+    core_->start_send(s);
     return send_handle(std::move(s));
   }
 
   std::shared_ptr<ucx_worker> worker_;
   std::shared_ptr<channel_core> core_;
-  std::mutex spare_mu_;  // channels may be sent on from several threads
-  std::shared_ptr<send_handle::state> spare_;
+  std::shared_ptr<send_handle::state> spare_;  // under the worker lock
 };
 
 }  // namespace

@@ -236,9 +236,10 @@ void ucx_worker::maybe_tick() {
   for (auto& core : open) core->tick(now);  // tick may close (and unregister) a channel
 }
 
-bool ucx_worker::spin_progress(const std::function<bool()>& done, clock::time_point until,
+bool ucx_worker::spin_progress(const std::function<bool()>& done, wait_limit& limit,
                                std::chrono::microseconds budget) {
   bool counting = false;
+  clock::time_point until;
   for (;;) {
     {
       // Up to 64 passes under one lock (a lock and unlock per pass was a good part of a pass, and a
@@ -263,9 +264,10 @@ bool ucx_worker::spin_progress(const std::function<bool()>& done, clock::time_po
       if (done()) return true;
       __builtin_ia32_pause();
     }
+    mark_spinning();  // the progress thread may have cleared it since: it must stay aside a window more
     const auto now = clock::now();
     if (!counting) {
-      until = std::min(until, now + budget);
+      until = std::min(limit.resolve(now), now + budget);
       counting = true;
     }
     if (now >= until) return false;
@@ -311,9 +313,10 @@ void ucx_worker::run(std::promise<status>* started) {
   auto last_active = steady_clock::now();
   std::unique_lock lock(ucx_mu_, std::defer_lock);
   while (!stop_.load(std::memory_order_relaxed)) {
-    // take_over_now: whoever spun before, the worker is ours now (unless others still spin).
+    // take_over_now: whoever spun before, the worker is ours now (a caller still spinning sets the
+    // flag again within a batch of passes).
     if (spinner_quit_.exchange(false, std::memory_order_acq_rel)) spin_seen_.store(0, std::memory_order_relaxed);
-    if (spinners_.load(std::memory_order_acquire) > 0 || spin_seen_.load(std::memory_order_relaxed) != 0) {
+    if (spin_seen_.load(std::memory_order_relaxed) != 0) {
       // Callers spin on the worker and progress it meanwhile (a receive, frame after frame): step
       // aside, asleep, for a whole window, and take over only once a window has passed with no
       // spinner, or when one gives up (take_over_now wakes us). The thread touches neither the

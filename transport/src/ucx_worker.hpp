@@ -23,6 +23,7 @@
 #include "conveyor/transport/config.hpp"
 #include "conveyor/transport/ucx_context.hpp"
 #include "buffer_pool.hpp"
+#include "wait_limit.hpp"
 #include "wire.hpp"
 
 namespace conveyor::transport {
@@ -67,30 +68,26 @@ class ucx_worker {
     ucx_worker& w_;
   };
   /// Marks a caller thread as spinning on the worker (a receive() in its busy-poll window): the
-  /// progress thread yields instead of progressing, so the two do not fight over the lock.
+  /// progress thread stays asleep instead of progressing, so the two do not fight over the lock.
+  /// A flag, not a count: setting it is a plain store (and only when the progress thread has
+  /// cleared it, once per its look), where a count cost two locked read-modify-writes per received
+  /// frame; spin_progress sets it again after every batch of passes, so a long spin keeps the
+  /// progress thread asleep window after window.
   class spin_scope {
    public:
-    explicit spin_scope(ucx_worker& w) : w_(w) {
-      w_.spinners_.fetch_add(1, std::memory_order_acq_rel);
-      // Written only when the progress thread has cleared it (once per its look, not per frame).
-      if (w_.spin_seen_.load(std::memory_order_relaxed) == 0) w_.spin_seen_.store(1, std::memory_order_relaxed);
-    }
-    // No wake-up call here (a futex wake would cost every received frame a syscall): the progress
-    // thread waits for spinners with a timeout and looks again (run()).
-    ~spin_scope() { w_.spinners_.fetch_sub(1, std::memory_order_acq_rel); }
+    explicit spin_scope(ucx_worker& w) { w.mark_spinning(); }
+    // No wake-up call when it ends (a futex wake would cost every received frame a syscall): the
+    // progress thread sleeps a window at a time and looks again (run()).
     spin_scope(const spin_scope&) = delete;
     spin_scope& operator=(const spin_scope&) = delete;
-
-   private:
-    ucx_worker& w_;
   };
   /// Progresses the worker from a caller thread that holds a spin_scope until `done()` (true), or
   /// for `budget` (false; never past `until`). Other callers (a sender) get the worker between two
   /// passes. The budget is counted from the first clock reading, after the first batch of passes:
   /// a frame that is already there, or comes within that batch, costs no clock read (35-40 ns on
   /// the GPU host, where a one-way small frame is ~1 us).
-  bool spin_progress(const std::function<bool()>& done, std::chrono::steady_clock::time_point until,
-                     std::chrono::microseconds budget);
+  /// A relative `limit` starts at that first clock reading.
+  bool spin_progress(const std::function<bool()>& done, wait_limit& limit, std::chrono::microseconds budget);
   /// The progress thread must take over now, not after its step-aside window: a spinning caller
   /// gives up and is about to block, or a caller left UCX requests pending. Wakes it wherever it
   /// waits (epoll or the step-aside futex). Costs a syscall, so only on those slow paths.
@@ -147,10 +144,13 @@ class ucx_worker {
 
   std::mutex ucx_mu_;          // the worker and everything below
   std::atomic<int> want_{0};      // caller threads holding or waiting for ucx_mu_
-  // Caller threads spinning on the worker now (spin_scope), and whether one has spun since the
-  // progress thread last looked (it clears the flag, a spinner sets it). Each on its own cache line:
-  // the progress thread must not share a line that a spinner writes for every frame.
-  alignas(64) std::atomic<int> spinners_{0};
+  /// spin_scope: a caller spins on the worker.
+  void mark_spinning() {
+    if (spin_seen_.load(std::memory_order_relaxed) == 0) spin_seen_.store(1, std::memory_order_relaxed);
+  }
+  // Whether a caller has spun since the progress thread last looked (it clears the flag, a spinner
+  // sets it). On its own cache line: the progress thread must not share a line that a spinner
+  // writes for every frame.
   alignas(64) std::atomic<int> spin_seen_{0};
   std::atomic<bool> spinner_quit_{false};  // take_over_now: take over at once
   alignas(64) int outstanding_ = 0;  // (a new line: the worker state after this is the lock holder's)

@@ -21,10 +21,25 @@ hop_meter::~hop_meter() { stop(); }
 void hop_meter::sent(transport::send_handle handle, std::size_t bytes, steady::time_point issued) {
   ++frames_sent_;
   bytes_sent_ += static_cast<std::int64_t>(bytes);
+  // A send that completed inside send() (a small frame UCX finished in the call) carries no stamp:
+  // its completion was before now, within the send call, so now is its completion to well under the
+  // smallest bucket (10 us).
+  const bool completed_in_call = handle.done() && !handle.completed_at();
+  const auto now = completed_in_call ? steady::now() : steady::time_point{};
   std::lock_guard lock(mu_);
   if (stopping_) return;
-  pending_.push_back({std::move(handle), issued});
+  if (completed_in_call) {
+    if (handle.wait(now).ok()) record(std::chrono::duration<double>(now - issued).count());
+  } else {
+    pending_.push_back({std::move(handle), issued});
+  }
   collect();
+}
+
+void hop_meter::record(double s) const {
+  const auto& b = hop_latency_bounds();
+  ++counts_[static_cast<std::size_t>(std::lower_bound(b.begin(), b.end(), s) - b.begin())];
+  sum_s_ += s;
 }
 
 void hop_meter::received(std::size_t bytes) {
@@ -55,7 +70,6 @@ void hop_meter::stop() {
 // The transport stamps a send's completion when it completes it, so a latency is exact however late
 // it is collected, and sends are timed in whatever order they complete.
 void hop_meter::collect() const {
-  const auto& b = hop_latency_bounds();
   for (auto it = pending_.begin(); it != pending_.end();) {
     const auto completed = it->handle.completed_at();
     if (!completed) {
@@ -64,11 +78,7 @@ void hop_meter::collect() const {
     }
     // A failed send (the channel broke) is no latency; the stage reports the failure itself. wait()
     // on a completed send returns its status at once and never touches the channel.
-    if (it->handle.wait(steady::now()).ok()) {
-      const double s = std::chrono::duration<double>(*completed - it->issued).count();
-      ++counts_[static_cast<std::size_t>(std::lower_bound(b.begin(), b.end(), s) - b.begin())];
-      sum_s_ += s;
-    }
+    if (it->handle.wait(steady::now()).ok()) record(std::chrono::duration<double>(*completed - it->issued).count());
     it = pending_.erase(it);
   }
 }

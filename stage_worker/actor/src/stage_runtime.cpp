@@ -105,7 +105,7 @@ bool stage_runtime::next_input(transport::frame& out) {
   while (!stopping_) {
     if (upstream_) {
       // Into the loop's frame: a small frame lands in the buffers of the one before (no allocation).
-      const status got = upstream_->receive_into(out, transport::after(std::chrono::milliseconds(200)));
+      const status got = upstream_->receive_into(out, transport::clock::duration(std::chrono::milliseconds(200)));
       if (got.ok()) {
         hops_.received(out.payload.size());
         idle_ns_ += ns_since(t0);

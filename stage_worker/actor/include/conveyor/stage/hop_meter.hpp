@@ -46,6 +46,8 @@ class hop_meter {
   /// Times every pending send the transport has completed (from the completion time it recorded)
   /// and forgets it. Called with mu_ held, on each send and each read: no thread of its own.
   void collect() const;
+  /// One hop latency into the histogram (under mu_).
+  void record(double seconds) const;
 
   struct pending {
     transport::send_handle handle;
