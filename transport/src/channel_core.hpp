@@ -122,6 +122,9 @@ class channel_core : public std::enable_shared_from_this<channel_core> {
   /// Takes frame next_deliver_ into `f` (mu_ held, next_ready()): its buffers, or the error it was
   /// rejected with.
   std::optional<error> take_next(frame& f);
+  /// After frame `seq` is in `f` (taken, or copied straight in): flow control, then the header
+  /// decoded on the caller's thread (outside both locks), or the error it was rejected with.
+  status finish_receive(frame& f, std::uint64_t seq, std::optional<error> rejected);
   void update_deliverable();
   void post_am(ucp_ep_h ep, unsigned id, const void* header, std::size_t header_length, const void* data, std::size_t length,
                const std::shared_ptr<send_handle::state>& s);
@@ -168,6 +171,11 @@ class channel_core : public std::enable_shared_from_this<channel_core> {
   std::uint64_t next_deliver_ = 0;
   std::uint64_t buffered_bytes_ = 0;  // payload bytes received or being received, not yet taken
   std::atomic<bool> deliverable_{false};
+  /// A receiver's frame offered to the callback (receive_into), and whether a frame was copied
+  /// into it (set by the callback, cleared by that receiver) with its number.
+  frame* waiting_ = nullptr;
+  std::atomic<bool> filled_{false};
+  std::uint64_t filled_seq_ = 0;
   std::atomic<bool> failed_{false};               // mirrors failure_.has_value()
   std::atomic<std::uint64_t> peer_max_payload_atomic_{0};  // mirrors peer_max_payload_  // mirrors "ready_ holds next_deliver_, or failure_", set under mu_
 };
