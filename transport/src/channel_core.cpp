@@ -494,6 +494,17 @@ void channel_core::finish(std::uint64_t seq, std::vector<std::byte> header_bytes
   deliver(seq, raw_frame{std::move(header_bytes), std::move(payload), std::nullopt});
 }
 
+void channel_core::copy_small_frame(std::span<const std::byte> header, const void* payload, std::size_t size,
+                                    std::vector<std::byte>& header_out, payload_buffer& payload_out) {
+  header_out.assign(header.begin(), header.end());
+  if (size == 0) {
+    payload_out = payload_buffer();
+    return;
+  }
+  if (!payload_out.reuse_for(size)) payload_out = payload_buffer(worker_->pool(), size);
+  std::memcpy(payload_out.data(), payload, size);
+}
+
 bool channel_core::deliver_in_place(std::uint64_t seq, std::span<const std::byte> header, const void* payload,
                                     std::size_t size) {
   // Copied under mu_ (the receiver swaps next_'s buffers out under it), so only small payloads.
@@ -504,28 +515,15 @@ bool channel_core::deliver_in_place(std::uint64_t seq, std::span<const std::byte
     if (seq != next_deliver_ || next_full_) return false;
     if (waiting_ != nullptr) {
       // A receiver offered its frame (receive_into): the frame is taken as it lands.
-      frame& f = *waiting_;
+      copy_small_frame(header, payload, size, waiting_->header_bytes, waiting_->payload);
       waiting_ = nullptr;
-      f.header_bytes.assign(header.begin(), header.end());
-      if (size == 0) {
-        f.payload = payload_buffer();
-      } else {
-        if (!f.payload.reuse_for(size)) f.payload = payload_buffer(worker_->pool(), size);
-        std::memcpy(f.payload.data(), payload, size);
-      }
       ++next_deliver_;
       filled_seq_ = seq;
       filled_.store(true, std::memory_order_release);
       update_deliverable();
       return true;  // no notify: the offering receiver spins, it never waits on cv_ while offered
     }
-    next_.header_bytes.assign(header.begin(), header.end());
-    if (size == 0) {
-      next_.payload = payload_buffer();
-    } else {
-      if (!next_.payload.reuse_for(size)) next_.payload = payload_buffer(worker_->pool(), size);
-      std::memcpy(next_.payload.data(), payload, size);
-    }
+    copy_small_frame(header, payload, size, next_.header_bytes, next_.payload);
     next_.err.reset();
     next_full_ = true;
     buffered_bytes_ += size;

@@ -113,6 +113,9 @@ class channel_core : public std::enable_shared_from_this<channel_core> {
   /// A small in-order frame straight into next_, reusing its spare buffers; false (nothing done)
   /// when next_ is taken or the frame is not next.
   bool deliver_in_place(std::uint64_t seq, std::span<const std::byte> header, const void* payload, std::size_t size);
+  /// A small frame's header and payload into reused buffers (the in-order slot's or an offered frame's).
+  void copy_small_frame(std::span<const std::byte> header, const void* payload, std::size_t size,
+                        std::vector<std::byte>& header_out, payload_buffer& payload_out);
   void deliver(std::uint64_t seq, raw_frame&& f);
   bool from_current_peer(const wire::preamble& p) const;
   /// The next frame (or the failure) can be delivered; one atomic load (spinning receivers poll it).
