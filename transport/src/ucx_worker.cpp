@@ -204,6 +204,10 @@ void ucx_worker::post(std::function<void()> fn) {
 
 ucx_worker::worker_lock::worker_lock(ucx_worker& w) : w_(w) {
   assert(std::this_thread::get_id() != w_.thread_.get_id() && "worker_lock on the progress thread deadlocks");
+  // A free lock is just taken. A held one is announced first, so its holder lets go soon: a
+  // spinning receiver between two passes, the progress thread at its next turn.
+  if (w_.ucx_mu_.try_lock()) return;
+  announced_ = true;
   w_.want_.fetch_add(1, std::memory_order_acq_rel);
   w_.ucx_mu_.lock();
 }
@@ -214,7 +218,7 @@ ucx_worker::worker_lock::~worker_lock() {
   // for spinners only after a window with none (a caller that spins on receives keeps it aside).
   const bool pending = w_.outstanding_ > 0;
   w_.ucx_mu_.unlock();
-  w_.want_.fetch_sub(1, std::memory_order_acq_rel);
+  if (announced_) w_.want_.fetch_sub(1, std::memory_order_acq_rel);
   if (pending) w_.take_over_now();
 }
 

@@ -30,6 +30,31 @@ namespace conveyor::transport {
 
 class channel_core;
 
+/// The worker's lock: a spinlock. Its holders keep it briefly (a send, a batch of progress passes,
+/// one progress turn of the progress thread), and a small frame's path takes and releases it twice
+/// a one-way: a std::mutex cost two locked instructions there, and its unlock, a locked exchange,
+/// waited for the FIFO line ucp_am_send_nbx had just written to the peer. Here the release is a
+/// plain store; a waiter spins, then yields (never sleeps: there is no futex to wake).
+class worker_mutex {
+ public:
+  bool try_lock() {
+    return held_.load(std::memory_order_relaxed) == 0 && held_.exchange(1, std::memory_order_acquire) == 0;
+  }
+  void lock() {
+    for (unsigned spins = 0; !try_lock(); ++spins) {
+      if (spins < 256) {
+        __builtin_ia32_pause();
+      } else {
+        std::this_thread::yield();
+      }
+    }
+  }
+  void unlock() { held_.store(0, std::memory_order_release); }
+
+ private:
+  std::atomic<int> held_{0};
+};
+
 class ucx_worker {
  public:
   /// Starts the progress thread, which creates the UCX objects; fails if UCX refuses the config.
@@ -66,6 +91,7 @@ class ucx_worker {
 
    private:
     ucx_worker& w_;
+    bool announced_ = false;  // found the lock taken and told the holder (want_)
   };
   /// Marks a caller thread as spinning on the worker (a receive() in its busy-poll window): the
   /// progress thread stays asleep instead of progressing, so the two do not fight over the lock.
@@ -142,8 +168,8 @@ class ucx_worker {
   std::atomic<bool> sleeping_{false};  // the thread is (about to be) in epoll_wait: post() must wake it
   std::thread thread_;
 
-  std::mutex ucx_mu_;          // the worker and everything below
-  std::atomic<int> want_{0};      // caller threads holding or waiting for ucx_mu_
+  worker_mutex ucx_mu_;           // the worker and everything below
+  std::atomic<int> want_{0};      // caller threads waiting for ucx_mu_ (a free lock is taken unannounced)
   /// spin_scope: a caller spins on the worker.
   void mark_spinning() {
     if (spin_seen_.load(std::memory_order_relaxed) == 0) spin_seen_.store(1, std::memory_order_relaxed);
