@@ -40,21 +40,23 @@ namespace {
 namespace cg = cooperative_groups;
 using bf16 = __nv_bfloat16;
 
-constexpr int BM = 128;                  // weight rows a block: two consumer warpgroups of 64
-constexpr int BK = 64;                   // k a stage: one 128-byte swizzle span
-constexpr int CONSUMERS = 256;           // two warpgroups
-constexpr int THREADS = CONSUMERS + 32;  // and the producer warp
+constexpr int BK = 64;  // k a stage: one 128-byte swizzle span
 constexpr int MAX_STAGES = 8;
 constexpr int MAX_SPLITS = 8;  // portable cluster size
-constexpr int W_BYTES = BM * BK * 2;
-constexpr int RED_PITCH = BM + 4;  // f32 reduction tile [token][row]: conflict-free fragment stores
 // Dynamic shared memory: up to 1 KB to align the base to the 1024 bytes the 128-byte swizzle
 // repeats over, 1 KB of barriers, then the ring (reused as the reduction tile).
 constexpr int HEAD_BYTES = 2048;
-template <int N>
-constexpr int stage_bytes = W_BYTES + N * BK * 2;
-template <int N>
-constexpr int red_bytes = N * RED_PITCH * 4;
+// WGS consumer warpgroups of 64 weight rows each (BM rows a block) and the producer warp; N tokens.
+template <int N, int WGS>
+struct shape {
+  static constexpr int BM = 64 * WGS;
+  static constexpr int CONSUMERS = 128 * WGS;
+  static constexpr int THREADS = CONSUMERS + 32;
+  static constexpr int W_BYTES = BM * BK * 2;
+  static constexpr int STAGE = W_BYTES + N * BK * 2;
+  static constexpr int RED_PITCH = BM + 4;  // f32 reduction tile [token][row]: conflict-free fragment stores
+  static constexpr int RED_BYTES = N * RED_PITCH * 4;
+};
 
 struct params {
   const float* bias;
@@ -63,6 +65,7 @@ struct params {
   int splits;          // cluster size along K; 1: no split, each block owns rows_per_block rows
   int rows_per_block;  // splits == 1
   int stages;
+  int evict_first;  // weight copies with an L2 evict-first hint (read once; x and the rest stay)
 };
 
 __device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
@@ -94,6 +97,15 @@ __device__ __forceinline__ void tma_2d(void* dst, const CUtensorMap* map, int k,
       "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
           smem_addr(dst)),
       "l"(reinterpret_cast<std::uint64_t>(map)), "r"(k), "r"(row), "r"(smem_addr(bar))
+      : "memory");
+}
+
+__device__ __forceinline__ void tma_2d_hint(void* dst, const CUtensorMap* map, int k, int row, std::uint64_t* bar,
+                                            std::uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, "
+      "%3}], [%4], %5;" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<std::uint64_t>(map)), "r"(k), "r"(row), "r"(smem_addr(bar)), "l"(policy)
       : "memory");
 }
 
@@ -164,10 +176,12 @@ struct wgmma_n<128> {
 
 __device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 
-template <int N>
-__global__ void __launch_bounds__(THREADS, 1)
+template <int N, int WGS>
+__global__ void __launch_bounds__(shape<N, WGS>::THREADS, 1)
     skinny_wgmma_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tx, params p) {
-  constexpr int STAGE = stage_bytes<N>;
+  using S = shape<N, WGS>;
+  constexpr int STAGE = S::STAGE, BM = S::BM, CONSUMERS = S::CONSUMERS, THREADS = S::THREADS;
+  constexpr int W_BYTES = S::W_BYTES, RED_PITCH = S::RED_PITCH;
   constexpr int R = N / 2;  // accumulators a thread
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
@@ -210,11 +224,22 @@ __global__ void __launch_bounds__(THREADS, 1)
 
   if (warp == CONSUMERS / 32) {  // the producer warp: lane 0 issues every copy
     if (lane == 0) {
+      std::uint64_t policy = 0;
+      if (p.evict_first) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+      auto load_w = [&](int slot, int it) {
+        unsigned char* dst = ring + slot * STAGE;
+        const int k = (kt0 + it % nkt) * BK, row = load_row(it / nkt);
+        if (p.evict_first) {
+          tma_2d_hint(dst, &tw, k, row, full + slot, policy);
+        } else {
+          tma_2d(dst, &tw, k, row, full + slot);
+        }
+      };
       const int total = items * nkt;
       const int pre = min(stages, total);
       for (int it = 0; it < pre; ++it) {  // weights first: they do not depend on the previous kernel
         mbar_expect_tx(full + it, STAGE);
-        tma_2d(ring + it * STAGE, &tw, (kt0 + it % nkt) * BK, load_row(it / nkt), full + it);
+        load_w(it, it);
       }
       grid_dep_wait();
       grid_dep_trigger();
@@ -223,16 +248,15 @@ __global__ void __launch_bounds__(THREADS, 1)
         const int s = it % stages;
         mbar_wait(empty + s, ((it / stages) & 1) ^ 1);  // its previous use has been handed back
         mbar_expect_tx(full + s, STAGE);
-        const int k = (kt0 + it % nkt) * BK;
-        tma_2d(ring + s * STAGE, &tw, k, load_row(it / nkt), full + s);
-        tma_2d(ring + s * STAGE + W_BYTES, &tx, k, 0, full + s);
+        load_w(s, it);
+        tma_2d(ring + s * STAGE + W_BYTES, &tx, (kt0 + it % nkt) * BK, 0, full + s);
       }
     } else {
       grid_dep_wait();
       grid_dep_trigger();
     }
     __syncwarp();
-  } else {  // two consumer warpgroups of 64 rows each
+  } else {  // WGS consumer warpgroups of 64 rows each
     grid_dep_wait();  // the output may still be read by the previous kernel
     grid_dep_trigger();
     const int wg = warp / 4, g = lane / 4, q = lane % 4;
@@ -349,44 +373,80 @@ int env_int(const char* name) {  // timing overrides (time_cuda_ops), 0 when uns
 
 constexpr int smem_limit = 227 * 1024;  // an H100/H200 block's opt-in maximum
 
-template <int N>
-bool launch_n(const skinny_gemm_args& a, bool pdl, int sms, cudaStream_t s) {
+// Whether `clusters` clusters of `splits` blocks of `smem` bytes all fit on the GPU at once
+// (cudaOccupancyMaxActiveClusters, asked once per configuration).
+template <int N, int WGS>
+bool clusters_fit(int splits, int clusters, int smem) {
+  static int fit[MAX_SPLITS + 1] = {};  // by splits: the clusters that fit, 0 = not asked yet
+  if (fit[splits] == 0) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(static_cast<unsigned>(splits * clusters));
+    cfg.blockDim = dim3(shape<N, WGS>::THREADS);
+    cfg.dynamicSmemBytes = static_cast<std::size_t>(smem);
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = static_cast<unsigned>(splits);
+    attr.val.clusterDim.y = 1;
+    attr.val.clusterDim.z = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    int n = 0;
+    if (cudaOccupancyMaxActiveClusters(&n, skinny_wgmma_kernel<N, WGS>, &cfg) != cudaSuccess) {
+      cudaGetLastError();
+      n = 0;
+    }
+    fit[splits] = n > 0 ? n : -1;
+  }
+  return fit[splits] >= clusters;
+}
+
+template <int N, int WGS>
+bool launch_cfg(const skinny_gemm_args& a, bool pdl, int sms, cudaStream_t s) {
+  using S = shape<N, WGS>;
   CUtensorMap tw, tx;
-  if (!make_map(&tw, a.w, a.cols, a.rows, BM) || !make_map(&tx, a.x, a.cols, a.n, N)) return false;
+  if (!make_map(&tw, a.w, a.cols, a.rows, S::BM) || !make_map(&tx, a.x, a.cols, a.n, N)) return false;
   static const int force_splits = env_int("SKINNY_WGMMA_SPLITS"), force_stages = env_int("SKINNY_WGMMA_STAGES");
+  static const bool no_pdl = env_int("SKINNY_WGMMA_NOPDL") != 0;
+  static const int evict_first = env_int("SKINNY_WGMMA_EVICT");
   params p{};
   p.bias = a.bias;
   p.out = a.out;
   p.rows = a.rows;
   p.n = a.n;
   p.ktiles = (a.cols + BK - 1) / BK;
-  const int tiles = (a.rows + BM - 1) / BM;
-  // Row tiles that leave a quarter of the GPU idle: split K over a cluster, up to two blocks an SM,
-  // each split keeping ≥ 2 k tiles.
+  p.evict_first = evict_first;
+  const int tiles = (a.rows + S::BM - 1) / S::BM;
+  // Row tiles that leave a quarter of the GPU idle: split K over a cluster while the blocks stay
+  // within one an SM and each split keeps ≥ 2 k tiles.
   int splits = 1;
   if (tiles * 4 <= sms * 3) {
-    while (splits < MAX_SPLITS && tiles * splits * 2 <= 2 * sms && p.ktiles >= splits * 4) splits *= 2;
+    while (splits < MAX_SPLITS && tiles * splits * 2 <= sms && p.ktiles >= splits * 4) splits *= 2;
   }
   if (force_splits > 0) splits = std::min(force_splits, MAX_SPLITS);
-  // Split grids fit two blocks an SM (no cluster waits on a whole free SM); others take the most stages.
-  const int budget = (splits > 1 ? (smem_limit + 1024) / 2 - 1024 : smem_limit) - HEAD_BYTES;
-  int stages = std::clamp(budget / stage_bytes<N>, 2, MAX_STAGES);
-  if (force_stages > 0) stages = std::clamp(force_stages, 2, std::min(MAX_STAGES, (smem_limit - HEAD_BYTES) / stage_bytes<N>));
+  // The most stages, unless the clusters would then not all fit at once (an SM each, grouped by
+  // GPC): then the stages of two blocks an SM.
+  const int full_budget = smem_limit - HEAD_BYTES, half = (smem_limit + 1024) / 2 - 1024 - HEAD_BYTES;
+  int budget = full_budget;
+  if (splits > 1 && !clusters_fit<N, WGS>(splits, tiles, HEAD_BYTES + std::max(std::min(MAX_STAGES, full_budget / S::STAGE) * S::STAGE, S::RED_BYTES))) {
+    budget = half;
+  }
+  int stages = std::clamp(budget / S::STAGE, 2, MAX_STAGES);
+  if (force_stages > 0) stages = std::clamp(force_stages, 2, std::min(MAX_STAGES, (smem_limit - HEAD_BYTES) / S::STAGE));
   p.stages = stages;
   p.splits = splits;
   int grid = tiles * splits;
   if (splits == 1) {
-    p.rows_per_block = tiles <= sms ? BM : (a.rows + sms - 1) / sms;
+    p.rows_per_block = tiles <= sms ? S::BM : (a.rows + sms - 1) / sms;
     grid = (a.rows + p.rows_per_block - 1) / p.rows_per_block;
   }
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(grid));
-  cfg.blockDim = dim3(THREADS);
-  cfg.dynamicSmemBytes = static_cast<std::size_t>(HEAD_BYTES + std::max(stages * stage_bytes<N>, red_bytes<N>));
+  cfg.blockDim = dim3(S::THREADS);
+  cfg.dynamicSmemBytes = static_cast<std::size_t>(HEAD_BYTES + std::max(stages * S::STAGE, S::RED_BYTES));
   cfg.stream = s;
   cudaLaunchAttribute attr[2];
   int na = 0;
-  if (pdl) {
+  if (pdl && !no_pdl) {
     attr[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[na].val.programmaticStreamSerializationAllowed = 1;
     ++na;
@@ -400,14 +460,25 @@ bool launch_n(const skinny_gemm_args& a, bool pdl, int sms, cudaStream_t s) {
   }
   cfg.attrs = attr;
   cfg.numAttrs = na;
-  CONVEYOR_CUDA_CHECK(cudaLaunchKernelEx(&cfg, skinny_wgmma_kernel<N>, tw, tx, p));
+  CONVEYOR_CUDA_CHECK(cudaLaunchKernelEx(&cfg, skinny_wgmma_kernel<N, WGS>, tw, tx, p));
   return true;
 }
 
 template <int N>
+bool launch_n(const skinny_gemm_args& a, bool pdl, int sms, cudaStream_t s) {
+  static const int force_bm = env_int("SKINNY_WGMMA_BM");
+  // 256-row blocks halve the activation tiles' re-reads from L2 (n / 256 of the weight bytes instead
+  // of n / 128) where there are rows enough to fill the GPU with them.
+  const bool wide = force_bm != 0 ? force_bm == 256 : a.rows >= 256 * sms;
+  return wide ? launch_cfg<N, 4>(a, pdl, sms, s) : launch_cfg<N, 2>(a, pdl, sms, s);
+}
+
+template <int N, int WGS>
 void allow_smem() {
-  static_assert(HEAD_BYTES + red_bytes<N> <= smem_limit && HEAD_BYTES + 2 * stage_bytes<N> <= smem_limit, "smem");
-  CONVEYOR_CUDA_CHECK(cudaFuncSetAttribute(skinny_wgmma_kernel<N>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_limit));
+  using S = shape<N, WGS>;
+  static_assert(HEAD_BYTES + S::RED_BYTES <= smem_limit && HEAD_BYTES + 2 * S::STAGE <= smem_limit, "smem");
+  CONVEYOR_CUDA_CHECK(
+      cudaFuncSetAttribute(skinny_wgmma_kernel<N, WGS>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_limit));
 }
 
 }  // namespace
@@ -421,10 +492,14 @@ bool skinny_wgmma_init() {
   CONVEYOR_CUDA_CHECK(cudaGetDevice(&dev));
   CONVEYOR_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
   if (major != 9 || encoder() == nullptr) return false;  // wgmma is sm_90a's alone
-  allow_smem<32>();
-  allow_smem<64>();
-  allow_smem<96>();
-  allow_smem<128>();
+  allow_smem<32, 2>();
+  allow_smem<64, 2>();
+  allow_smem<96, 2>();
+  allow_smem<128, 2>();
+  allow_smem<32, 4>();
+  allow_smem<64, 4>();
+  allow_smem<96, 4>();
+  allow_smem<128, 4>();
   return true;
 }
 

@@ -525,7 +525,8 @@ TEST_P(cuda_ops, skinny_linear) {
 // 32, 64, 96, 128, and padding inside them), row tails, K tails (not a multiple of its 64-wide k
 // tiles), K splits over a cluster (3072×2048, 2048×8192: 8 splits; 256×2056: the last split empty),
 // row runs longer than a tile (20000×64, 17000×136: more tiles than SMs, each block's last tile
-// shifted back), one tile a block (13000×72) and bias; f32 runs the same shapes through cuBLAS.
+// shifted back), one tile a block (13000×72), 256-row blocks (34000×72: ≥ 256 rows an SM) and bias;
+// f32 runs the same shapes through cuBLAS.
 TEST_P(cuda_ops, skinny_wgmma_linear) {
   kernels::cuda_backend_options o;
   o.compute_dtype = t();
@@ -541,7 +542,7 @@ TEST_P(cuda_ops, skinny_wgmma_linear) {
   // On Hopper the backend must take the kernel (elsewhere these shapes run on cuBLAS).
   if (major == 9) ASSERT_TRUE(kernels::cuda::skinny_wgmma_init()) << "no tensor-map encoder from the driver";
   for (auto [rows, cols] : {std::pair{3072, 2048}, {2048, 8192}, {256, 2056}, {40, 40}, {130, 1000}, {8999, 72},
-                            {20000, 64}, {17000, 136}, {13000, 72}}) {
+                            {20000, 64}, {17000, 136}, {13000, 72}, {34000, 72}}) {
     for (int n : {17, 33, 64, 80, 100, 128}) {
       if (static_cast<double>(rows) * cols * n > 3e8 && n != 64) continue;  // CPU reference time
       // repeat: deterministic, the cluster sums its K splits in a fixed order.
