@@ -213,6 +213,10 @@ __global__ void __launch_bounds__(shape<N, WGS>::THREADS, 1)
   // ends at the run's end (its overlap with the tile before is in L2), unless the run is shorter.
   auto load_row = [&](int i) { return max(row_lo, min(row_lo + BM * i, row_hi - BM)); };
 
+  if (tid == CONSUMERS) {  // the producer's first copies need both descriptors
+    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<std::uint64_t>(&tw)) : "memory");
+    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<std::uint64_t>(&tx)) : "memory");
+  }
   if (tid == 0) {
     for (int s = 0; s < stages; ++s) {
       mbar_init(full + s, 1);
@@ -318,12 +322,19 @@ __global__ void __launch_bounds__(shape<N, WGS>::THREADS, 1)
   for (int i = split * THREADS + tid; i < n * R4; i += splits * THREADS) {
     const int t = i / R4, r = (i % R4) * 4;
     float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int part = 0; part < splits; ++part) {
-      const float4 v = *reinterpret_cast<const float4*>(cluster.map_shared_rank(red, part) + t * RED_PITCH + r);
-      s.x += v.x;
-      s.y += v.y;
-      s.z += v.z;
-      s.w += v.w;
+    float4 v[MAX_SPLITS];  // every split's load in flight before the (fixed-order) sum
+#pragma unroll
+    for (int part = 0; part < MAX_SPLITS; ++part) {
+      if (part < splits) v[part] = *reinterpret_cast<const float4*>(cluster.map_shared_rank(red, part) + t * RED_PITCH + r);
+    }
+#pragma unroll
+    for (int part = 0; part < MAX_SPLITS; ++part) {
+      if (part < splits) {
+        s.x += v[part].x;
+        s.y += v[part].y;
+        s.z += v[part].z;
+        s.w += v[part].w;
+      }
     }
     const float sv[4] = {s.x, s.y, s.z, s.w};
 #pragma unroll
@@ -408,6 +419,7 @@ bool launch_cfg(const skinny_gemm_args& a, bool pdl, int sms, cudaStream_t s) {
   static const int force_splits = env_int("SKINNY_WGMMA_SPLITS"), force_stages = env_int("SKINNY_WGMMA_STAGES");
   static const bool no_pdl = env_int("SKINNY_WGMMA_NOPDL") != 0;
   static const int evict_first = env_int("SKINNY_WGMMA_EVICT");
+  static const int only = env_int("SKINNY_WGMMA_ONLY");  // timing: 1 = split grids only, 2 = unsplit only
   params p{};
   p.bias = a.bias;
   p.out = a.out;
@@ -425,15 +437,23 @@ bool launch_cfg(const skinny_gemm_args& a, bool pdl, int sms, cudaStream_t s) {
   if (force_splits > 0) splits = std::min(force_splits, MAX_SPLITS);
   // The most stages, unless the clusters would then not all fit at once (an SM each, grouped by
   // GPC): then the stages of two blocks an SM.
+  // Stages: those of two blocks an SM where that is ≥ 4 (a block then fits beside the previous
+  // kernel's last blocks and the next kernel's first ones: PDL overlaps more; 64 KB of weights in
+  // flight a block covers ~2 µs at its share of the bandwidth), else the most that fit, and never
+  // more than the block's k tiles. With the most stages, fewer splits if the clusters would not
+  // all fit at once (an SM each, grouped by GPC).
   const int full_budget = smem_limit - HEAD_BYTES, half = (smem_limit + 1024) / 2 - 1024 - HEAD_BYTES;
-  int budget = full_budget;
-  if (splits > 1 && !clusters_fit<N, WGS>(splits, tiles, HEAD_BYTES + std::max(std::min(MAX_STAGES, full_budget / S::STAGE) * S::STAGE, S::RED_BYTES))) {
-    budget = half;
+  int budget = half / S::STAGE >= 4 && half >= S::RED_BYTES ? half : full_budget;
+  if (budget == full_budget && splits > 1) {
+    const int smem = HEAD_BYTES + std::max(std::min(MAX_STAGES, full_budget / S::STAGE) * S::STAGE, S::RED_BYTES);
+    while (splits > 1 && !clusters_fit<N, WGS>(splits, tiles, smem)) splits /= 2;
   }
-  int stages = std::clamp(budget / S::STAGE, 2, MAX_STAGES);
+  const int block_ktiles = splits > 1 ? (p.ktiles + splits - 1) / splits : p.ktiles;
+  int stages = std::clamp(std::min(budget / S::STAGE, block_ktiles), 2, MAX_STAGES);
   if (force_stages > 0) stages = std::clamp(force_stages, 2, std::min(MAX_STAGES, (smem_limit - HEAD_BYTES) / S::STAGE));
   p.stages = stages;
   p.splits = splits;
+  if ((only == 1 && splits == 1) || (only == 2 && splits > 1)) return false;
   int grid = tiles * splits;
   if (splits == 1) {
     p.rows_per_block = tiles <= sms ? S::BM : (a.rows + sms - 1) / sms;
