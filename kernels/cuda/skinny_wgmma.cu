@@ -5,22 +5,29 @@
 // requests (bench/NOTES.md), so this one moves both to the hardware built for them:
 //
 // - TMA: a producer warp fills a ring of `stages` shared-memory stages with one 2D tensor copy of the
-//   weight tile (128 rows × 64 k, 16 KB) and one of the activation tile (N tokens × 64 k; tokens past
+//   weight tile (BM = 128 or 256 rows × 64 k) and one of the activation tile (N tokens × 64 k; tokens past
 //   n and k past cols arrive as zeros), completion counted on the stage's `full` mbarrier; the
 //   consumers hand a stage back on its `empty` mbarrier.
 // - wgmma (swap-AB): the weight tile is A (64 rows a warpgroup, K-major, 128-byte swizzle, straight
 //   from the row-major [rows, cols] weight), the activation tile is B (K-major too), the f32
 //   accumulator is rows × tokens in registers (transposed on the store). Two consumer warpgroups
-//   (128 rows a block), 4 wgmma m64nNk16 a stage, one wgmma group in flight behind the one issued.
-// - Where the row tiles do not fill the GPU (qkv, o_proj, down), K is split over S ≤ 8 blocks of
+//   (BM 128), or four (BM 256: x re-read half as often) where there are ≥ 256 rows an SM (the LM
+//   head); 4 wgmma m64nNk16 a warpgroup a stage, one wgmma group in flight behind the one issued.
+// - Where the row tiles leave a quarter of the SMs idle (qkv, o_proj, down), K is split over S ≤ 8 blocks of
 //   one thread-block cluster; every block writes its f32 tile into its own shared memory and sums
 //   1/S of the cluster's tiles through distributed shared memory in a fixed order (deterministic,
 //   no workspace, no second kernel). Otherwise the grid is at most one block an SM and each block
-//   owns a contiguous run of rows (the LM head: ~972 rows, 8 tiles, the last one shifted back to
+//   owns a contiguous run of rows (the LM head: ~972 rows, 4 tiles of 256, the last one shifted back to
 //   end at the run's end: its overlap comes from L2, and the blocks stay balanced), its ring
 //   running on across tiles.
 // - PDL: the first stages' weight tiles are requested before griddepcontrol.wait (weights never
 //   depend on the previous kernel); the activation tiles and every store come after it.
+//
+// Measured (session 5, bench/NOTES.md): correct and deterministic, within ±10% of cuBLAS per shape
+// back to back, but in a decode step each launch costs 6-9 µs besides its bytes (ncu: the SMs are
+// active 62-78% of the kernel's time: launch ramp, clusters of 8, a ragged tail), so the option
+// stays off. The open lead is the scheduling, not the streaming: finer work units handed out
+// dynamically with a deterministic fix-up, or fewer, fused launches.
 #include <cooperative_groups.h>
 #include <cuda.h>  // CUtensorMap and its enums only: the encoder comes through the runtime (no -lcuda)
 #include <cudaTypedefs.h>
@@ -94,8 +101,8 @@ __device__ __forceinline__ void mbar_wait(std::uint64_t* bar, unsigned parity) {
 // One 2D tensor tile (64 k × box rows) global → shared, counted on `bar`.
 __device__ __forceinline__ void tma_2d(void* dst, const CUtensorMap* map, int k, int row, std::uint64_t* bar) {
   asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
-          smem_addr(dst)),
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
+      "[%4];" ::"r"(smem_addr(dst)),
       "l"(reinterpret_cast<std::uint64_t>(map)), "r"(k), "r"(row), "r"(smem_addr(bar))
       : "memory");
 }
@@ -179,6 +186,9 @@ __device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(_
 template <int N, int WGS>
 __global__ void __launch_bounds__(shape<N, WGS>::THREADS, 1)
     skinny_wgmma_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tx, params p) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  __trap();  // built without the sm_90a target, which wgmma needs (CMake's default is 90a)
+#else
   using S = shape<N, WGS>;
   constexpr int STAGE = S::STAGE, BM = S::BM, CONSUMERS = S::CONSUMERS, THREADS = S::THREADS;
   constexpr int W_BYTES = S::W_BYTES, RED_PITCH = S::RED_PITCH;
@@ -277,7 +287,9 @@ __global__ void __launch_bounds__(shape<N, WGS>::THREADS, 1)
         fence_acc(acc);
         wgmma_fence();
 #pragma unroll
-        for (int k16 = 0; k16 < BK / 16; ++k16) wgmma_n<N>::mma(acc, sw128_desc(a0 + 32 * k16), sw128_desc(b0 + 32 * k16));
+        for (int k16 = 0; k16 < BK / 16; ++k16) {
+          wgmma_n<N>::mma(acc, sw128_desc(a0 + 32 * k16), sw128_desc(b0 + 32 * k16));
+        }
         wgmma_commit();
         wgmma_wait<1>();  // the previous stage's group is done: hand that stage back
         fence_acc(acc);
@@ -347,6 +359,7 @@ __global__ void __launch_bounds__(shape<N, WGS>::THREADS, 1)
     }
   }
   cluster.sync();  // no block leaves while another still reads its shared memory
+#endif
 }
 
 PFN_cuTensorMapEncodeTiled_v12000 encoder() {
@@ -436,20 +449,17 @@ bool launch_cfg(const skinny_gemm_args& a, bool pdl, int sms, cudaStream_t s) {
   }
   if (force_splits > 0) splits = std::min(force_splits, MAX_SPLITS);
   // The most stages, unless the clusters would then not all fit at once (an SM each, grouped by
-  // GPC): then the stages of two blocks an SM.
-  // Stages: those of two blocks an SM where that is ≥ 4 (a block then fits beside the previous
-  // kernel's last blocks and the next kernel's first ones: PDL overlaps more; 64 KB of weights in
-  // flight a block covers ~2 µs at its share of the bandwidth), else the most that fit, and never
-  // more than the block's k tiles. With the most stages, fewer splits if the clusters would not
-  // all fit at once (an SM each, grouped by GPC).
+  // GPC): then the stages of two blocks an SM. (Session 5, call 3: the stages of two blocks an SM
+  // wherever ≥ 4 fit, for more PDL overlap with the neighbouring kernels, made the b=64 step 50 µs
+  // slower and gate_up 2 µs slower.)
   const int full_budget = smem_limit - HEAD_BYTES, half = (smem_limit + 1024) / 2 - 1024 - HEAD_BYTES;
-  int budget = half / S::STAGE >= 4 && half >= S::RED_BYTES ? half : full_budget;
-  if (budget == full_budget && splits > 1) {
-    const int smem = HEAD_BYTES + std::max(std::min(MAX_STAGES, full_budget / S::STAGE) * S::STAGE, S::RED_BYTES);
-    while (splits > 1 && !clusters_fit<N, WGS>(splits, tiles, smem)) splits /= 2;
+  int budget = full_budget;
+  if (splits > 1 && !clusters_fit<N, WGS>(splits, tiles,
+                                          HEAD_BYTES + std::max(std::min(MAX_STAGES, full_budget / S::STAGE) * S::STAGE,
+                                                                S::RED_BYTES))) {
+    budget = half;
   }
-  const int block_ktiles = splits > 1 ? (p.ktiles + splits - 1) / splits : p.ktiles;
-  int stages = std::clamp(std::min(budget / S::STAGE, block_ktiles), 2, MAX_STAGES);
+  int stages = std::clamp(budget / S::STAGE, 2, MAX_STAGES);
   if (force_stages > 0) stages = std::clamp(force_stages, 2, std::min(MAX_STAGES, (smem_limit - HEAD_BYTES) / S::STAGE));
   p.stages = stages;
   p.splits = splits;
