@@ -247,6 +247,12 @@ std::vector<variant> all_variants() {
   kernels::cuda_backend_options noskinny = o;  // cuBLAS for every linear above the GEMV's range
   noskinny.skinny_gemm = false;
   v.push_back({"noskinny", noskinny});
+  kernels::cuda_backend_options wgmma = o;  // decode batches of 17..128 tokens on the TMA + wgmma GEMM
+  wgmma.skinny_wgmma = true;
+  v.push_back({"wgmma", wgmma});
+  kernels::cuda_backend_options nowgmma = o;  // cuBLAS for every linear above the GEMV's range
+  nowgmma.skinny_wgmma = false;
+  v.push_back({"nowgmma", nowgmma});
   kernels::cuda_backend_options novec = o;
   novec.vec_decode = false;
   v.push_back({"novec", novec});

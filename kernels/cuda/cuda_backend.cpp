@@ -25,6 +25,7 @@
 #include "lt_gemm.hpp"
 #include "quant_launch.hpp"
 #include "skinny_gemm.hpp"
+#include "skinny_wgmma.hpp"
 
 namespace conveyor::kernels {
 
@@ -219,8 +220,8 @@ class cuda_backend final : public backend {
     }
     flush();
     const int rows = static_cast<int>(w.rows), cols = static_cast<int>(w.cols);
-    if (skinny_gemm_ && n >= skinny_min_n_ && n <= skinny_max_n_ && t_ == dtype::bf16 && w.type == dtype::bf16 &&
-        skinny_gemm_supported(n, rows, cols) && aligned(x) && aligned(w.data) && aligned(out)) {
+    if ((skinny_gemm_ || skinny_wgmma_) && n >= skinny_min_n_ && n <= skinny_max_n_ && t_ == dtype::bf16 &&
+        w.type == dtype::bf16 && skinny_gemm_supported(n, rows, cols) && aligned(x) && aligned(w.data) && aligned(out)) {
       skinny_gemm_args a;
       a.w = static_cast<const __nv_bfloat16*>(w.data);
       a.bias = bias.empty() ? nullptr : static_cast<const float*>(bias.data);
@@ -229,7 +230,9 @@ class cuda_backend final : public backend {
       a.rows = rows;
       a.cols = cols;
       a.n = n;
-      return launch_skinny_gemm(a, pdl_, num_sms_, stream_);
+      // The wgmma kernel where it runs (sm_90, tensor maps encoded), else the mma.sync one if asked.
+      if (skinny_wgmma_ && skinny_wgmma_supported(n, rows, cols) && launch_skinny_wgmma(a, pdl_, num_sms_, stream_)) return;
+      if (skinny_gemm_) return launch_skinny_gemm(a, pdl_, num_sms_, stream_);
     }
     // Decode batch sizes: the algorithm timed fastest for this shape (lt_gemm.hpp); prefill keeps
     // cublasGemmEx's choice, which ran at ~755 TFLOP/s there.
@@ -504,7 +507,8 @@ class cuda_backend final : public backend {
         small_gemm_(o.small_gemm), small_gemm_max_n_(o.small_gemm_max_n), fuse_(o.fuse), fuse_norm_(o.fuse_norm), pdl_(o.pdl),
         gemv_cap_grid_(o.gemv_cap_grid), gemv_stage_capped_(o.gemv_stage_capped), gemv_tma_(o.gemv_tma),
         gemv_tma_partial_wave_(o.gemv_tma_partial_wave), gemv_tma_ring_kb_(o.gemv_tma_ring_kb), gemm_tune_(o.gemm_tune), fuse_attention_(o.fuse && o.fuse_attention),
-        skinny_gemm_(o.skinny_gemm), skinny_min_n_(o.skinny_gemm_min_n), skinny_max_n_(o.skinny_gemm_max_n) {
+        skinny_gemm_(o.skinny_gemm), skinny_wgmma_(o.skinny_wgmma), skinny_min_n_(o.skinny_gemm_min_n),
+        skinny_max_n_(o.skinny_gemm_max_n) {
     tune_.gqa_decode = o.gqa_decode;
     tune_.tc_prefill = o.tc_prefill;
     tune_.gqa_prefill = o.gqa_prefill;
@@ -561,6 +565,7 @@ class cuda_backend final : public backend {
     CONVEYOR_CUDA_CHECK(cudaMemset(counter_, 0, 256));
     gemv_init();
     skinny_gemm_init();
+    if (skinny_wgmma_) skinny_wgmma_ = skinny_wgmma_init();  // off where the GPU or driver lacks it
     quant_scratch_ = alloc(quant_scratch_bytes_);
     if (quant_scratch_ == nullptr) return make_error(errc::out_of_memory, "CUDA backend: no device memory for its workspace");
     {
@@ -638,6 +643,7 @@ class cuda_backend final : public backend {
   int gemv_tma_ring_kb_;
   bool gemm_tune_, fuse_attention_;
   bool skinny_gemm_;
+  bool skinny_wgmma_;
   int skinny_min_n_, skinny_max_n_;
   /// Token counts up to this go through lt_ (decode steps; the largest batch bucket measured).
   static constexpr int gemm_tune_max_n = 256;

@@ -11,6 +11,7 @@
 #include "conveyor/kernels/sampling.hpp"
 #include "cuda_test_util.hpp"
 #include "../../kernels/cpu/cpu_ops.hpp"
+#include "../../kernels/cuda/skinny_wgmma.hpp"
 
 namespace conveyor {
 namespace {
@@ -516,6 +517,36 @@ TEST_P(cuda_ops, skinny_linear) {
       if (static_cast<double>(rows) * cols * n > 3e8 && n != 64) continue;  // CPU reference time
       // repeat: deterministic, the cluster sums its K splits in a fixed order.
       check_linear("skinny linear", n, rows, cols, (n + rows) % 2 == 1, "", /*repeat=*/true);
+    }
+  }
+}
+
+// The Hopper skinny GEMM (bf16, TMA + wgmma, skinny_wgmma.cu) across token counts (each token tile:
+// 32, 64, 96, 128, and padding inside them), row tails, K tails (not a multiple of its 64-wide k
+// tiles), K splits over a cluster (3072×2048, 2048×8192: 8 splits; 256×2056: the last split empty),
+// row runs longer than a tile (20000×64, 17000×136: more tiles than SMs, each block's last tile
+// shifted back), one tile a block (13000×72), 256-row blocks (34000×72: ≥ 256 rows an SM) and bias;
+// f32 runs the same shapes through cuBLAS.
+TEST_P(cuda_ops, skinny_wgmma_linear) {
+  kernels::cuda_backend_options o;
+  o.compute_dtype = t();
+  o.skinny_wgmma = true;
+  o.skinny_gemm_min_n = 17;
+  o.skinny_gemm_max_n = 128;
+  auto made = kernels::make_cuda_backend(o);
+  ASSERT_TRUE(made.ok()) << made.err().message;
+  b_ = std::move(made).value();
+  int dev = 0, major = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  // On Hopper the backend must take the kernel (elsewhere these shapes run on cuBLAS).
+  if (major == 9) ASSERT_TRUE(kernels::cuda::skinny_wgmma_init()) << "no tensor-map encoder from the driver";
+  for (auto [rows, cols] : {std::pair{3072, 2048}, {2048, 8192}, {256, 2056}, {40, 40}, {130, 1000}, {8999, 72},
+                            {20000, 64}, {17000, 136}, {13000, 72}, {34000, 72}}) {
+    for (int n : {17, 33, 64, 80, 100, 128}) {
+      if (static_cast<double>(rows) * cols * n > 3e8 && n != 64) continue;  // CPU reference time
+      // repeat: deterministic, the cluster sums its K splits in a fixed order.
+      check_linear("skinny wgmma linear", n, rows, cols, (n + rows) % 2 == 1, "", /*repeat=*/true);
     }
   }
 }

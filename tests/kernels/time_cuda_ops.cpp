@@ -54,10 +54,11 @@ void row(const char* what, double us, double bytes, double flops) {
   std::printf("[timing] %-44s %10.1f us  %8.1f GB/s  %8.1f TFLOP/s\n", what, us, bytes / us * 1e-3, flops / us * 1e-6);
 }
 
-/// Decode-batch linears (the 1B's shapes) on cuBLAS and on the skinny GEMM, each timed in the same
+/// Decode-batch linears (the 1B's shapes) on cuBLAS, the skinny GEMM and the wgmma one (x: cuBLAS's
+/// time over the wgmma kernel's), each timed in the same
 /// process: `reps` launches back to back on the backend's stream between two events, cycling over
 /// enough weight copies (≥ 256 MB) that every launch reads its weights from HBM as a decode step does.
-/// The skinny kernel is launched with PDL (as in a step), so consecutive launches overlap a little.
+/// The skinny kernels are launched with PDL (as in a step), so consecutive launches overlap a little.
 /// `only` (a shape name) with one n: that shape alone, two launches each, no weight copies (for ncu).
 void time_decode_linears(std::mt19937_64& rng, const std::vector<int>& ns, const std::string& only = "") {
   std::string why;
@@ -66,9 +67,13 @@ void time_decode_linears(std::mt19937_64& rng, const std::vector<int>& ns, const
   kernels::cuda_backend_options skinny = plain;
   skinny.skinny_gemm = true;
   skinny.skinny_gemm_min_n = 1;
+  kernels::cuda_backend_options wgmma = skinny;  // the Hopper kernel (skinny_wgmma.cu)
+  wgmma.skinny_gemm = false;
+  wgmma.skinny_wgmma = true;
   auto bc = ct::try_cuda_backend(plain, why);
   auto bs = ct::try_cuda_backend(skinny, why);
-  if (!bc || !bs) return;
+  auto bw = ct::try_cuda_backend(wgmma, why);
+  if (!bc || !bs || !bw) return;
   const int hidden = 2048, ffn = 8192, vocab = 128256;
   for (auto [rows, cols, name] : {std::tuple{3 * hidden, hidden, "qkv"}, {hidden, hidden, "o_proj"},
                                   {2 * ffn, hidden, "gate_up"}, {hidden, ffn, "down"}, {vocab, hidden, "lm_head"},
@@ -85,9 +90,9 @@ void time_decode_linears(std::mt19937_64& rng, const std::vector<int>& ns, const
     for (int n : ns) {
       ct::dev_acts x(*bc, fill(rng, static_cast<std::size_t>(n) * cols));
       ct::dev_acts out(*bc, static_cast<std::size_t>(n) * rows);
-      double us[2];
-      for (int which = 0; which < 2; ++which) {
-        kernels::backend& b = which == 0 ? *bc : *bs;
+      double us[3];
+      for (int which = 0; which < 3; ++which) {
+        kernels::backend& b = which == 0 ? *bc : which == 1 ? *bs : *bw;
         auto s = static_cast<cudaStream_t>(kernels::cuda_stream_of(b));
         const int reps = only.empty() ? std::max(20, copies * 2) : 1;
         cudaEvent_t e0, e1;
@@ -109,8 +114,11 @@ void time_decode_linears(std::mt19937_64& rng, const std::vector<int>& ns, const
         cudaEventDestroy(e0);
         cudaEventDestroy(e1);
       }
-      std::printf("[linear] %-24s n=%-3d cuBLAS %7.2f us (%5.2f TB/s)  skinny %7.2f us (%5.2f TB/s)  x%.2f\n", name, n,
-                  us[0], wbytes / us[0] * 1e-6, us[1], wbytes / us[1] * 1e-6, us[0] / us[1]);
+      std::printf(
+          "[linear] %-24s n=%-3d cuBLAS %7.2f us (%4.2f TB/s)  skinny %7.2f us (%4.2f TB/s)  wgmma %7.2f us (%4.2f "
+          "TB/s)  x%.2f\n",
+          name, n, us[0], wbytes / us[0] * 1e-6, us[1], wbytes / us[1] * 1e-6, us[2], wbytes / us[2] * 1e-6,
+          us[0] / us[2]);
     }
     for (auto& w : ws) bc->release(const_cast<void*>(w.data));
     if (with_bias) bc->release(const_cast<void*>(bias.data));

@@ -88,6 +88,12 @@ struct cuda_backend_options {
   bool skinny_gemm = false;
   int skinny_gemm_min_n = 17;
   int skinny_gemm_max_n = 128;
+  /// bf16 linears of skinny_gemm_min_n ≤ n ≤ skinny_gemm_max_n tokens on the Hopper skinny GEMM
+  /// (kernels/cuda/skinny_wgmma.cu: TMA weight ring, wgmma with the weights as A, K split in a
+  /// cluster); takes precedence over skinny_gemm; sm_90 only (elsewhere cuBLAS as without it).
+  /// Off: per shape within ±10% of cuBLAS, but the b=64 step measured 0.15-0.2 ms slower with it
+  /// (each launch 6-9 µs besides its bytes under ncu; bench/NOTES.md, session 5).
+  bool skinny_wgmma = false;
 
   /// Row-invariant numerics (bf16; speculative decoding turns it on): a step of up to 16 tokens
   /// computes every token's row with the very arithmetic a step of that token alone would use, so a

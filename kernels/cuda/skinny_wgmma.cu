@@ -1,0 +1,544 @@
+// Skinny bf16 linear for decode batches on Hopper's own machinery (sm_90a): out[n, rows] =
+// x[n, cols] · Wᵀ (+ bias), 1 ≤ n ≤ 128 tokens (meant for 17..128). At n = 64 the weights are ~16×
+// the activations, so the kernel is a weight stream with the math on the side; session 4's
+// mma.sync + cp.async kernel (skinny_gemm.cu) was capped by mma.sync's rate and by its 16-byte copy
+// requests (bench/NOTES.md), so this one moves both to the hardware built for them:
+//
+// - TMA: a producer warp fills a ring of `stages` shared-memory stages with one 2D tensor copy of the
+//   weight tile (BM = 128 or 256 rows × 64 k) and one of the activation tile (N tokens × 64 k; tokens past
+//   n and k past cols arrive as zeros), completion counted on the stage's `full` mbarrier; the
+//   consumers hand a stage back on its `empty` mbarrier.
+// - wgmma (swap-AB): the weight tile is A (64 rows a warpgroup, K-major, 128-byte swizzle, straight
+//   from the row-major [rows, cols] weight), the activation tile is B (K-major too), the f32
+//   accumulator is rows × tokens in registers (transposed on the store). Two consumer warpgroups
+//   (BM 128), or four (BM 256: x re-read half as often) where there are ≥ 256 rows an SM (the LM
+//   head); 4 wgmma m64nNk16 a warpgroup a stage, one wgmma group in flight behind the one issued.
+// - Where the row tiles leave a quarter of the SMs idle (qkv, o_proj, down), K is split over S ≤ 8 blocks of
+//   one thread-block cluster; every block writes its f32 tile into its own shared memory and sums
+//   1/S of the cluster's tiles through distributed shared memory in a fixed order (deterministic,
+//   no workspace, no second kernel). Otherwise the grid is at most one block an SM and each block
+//   owns a contiguous run of rows (the LM head: ~972 rows, 4 tiles of 256, the last one shifted back to
+//   end at the run's end: its overlap comes from L2, and the blocks stay balanced), its ring
+//   running on across tiles.
+// - PDL: the first stages' weight tiles are requested before griddepcontrol.wait (weights never
+//   depend on the previous kernel); the activation tiles and every store come after it.
+//
+// Measured (session 5, bench/NOTES.md): correct and deterministic, within ±10% of cuBLAS per shape
+// back to back, but in a decode step each launch costs 6-9 µs besides its bytes (ncu: the SMs are
+// active 62-78% of the kernel's time: launch ramp, clusters of 8, a ragged tail), so the option
+// stays off. The open lead is the scheduling, not the streaming: finer work units handed out
+// dynamically with a deterministic fix-up, or fewer, fused launches.
+#include <cooperative_groups.h>
+#include <cuda.h>  // CUtensorMap and its enums only: the encoder comes through the runtime (no -lcuda)
+#include <cudaTypedefs.h>
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+
+#include "device_types.cuh"
+#include "skinny_wgmma.hpp"
+
+namespace conveyor::kernels::cuda {
+
+namespace {
+
+namespace cg = cooperative_groups;
+using bf16 = __nv_bfloat16;
+
+constexpr int BK = 64;  // k a stage: one 128-byte swizzle span
+constexpr int MAX_STAGES = 8;
+constexpr int MAX_SPLITS = 8;  // portable cluster size
+// Dynamic shared memory: up to 1 KB to align the base to the 1024 bytes the 128-byte swizzle
+// repeats over, 1 KB of barriers, then the ring (reused as the reduction tile).
+constexpr int HEAD_BYTES = 2048;
+// WGS consumer warpgroups of 64 weight rows each (BM rows a block) and the producer warp; N tokens.
+template <int N, int WGS>
+struct shape {
+  static constexpr int BM = 64 * WGS;
+  static constexpr int CONSUMERS = 128 * WGS;
+  static constexpr int THREADS = CONSUMERS + 32;
+  static constexpr int W_BYTES = BM * BK * 2;
+  static constexpr int STAGE = W_BYTES + N * BK * 2;
+  static constexpr int RED_PITCH = BM + 4;  // f32 reduction tile [token][row]: conflict-free fragment stores
+  static constexpr int RED_BYTES = N * RED_PITCH * 4;
+};
+
+struct params {
+  const float* bias;
+  bf16* out;
+  int rows, n, ktiles;
+  int splits;          // cluster size along K; 1: no split, each block owns rows_per_block rows
+  int rows_per_block;  // splits == 1
+  int stages;
+  int evict_first;  // weight copies with an L2 evict-first hint (read once; x and the rest stay)
+};
+
+__device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(std::uint64_t* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(std::uint64_t* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(std::uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(std::uint64_t* bar, unsigned parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra WAIT_%=;\n"
+      "}\n" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+}
+// One 2D tensor tile (64 k × box rows) global → shared, counted on `bar`.
+__device__ __forceinline__ void tma_2d(void* dst, const CUtensorMap* map, int k, int row, std::uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
+      "[%4];" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<std::uint64_t>(map)), "r"(k), "r"(row), "r"(smem_addr(bar))
+      : "memory");
+}
+
+__device__ __forceinline__ void tma_2d_hint(void* dst, const CUtensorMap* map, int k, int row, std::uint64_t* bar,
+                                            std::uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, "
+      "%3}], [%4], %5;" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<std::uint64_t>(map)), "r"(k), "r"(row), "r"(smem_addr(bar)), "l"(policy)
+      : "memory");
+}
+
+// wgmma shared-memory descriptor of a K-major tile in the 128-byte swizzle TMA writes: rows of 128
+// bytes, 8-row groups 1024 bytes apart (stride byte offset), the leading offset unused for this
+// layout; the k16 steps inside the swizzle span advance the start address by 32 bytes.
+__device__ __forceinline__ std::uint64_t sw128_desc(std::uint32_t addr) {
+  return static_cast<std::uint64_t>((addr & 0x3FFFF) >> 4) | (std::uint64_t{1} << 16) |
+         (std::uint64_t{1024 >> 4} << 32) | (std::uint64_t{1} << 62);
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int G>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(G) : "memory");
+}
+// Keeps the compiler from moving accumulator reads or writes across the asynchronous wgmma steps.
+template <int R>
+__device__ __forceinline__ void fence_acc(float (&d)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// D[64 × N] += A[64 × 16] · B[16 × N], both from shared memory (descriptors), f32 accumulators.
+// Generated: one operand list per N (wgmma takes the accumulators as N / 2 separate registers).
+template <int N>
+struct wgmma_n;
+template <>
+struct wgmma_n<32> {
+  __device__ __forceinline__ static void mma(float (&d)[16], std::uint64_t a, std::uint64_t b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "l"(a), "l"(b), "r"(1));
+  }
+};
+template <>
+struct wgmma_n<64> {
+  __device__ __forceinline__ static void mma(float (&d)[32], std::uint64_t a, std::uint64_t b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(a), "l"(b), "r"(1));
+  }
+};
+template <>
+struct wgmma_n<96> {
+  __device__ __forceinline__ static void mma(float (&d)[48], std::uint64_t a, std::uint64_t b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %50, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, %48, %49, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
+        : "l"(a), "l"(b), "r"(1));
+  }
+};
+template <>
+struct wgmma_n<128> {
+  __device__ __forceinline__ static void mma(float (&d)[64], std::uint64_t a, std::uint64_t b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(a), "l"(b), "r"(1));
+  }
+};
+
+__device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+
+template <int N, int WGS>
+__global__ void __launch_bounds__(shape<N, WGS>::THREADS, 1)
+    skinny_wgmma_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tx, params p) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  __trap();  // built without the sm_90a target, which wgmma needs (CMake's default is 90a)
+#else
+  using S = shape<N, WGS>;
+  constexpr int STAGE = S::STAGE, BM = S::BM, CONSUMERS = S::CONSUMERS, THREADS = S::THREADS;
+  constexpr int W_BYTES = S::W_BYTES, RED_PITCH = S::RED_PITCH;
+  constexpr int R = N / 2;  // accumulators a thread
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+  std::uint64_t* full = reinterpret_cast<std::uint64_t*>(smem);
+  std::uint64_t* empty = full + MAX_STAGES;
+  unsigned char* ring = smem + 1024;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int stages = p.stages, rows = p.rows, n = p.n;
+
+  // This block's work: rows [row_lo, row_hi) in `items` tiles of BM rows, k tiles [kt0, kt0 + nkt).
+  int row_lo, row_hi, items, kt0, nkt, split = 0;
+  if (p.splits > 1) {
+    const int tile = blockIdx.x / p.splits;
+    split = blockIdx.x % p.splits;  // the block's rank in its cluster (clusters run along x)
+    row_lo = tile * BM;
+    row_hi = min(rows, row_lo + BM);
+    items = 1;
+    const int per = (p.ktiles + p.splits - 1) / p.splits;
+    kt0 = min(p.ktiles, split * per);
+    nkt = min(p.ktiles, kt0 + per) - kt0;
+  } else {
+    row_lo = blockIdx.x * p.rows_per_block;
+    row_hi = min(rows, row_lo + p.rows_per_block);
+    items = (row_hi - row_lo + BM - 1) / BM;
+    kt0 = 0;
+    nkt = p.ktiles;
+  }
+  // Tile i stores rows [row_lo + BM i, ...) and loads BM rows from here: the last tile of a run
+  // ends at the run's end (its overlap with the tile before is in L2), unless the run is shorter.
+  auto load_row = [&](int i) { return max(row_lo, min(row_lo + BM * i, row_hi - BM)); };
+
+  if (tid == CONSUMERS) {  // the producer's first copies need both descriptors
+    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<std::uint64_t>(&tw)) : "memory");
+    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<std::uint64_t>(&tx)) : "memory");
+  }
+  if (tid == 0) {
+    for (int s = 0; s < stages; ++s) {
+      mbar_init(full + s, 1);
+      mbar_init(empty + s, CONSUMERS / 32);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  if (warp == CONSUMERS / 32) {  // the producer warp: lane 0 issues every copy
+    if (lane == 0) {
+      std::uint64_t policy = 0;
+      if (p.evict_first) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+      auto load_w = [&](int slot, int it) {
+        unsigned char* dst = ring + slot * STAGE;
+        const int k = (kt0 + it % nkt) * BK, row = load_row(it / nkt);
+        if (p.evict_first) {
+          tma_2d_hint(dst, &tw, k, row, full + slot, policy);
+        } else {
+          tma_2d(dst, &tw, k, row, full + slot);
+        }
+      };
+      const int total = items * nkt;
+      const int pre = min(stages, total);
+      for (int it = 0; it < pre; ++it) {  // weights first: they do not depend on the previous kernel
+        mbar_expect_tx(full + it, STAGE);
+        load_w(it, it);
+      }
+      grid_dep_wait();
+      grid_dep_trigger();
+      for (int it = 0; it < pre; ++it) tma_2d(ring + it * STAGE + W_BYTES, &tx, (kt0 + it % nkt) * BK, 0, full + it);
+      for (int it = pre; it < total; ++it) {
+        const int s = it % stages;
+        mbar_wait(empty + s, ((it / stages) & 1) ^ 1);  // its previous use has been handed back
+        mbar_expect_tx(full + s, STAGE);
+        load_w(s, it);
+        tma_2d(ring + s * STAGE + W_BYTES, &tx, (kt0 + it % nkt) * BK, 0, full + s);
+      }
+    } else {
+      grid_dep_wait();
+      grid_dep_trigger();
+    }
+    __syncwarp();
+  } else {  // WGS consumer warpgroups of 64 rows each
+    grid_dep_wait();  // the output may still be read by the previous kernel
+    grid_dep_trigger();
+    const int wg = warp / 4, g = lane / 4, q = lane % 4;
+    float acc[R];
+    int it = 0;
+    for (int i = 0; i < items; ++i) {
+#pragma unroll
+      for (int e = 0; e < R; ++e) acc[e] = 0.0f;
+      for (int kk = 0; kk < nkt; ++kk, ++it) {
+        const int s = it % stages;
+        mbar_wait(full + s, (it / stages) & 1);
+        const std::uint32_t a0 = smem_addr(ring + s * STAGE + wg * 64 * 128);
+        const std::uint32_t b0 = smem_addr(ring + s * STAGE + W_BYTES);
+        fence_acc(acc);
+        wgmma_fence();
+#pragma unroll
+        for (int k16 = 0; k16 < BK / 16; ++k16) {
+          wgmma_n<N>::mma(acc, sw128_desc(a0 + 32 * k16), sw128_desc(b0 + 32 * k16));
+        }
+        wgmma_commit();
+        wgmma_wait<1>();  // the previous stage's group is done: hand that stage back
+        fence_acc(acc);
+        if (kk > 0 && lane == 0) mbar_arrive(empty + (it - 1) % stages);
+      }
+      wgmma_wait<0>();
+      fence_acc(acc);
+      if (nkt > 0 && lane == 0) mbar_arrive(empty + (it - 1) % stages);
+
+      // Fragment e = 4 j + 2 h + c: row 16 (warp % 4) + g + 8 h of the warpgroup's 64, token 8 j + 2 q + c.
+      const int r0 = wg * 64 + (warp % 4) * 16 + g;
+      if (p.splits == 1) {
+        const int lrow = load_row(i), slo = row_lo + BM * i, shi = min(slo + BM, row_hi);
+#pragma unroll
+        for (int e = 0; e < R; ++e) {
+          const int row = lrow + r0 + ((e >> 1) & 1) * 8, t = (e >> 2) * 8 + 2 * q + (e & 1);
+          if (t < n && row >= slo && row < shi) {
+            float y = round_bf16(acc[e]);
+            if (p.bias != nullptr) y += p.bias[row];  // the op-by-op path adds the bias to the rounded product
+            p.out[static_cast<std::size_t>(t) * rows + row] = __float2bfloat16_rn(y);
+          }
+        }
+      } else {
+        asm volatile("bar.sync 1, %0;" ::"n"(CONSUMERS) : "memory");  // both warpgroups are done with the ring
+        float* red = reinterpret_cast<float*>(ring);
+#pragma unroll
+        for (int e = 0; e < R; ++e) {
+          const int r = r0 + ((e >> 1) & 1) * 8, t = (e >> 2) * 8 + 2 * q + (e & 1);
+          red[t * RED_PITCH + r] = acc[e];
+        }
+      }
+    }
+  }
+  if (p.splits == 1) return;
+
+  // Sum over the cluster's K splits (fixed order) and store; each block stores 1/splits of the tile.
+  const int splits = p.splits;
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();  // every split's tile is in its shared memory
+  const float* red = reinterpret_cast<const float*>(ring);
+  constexpr int R4 = BM / 4;
+  for (int i = split * THREADS + tid; i < n * R4; i += splits * THREADS) {
+    const int t = i / R4, r = (i % R4) * 4;
+    float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float4 v[MAX_SPLITS];  // every split's load in flight before the (fixed-order) sum
+#pragma unroll
+    for (int part = 0; part < MAX_SPLITS; ++part) {
+      if (part < splits) v[part] = *reinterpret_cast<const float4*>(cluster.map_shared_rank(red, part) + t * RED_PITCH + r);
+    }
+#pragma unroll
+    for (int part = 0; part < MAX_SPLITS; ++part) {
+      if (part < splits) {
+        s.x += v[part].x;
+        s.y += v[part].y;
+        s.z += v[part].z;
+        s.w += v[part].w;
+      }
+    }
+    const float sv[4] = {s.x, s.y, s.z, s.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int row = row_lo + r + j;
+      if (row >= row_hi) break;
+      float y = round_bf16(sv[j]);
+      if (p.bias != nullptr) y += p.bias[row];
+      p.out[static_cast<std::size_t>(t) * rows + row] = __float2bfloat16_rn(y);
+    }
+  }
+  cluster.sync();  // no block leaves while another still reads its shared memory
+#endif
+}
+
+PFN_cuTensorMapEncodeTiled_v12000 encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      f = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// A row-major bf16 [rows, cols] matrix as 64 (k) × box_rows tiles in the 128-byte swizzle; rows
+// and columns past the end arrive as zeros.
+bool make_map(CUtensorMap* m, const void* base, int cols, int rows, int box_rows) {
+  const auto encode = encoder();
+  if (encode == nullptr) return false;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols) * 2};
+  const cuuint32_t box[2] = {BK, static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t elem[2] = {1, 1};
+  return encode(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides, box, elem,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+int env_int(const char* name) {  // timing overrides (time_cuda_ops), 0 when unset
+  const char* v = std::getenv(name);
+  return v == nullptr ? 0 : std::atoi(v);
+}
+
+constexpr int smem_limit = 227 * 1024;  // an H100/H200 block's opt-in maximum
+
+// Whether `clusters` clusters of `splits` blocks of `smem` bytes all fit on the GPU at once
+// (cudaOccupancyMaxActiveClusters, asked once per configuration).
+template <int N, int WGS>
+bool clusters_fit(int splits, int clusters, int smem) {
+  static int fit[MAX_SPLITS + 1] = {};  // by splits: the clusters that fit, 0 = not asked yet
+  if (fit[splits] == 0) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(static_cast<unsigned>(splits * clusters));
+    cfg.blockDim = dim3(shape<N, WGS>::THREADS);
+    cfg.dynamicSmemBytes = static_cast<std::size_t>(smem);
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = static_cast<unsigned>(splits);
+    attr.val.clusterDim.y = 1;
+    attr.val.clusterDim.z = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    int n = 0;
+    if (cudaOccupancyMaxActiveClusters(&n, skinny_wgmma_kernel<N, WGS>, &cfg) != cudaSuccess) {
+      cudaGetLastError();
+      n = 0;
+    }
+    fit[splits] = n > 0 ? n : -1;
+  }
+  return fit[splits] >= clusters;
+}
+
+template <int N, int WGS>
+bool launch_cfg(const skinny_gemm_args& a, bool pdl, int sms, cudaStream_t s) {
+  using S = shape<N, WGS>;
+  CUtensorMap tw, tx;
+  if (!make_map(&tw, a.w, a.cols, a.rows, S::BM) || !make_map(&tx, a.x, a.cols, a.n, N)) return false;
+  static const int force_splits = env_int("SKINNY_WGMMA_SPLITS"), force_stages = env_int("SKINNY_WGMMA_STAGES");
+  static const bool no_pdl = env_int("SKINNY_WGMMA_NOPDL") != 0;
+  static const int evict_first = env_int("SKINNY_WGMMA_EVICT");
+  static const int only = env_int("SKINNY_WGMMA_ONLY");  // timing: 1 = split grids only, 2 = unsplit only
+  params p{};
+  p.bias = a.bias;
+  p.out = a.out;
+  p.rows = a.rows;
+  p.n = a.n;
+  p.ktiles = (a.cols + BK - 1) / BK;
+  p.evict_first = evict_first;
+  const int tiles = (a.rows + S::BM - 1) / S::BM;
+  // Row tiles that leave a quarter of the GPU idle: split K over a cluster while the blocks stay
+  // within one an SM and each split keeps ≥ 2 k tiles.
+  int splits = 1;
+  if (tiles * 4 <= sms * 3) {
+    while (splits < MAX_SPLITS && tiles * splits * 2 <= sms && p.ktiles >= splits * 4) splits *= 2;
+  }
+  if (force_splits > 0) splits = std::min(force_splits, MAX_SPLITS);
+  // The most stages, unless the clusters would then not all fit at once (an SM each, grouped by
+  // GPC): then the stages of two blocks an SM. (Session 5, call 3: the stages of two blocks an SM
+  // wherever ≥ 4 fit, for more PDL overlap with the neighbouring kernels, made the b=64 step 50 µs
+  // slower and gate_up 2 µs slower.)
+  const int full_budget = smem_limit - HEAD_BYTES, half = (smem_limit + 1024) / 2 - 1024 - HEAD_BYTES;
+  int budget = full_budget;
+  if (splits > 1 && !clusters_fit<N, WGS>(splits, tiles,
+                                          HEAD_BYTES + std::max(std::min(MAX_STAGES, full_budget / S::STAGE) * S::STAGE,
+                                                                S::RED_BYTES))) {
+    budget = half;
+  }
+  int stages = std::clamp(budget / S::STAGE, 2, MAX_STAGES);
+  if (force_stages > 0) stages = std::clamp(force_stages, 2, std::min(MAX_STAGES, (smem_limit - HEAD_BYTES) / S::STAGE));
+  p.stages = stages;
+  p.splits = splits;
+  if ((only == 1 && splits == 1) || (only == 2 && splits > 1)) return false;
+  int grid = tiles * splits;
+  if (splits == 1) {
+    p.rows_per_block = tiles <= sms ? S::BM : (a.rows + sms - 1) / sms;
+    grid = (a.rows + p.rows_per_block - 1) / p.rows_per_block;
+  }
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(grid));
+  cfg.blockDim = dim3(S::THREADS);
+  cfg.dynamicSmemBytes = static_cast<std::size_t>(HEAD_BYTES + std::max(stages * S::STAGE, S::RED_BYTES));
+  cfg.stream = s;
+  cudaLaunchAttribute attr[2];
+  int na = 0;
+  if (pdl && !no_pdl) {
+    attr[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[na].val.programmaticStreamSerializationAllowed = 1;
+    ++na;
+  }
+  if (splits > 1) {
+    attr[na].id = cudaLaunchAttributeClusterDimension;
+    attr[na].val.clusterDim.x = static_cast<unsigned>(splits);
+    attr[na].val.clusterDim.y = 1;
+    attr[na].val.clusterDim.z = 1;
+    ++na;
+  }
+  cfg.attrs = attr;
+  cfg.numAttrs = na;
+  CONVEYOR_CUDA_CHECK(cudaLaunchKernelEx(&cfg, skinny_wgmma_kernel<N, WGS>, tw, tx, p));
+  return true;
+}
+
+template <int N>
+bool launch_n(const skinny_gemm_args& a, bool pdl, int sms, cudaStream_t s) {
+  static const int force_bm = env_int("SKINNY_WGMMA_BM");
+  // 256-row blocks halve the activation tiles' re-reads from L2 (n / 256 of the weight bytes instead
+  // of n / 128) where there are rows enough to fill the GPU with them.
+  const bool wide = force_bm != 0 ? force_bm == 256 : a.rows >= 256 * sms;
+  return wide ? launch_cfg<N, 4>(a, pdl, sms, s) : launch_cfg<N, 2>(a, pdl, sms, s);
+}
+
+template <int N, int WGS>
+void allow_smem() {
+  using S = shape<N, WGS>;
+  static_assert(HEAD_BYTES + S::RED_BYTES <= smem_limit && HEAD_BYTES + 2 * S::STAGE <= smem_limit, "smem");
+  CONVEYOR_CUDA_CHECK(
+      cudaFuncSetAttribute(skinny_wgmma_kernel<N, WGS>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_limit));
+}
+
+}  // namespace
+
+bool skinny_wgmma_supported(int n, int rows, int cols) {
+  return n >= 1 && n <= skinny_gemm_max_tokens && rows >= 1 && cols >= 8 && cols % 8 == 0;
+}
+
+bool skinny_wgmma_init() {
+  int dev = 0, major = 0;
+  CONVEYOR_CUDA_CHECK(cudaGetDevice(&dev));
+  CONVEYOR_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  if (major != 9 || encoder() == nullptr) return false;  // wgmma is sm_90a's alone
+  allow_smem<32, 2>();
+  allow_smem<64, 2>();
+  allow_smem<96, 2>();
+  allow_smem<128, 2>();
+  allow_smem<32, 4>();
+  allow_smem<64, 4>();
+  allow_smem<96, 4>();
+  allow_smem<128, 4>();
+  return true;
+}
+
+// Token tiles of 32, 64, 96 and 128 (wgmma's N): padding tokens cost math and x bytes, not weight bytes.
+bool launch_skinny_wgmma(const skinny_gemm_args& a, bool pdl, int sms, cudaStream_t s) {
+  if (a.n <= 32) return launch_n<32>(a, pdl, sms, s);
+  if (a.n <= 64) return launch_n<64>(a, pdl, sms, s);
+  if (a.n <= 96) return launch_n<96>(a, pdl, sms, s);
+  return launch_n<128>(a, pdl, sms, s);
+}
+
+}  // namespace conveyor::kernels::cuda

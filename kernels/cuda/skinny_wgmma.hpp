@@ -1,0 +1,21 @@
+#pragma once
+// Launcher of the Hopper skinny GEMM (skinny_wgmma.cu: TMA + wgmma, sm_90a), callable from host C++.
+// Its own header rather than launch.hpp, so adding it does not rebuild every other kernel file.
+#include <cuda_runtime.h>
+
+#include "skinny_gemm.hpp"
+
+namespace conveyor::kernels::cuda {
+
+/// Shapes launch_skinny_wgmma takes: 1 ≤ n ≤ skinny_gemm_max_tokens, cols a multiple of 8 (the
+/// tensor map's row pitch is a multiple of 16 bytes); the caller also checks dtype and 16-byte alignment.
+bool skinny_wgmma_supported(int n, int rows, int cols);
+/// Raises the kernels' shared-memory limit on the current device and finds the driver's tensor-map
+/// encoder; false where either is missing (then the caller keeps cuBLAS).
+bool skinny_wgmma_init();
+/// out[n, rows] = x[n, cols] · wᵀ (+ bias) on the wgmma kernel; false (nothing launched) when the
+/// tensor maps could not be encoded. `pdl`: launch as a programmatic dependent of the previous kernel
+/// (the first stages' weights are requested before it waits).
+bool launch_skinny_wgmma(const skinny_gemm_args& a, bool pdl, int sms, cudaStream_t s);
+
+}  // namespace conveyor::kernels::cuda
