@@ -70,6 +70,11 @@ struct cuda_backend_options {
   /// with vec_decode, head_dim 64, group ≤ 8: decode attention on tensor cores (except where
   /// wide_decode takes the grid); the vec kernel was issue-bound (batch 64 −8%, batch 1 −5% a step)
   bool tc_decode = true;
+  /// with tc_decode: decode_gqa_ring_kernel (kernels/cuda/attention.cu), the tensor-core decode with
+  /// each key's K and V rows staged in shared memory by cp.async, `ring_decode` chunks of 32 keys in
+  /// flight a warp (1 or 2); in the fused decode step the first chunks are requested before
+  /// griddepcontrol.wait. The same bits as the tc kernel. 0: decode_gqa_tc_kernel (bench/NOTES.md, session 5).
+  int ring_decode = 0;
   bool tc_prefill = true;  ///< bf16 prefill attention on tensor cores (head_dim 64 or 128)
   /// with tc_prefill, group 1/2/4/8: one block per KV head serves its query-head group (K/V tiles
   /// read once per group, cp.async-pipelined); off: one block per query head (bench/NOTES.md, session 4)
