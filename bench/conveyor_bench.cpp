@@ -239,7 +239,12 @@ std::vector<variant> all_variants() {
     kernels::cuda_backend_options r = o;
     r.ring_decode = ring;
     v.push_back({"ring" + std::to_string(ring), r});
+    r.decode_carveout = 100;  // ... with the most shared memory an SM can have
+    v.push_back({"ring" + std::to_string(ring) + "c", r});
   }
+  kernels::cuda_backend_options early = o;  // the tc decode, first chunk requested before the wait
+  early.early_decode = true;
+  v.push_back({"early", early});
   kernels::cuda_backend_options nogemv1 = o;  // cuBLAS at batch 1 too
   nogemv1.small_gemm = false;
   v.push_back({"nogemv1", nogemv1});

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <type_traits>
+#include <utility>
 
 #include "attention_common.cuh"
 #include "device_types.cuh"
@@ -848,7 +849,11 @@ __device__ __forceinline__ void tc_decode_store(float m, float l, const float (&
 // - O += P V with V staged per warp in shared memory by cp.async (no registers; rows past the end
 //   zero-filled) and read transposed by ldmatrix.
 // The warps' (m, l, O) are merged through shared memory as in the vec kernel.
-template <int G, bool ROPE>
+// EARLY (with ROPE, tune.early_decode): each warp requests its first chunk (V by cp.async into its
+// tile, K into registers) before griddepcontrol.wait, as decode_gqa_ring_kernel does (same reasons,
+// there), the new key left out: the prologue puts its V row into the tile and its K row into k_new,
+// from which the lanes holding that key's fragments patch kr. Shared memory stays the tc kernel's.
+template <int G, bool ROPE, bool EARLY = false>
 __global__ void __launch_bounds__(block_threads, 4) decode_gqa_tc_kernel(
     const __nv_bfloat16* qkv, int heads, int kv_heads, float scale, int window, const std::int32_t* q_start,
     const std::int32_t* ctx_len, const std::int32_t* block_table, int table_stride, int block_size,
@@ -860,23 +865,74 @@ __global__ void __launch_bounds__(block_threads, 4) decode_gqa_tc_kernel(
   __shared__ __align__(16) __nv_bfloat16 v_s[W][32 * LD];
   __shared__ float m_s[W][G], l_s[W][G];
   __shared__ float o_s[W][G][D];
-  grid_dep_wait();
-  grid_dep_trigger();
+  static_assert(ROPE || !EARLY, "EARLY leaves out the key the fused prologue writes");
+  __shared__ __align__(16) __nv_bfloat16 k_new[EARLY ? D : 1];
+  if constexpr (!EARLY) {
+    grid_dep_wait();
+    grid_dep_trigger();
+  }
   const int split = blockIdx.x, splits = gridDim.x, kvh = blockIdx.y, seq = blockIdx.z;
   const int row = q_start[seq];
-  if (q_start[seq + 1] - row != 1) return;
+  if (q_start[seq + 1] - row != 1) {
+    if constexpr (EARLY) {
+      grid_dep_wait();  // before the return, as every PDL kernel here (device_types.cuh)
+      grid_dep_trigger();
+    }
+    return;
+  }
   const int ctx = ctx_len[seq], pos = ctx - 1;
   const int lo = window > 0 ? max(0, pos - window + 1) : 0;
   const int begin = lo + split * split_len, end = min(ctx, begin + split_len);
   const int width = (heads + 2 * kv_heads) * D;
   const int h0 = kvh * G;
   const std::int32_t* table = block_table + static_cast<std::size_t>(seq) * table_stride;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+  __nv_bfloat16* vs = v_s[warp];
+  uint4 kr[4][D / 32];
+  const int k_first = begin + warp * 32;
+  if constexpr (EARLY) {
+    if (k_first < end) {
+      const int k0 = k_first, j = k0 + lane;
+      const std::size_t at = j < end ? cache_index(table, block_size, j, kv_heads, kvh, D) : 0;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int piece = i * 32 + lane, r = piece / 8, cc = piece % 8;
+        const std::size_t at_r = __shfl_sync(0xffffffffu, static_cast<unsigned long long>(at), r);
+        if (k0 + r != pos) cp_async16(vs + r * LD + cc * 8, v_cache + at_r + cc * 8, k0 + r < end);
+      }
+      asm volatile("cp.async.commit_group;\n" ::);
+#pragma unroll
+      for (int nb = 0; nb < 4; ++nb) {
+        const int r = nb * 8 + g;
+        const std::size_t at_r = __shfl_sync(0xffffffffu, static_cast<unsigned long long>(at), r);
+#pragma unroll
+        for (int c = 0; c < D / 32; ++c) {
+          kr[nb][c] = k0 + r < end && k0 + r != pos
+                          ? *reinterpret_cast<const uint4*>(k_cache + at_r + c * 32 + q * 8)
+                          : make_uint4(0, 0, 0, 0);
+        }
+      }
+    }
+    grid_dep_wait();
+    grid_dep_trigger();
+  }
   if constexpr (ROPE) {
-    rope_kv_prologue<D, G, block_threads>(rope, row, width, heads, kv_heads, kvh, h0,
-                                               [&](int g, int i, __nv_bfloat16 a, __nv_bfloat16 b) {
-                             q_b[g][i] = a;
-                             q_b[g][i + D / 2] = b;
-                           });
+    // EARLY: the new key's chunk nc was requested above (without it) where it is some warp's first.
+    const int nc = (pos - begin) / 32, nr = (pos - begin) % 32;
+    rope_kv_prologue<D, G, block_threads>(
+        rope, row, width, heads, kv_heads, kvh, h0,
+        [&](int g, int i, __nv_bfloat16 a, __nv_bfloat16 b) {
+          q_b[g][i] = a;
+          q_b[g][i + D / 2] = b;
+        },
+        [&](int i, __nv_bfloat16 ka, __nv_bfloat16 kb, __nv_bfloat16 va, __nv_bfloat16 vb) {
+          if (EARLY && nc < W) {
+            k_new[i] = ka;
+            k_new[i + D / 2] = kb;
+            v_s[nc][nr * LD + i] = va;
+            v_s[nc][nr * LD + i + D / 2] = vb;
+          }
+        });
   } else {
     for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
       const int g = idx / D, d = idx % D;
@@ -885,16 +941,29 @@ __global__ void __launch_bounds__(block_threads, 4) decode_gqa_tc_kernel(
   }
   __syncthreads();
 
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   std::uint32_t qa[D / 32][2][2];
   tc_decode_q_fragments<D, G>(q_b, lane, qa);
   const float sl2 = scale * 1.4426950408889634f;  // exp(x) = exp2(x log2 e)
   float o[D / 8][4];
   zero_fragments<D>(o);
   float m = -INFINITY, l = 0.0f;  // row g (log2 units); l: this lane's keys only until the end
-  __nv_bfloat16* vs = v_s[warp];
 
-  for (int k0 = begin + warp * 32; k0 < end; k0 += W * 32) {
+  for (int k0 = k_first; k0 < end; k0 += W * 32) {
+    if (EARLY && k0 == k_first) {  // requested before the wait; the new key's K from k_new
+      const int r = pos - k0;
+#pragma unroll
+      for (int nb = 0; nb < 4; ++nb) {
+        if (nb * 8 + g == r) {
+#pragma unroll
+          for (int c = 0; c < D / 32; ++c) kr[nb][c] = *reinterpret_cast<const uint4*>(&k_new[c * 32 + q * 8]);
+        }
+      }
+      tc_decode_chunk<D, LD>(qa, kr, vs, k0, end, sl2, lane, m, l, o, [] {
+        cp_async_wait_all();
+        __syncwarp();
+      });
+      continue;
+    }
     __syncwarp();  // the previous chunk's V reads are done before it is overwritten
     const int j = k0 + lane;
     const std::size_t at = j < end ? cache_index(table, block_size, j, kv_heads, kvh, D) : 0;
@@ -907,7 +976,6 @@ __global__ void __launch_bounds__(block_threads, 4) decode_gqa_tc_kernel(
     }
     asm volatile("cp.async.commit_group;\n" ::);
     // K: key nb*8 + g of n-tile nb, lane q's 16 bytes of each 32-dim slice.
-    uint4 kr[4][D / 32];
 #pragma unroll
     for (int nb = 0; nb < 4; ++nb) {
       const int r = nb * 8 + g;
@@ -1100,6 +1168,33 @@ __global__ void combine_kernel(const std::int32_t* q_start, int heads, int head_
   out[static_cast<std::size_t>(row) * heads * head_dim + h * head_dim + d] = from_f32<T>(acc / l_all);
 }
 
+/// launch_k for the grouped decode kernels, with tune.decode_carveout (≥ 0) as the launch's preferred
+/// shared-memory carveout (percent; a hint the driver may override).
+template <class... P, class... A>
+void launch_decode(const attention_tuning& tune, void (*kernel)(P...), dim3 grid, dim3 block, std::size_t smem,
+                   cudaStream_t s, A&&... args) {
+  if (tune.decode_carveout < 0) {
+    launch_k(tune.pdl, kernel, grid, block, smem, s, std::forward<A>(args)...);
+    return;
+  }
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  attr[n].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
+  attr[n++].val.sharedMemCarveout = static_cast<unsigned>(tune.decode_carveout);
+  if (tune.pdl) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  cfg.attrs = attr;
+  cfg.numAttrs = n;
+  CONVEYOR_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<P>(args)...));
+}
+
 /// Raises `kernel`'s dynamic shared-memory limit to `bytes` on the current device, once per device
 /// and kernel (bit per device ordinal; past 63, at every launch), as launch_prefill_gqa does.
 template <auto kernel>
@@ -1162,7 +1257,7 @@ void launch_gqa(const T* qkv, const attn_shape& sh, const attention_batch& b, co
       r.once = tune.rope_once;
       rope = nullptr;
       auto go = [&](auto kernel, int w) {
-        launch_k(tune.pdl, kernel, grid, dim3(32 * w), 0, s, qkv, sh.num_heads, sh.num_kv_heads, sh.scale,
+        launch_decode(tune, kernel, grid, dim3(32 * w), 0, s, qkv, sh.num_heads, sh.num_kv_heads, sh.scale,
                  sh.sliding_window, b.q_start, b.ctx_len, b.block_table, b.max_blocks_per_seq, layout.block_size, k,
                  v, split_len, partials, out, r);
       };
@@ -1174,7 +1269,7 @@ void launch_gqa(const T* qkv, const attn_shape& sh, const attention_batch& b, co
             constexpr auto kernel = &decode_gqa_ring_kernel<G, decltype(with_rope)::value, decltype(stages)::value>;
             const std::size_t smem = ring_smem_bytes(decltype(stages)::value);
             raise_smem_once<kernel>(smem);
-            launch_k(tune.pdl, kernel, grid, dim3(block_threads), smem, s, qkv, sh.num_heads, sh.num_kv_heads,
+            launch_decode(tune, kernel, grid, dim3(block_threads), smem, s, qkv, sh.num_heads, sh.num_kv_heads,
                      sh.scale, sh.sliding_window, b.q_start, b.ctx_len, b.block_table, b.max_blocks_per_seq,
                      layout.block_size, k, v, split_len, partials, out, r);
           };
@@ -1187,7 +1282,11 @@ void launch_gqa(const T* qkv, const attn_shape& sh, const attention_batch& b, co
           }
           launched = true;
         } else if (!wide && tune.tc_decode) {
-          fuse ? go(decode_gqa_tc_kernel<G, true>, 4) : go(decode_gqa_tc_kernel<G, false>, 4);
+          if (fuse && tune.early_decode) {
+            go(decode_gqa_tc_kernel<G, true, true>, 4);
+          } else {
+            fuse ? go(decode_gqa_tc_kernel<G, true>, 4) : go(decode_gqa_tc_kernel<G, false>, 4);
+          }
           launched = true;
         }
       }

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -818,7 +819,8 @@ TEST_P(cuda_ops, rope_once_fused_decode_is_bit_identical) {
 }
 
 // decode_gqa_ring_kernel (ring_decode 1 and 2: K/V staged in shared memory, the first chunks requested
-// before griddepcontrol.wait in the fused step) against decode_gqa_tc_kernel (ring_decode 0): the same
+// before griddepcontrol.wait in the fused step), the tc kernel with early_decode, and a launch with a
+// preferred carveout against decode_gqa_tc_kernel (ring_decode 0): the same
 // chunks per warp and arithmetic, so every buffer bit for bit the same, fused (rope -> kv_write ->
 // attention, one split) and unfused (attention alone, several splits on long contexts), and the
 // output as the CPU twin's. Contexts cross the ring (4 or 8 chunks of 32 keys a block), so the new
@@ -840,14 +842,20 @@ TEST_P(cuda_ops, ring_decode_matches_tc_decode_bit_for_bit) {
   split.ctx.push_back(3000);
   const std::vector<dcase> cases{b64, b64w, split, dcase{16, 2, 0, 16, {1, 129, 256, 97}, true},
                                  dcase{8, 4, 0, 16, {33, 160, 1}, false}};
-  std::unique_ptr<kernels::backend> be[3];
-  for (int ring = 0; ring < 3; ++ring) {
+  // {ring_decode, early_decode, decode_carveout}: the tc kernel first (the reference), then the others.
+  const std::vector<std::tuple<int, bool, int>> configs{{0, false, -1}, {1, false, -1}, {2, false, -1},
+                                                        {0, true, -1}, {1, false, 100}};
+  const int nc = static_cast<int>(configs.size());
+  std::vector<std::unique_ptr<kernels::backend>> be;
+  for (auto [ring, early, carveout] : configs) {
     kernels::cuda_backend_options o;
     o.compute_dtype = t();
     o.ring_decode = ring;
+    o.early_decode = early;
+    o.decode_carveout = carveout;
     auto made = kernels::make_cuda_backend(o);
     ASSERT_TRUE(made.ok()) << made.err().message;
-    be[ring] = std::move(made).value();
+    be.push_back(std::move(made).value());
   }
   for (const dcase& c : cases) {
     const int n = static_cast<int>(c.ctx.size()), d = 64;
@@ -867,8 +875,8 @@ TEST_P(cuda_ops, ring_decode_matches_tc_decode_bit_for_bit) {
                               std::to_string(c.kv_heads) + " window " + std::to_string(c.window) + " seqs " +
                               std::to_string(n);
     const kernels::kv_layout layout{num_blocks, c.block_size};
-    std::vector<float> got[3][4];  // {qkv, k cache, v cache, out} as each backend leaves them
-    for (int ring = 0; ring < 3; ++ring) {
+    std::vector<std::array<std::vector<float>, 4>> got(nc);  // {qkv, k cache, v cache, out} of each backend
+    for (int ring = 0; ring < nc; ++ring) {
       kernels::backend& b = *be[ring];
       dev_acts qd(b, qkv0), kd(b, k0), vd(b, v0), out(b, static_cast<std::size_t>(n) * c.heads * d);
       dev_bytes pos_d(b, pos), slot_d(b, slots), freq_d(b, inv_freq), qs_d(b, q_start), ctx_d(b, c.ctx),
@@ -887,11 +895,12 @@ TEST_P(cuda_ops, ring_decode_matches_tc_decode_bit_for_bit) {
       got[ring][3] = out.get();
     }
     const char* what[4] = {"qkv", "k cache", "v cache", "out"};
-    for (int ring = 1; ring < 3; ++ring) {
+    for (int ring = 1; ring < nc; ++ring) {
       for (int w = 0; w < 4; ++w) {
         const long at = first_difference(got[ring][w], got[0][w]);
-        EXPECT_EQ(at, -1) << "ring_decode " << ring << " vs 0, " << what[w] << shape << ": first difference at "
-                          << at << ", seed " << testing::test_seed();
+        EXPECT_EQ(at, -1) << "ring_decode " << std::get<0>(configs[ring]) << " early " << std::get<1>(configs[ring])
+                          << " carveout " << std::get<2>(configs[ring]) << " vs the tc kernel, " << what[w] << shape
+                          << ": first difference at " << at << ", seed " << testing::test_seed();
       }
     }
     std::vector<float> ref(static_cast<std::size_t>(n) * c.heads * d);

@@ -194,15 +194,26 @@ void gemv_chain_table(int hidden, int ffn, int vocab) {
 /// The decode step's attention (rope + kv_write + attention, which the backend fuses into one kernel)
 /// at short contexts, back to back in a CUDA graph as a step runs it (PDL overlap included, host
 /// launches not), over enough copies of the paged cache (≥ 256 MB) that every call reads its K/V from
-/// HBM. One backend per decode kernel: ring_decode 0 (decode_gqa_tc_kernel), 1 and 2 (the ring).
+/// HBM. One backend per decode configuration: the tc kernel (plain, early_decode, carveout 100 %) and
+/// the ring (ring_decode 1, 2, 1 with carveout 100 %).
 /// Bytes: the K and V rows of every context (the cache pages' tails are not read).
 void decode_attention_chain_table() {
   const int heads = 32, kv_heads = 8, hd = 64, bs = 16;
+  struct config {
+    const char* name;
+    int ring, carveout;
+    bool early;
+  };
+  const config configs[] = {{"tc", 0, -1, false},   {"early", 0, -1, true}, {"ring1", 1, -1, false},
+                            {"ring2", 2, -1, false}, {"tc-c100", 0, 100, false}, {"ring1-c100", 1, 100, false}};
+  constexpr int nc = sizeof(configs) / sizeof(configs[0]);
   std::vector<std::unique_ptr<kernels::backend>> backends;
-  for (int ring = 0; ring < 3; ++ring) {
+  for (const config& cf : configs) {
     kernels::cuda_backend_options o;
     o.compute_dtype = dtype::bf16;
-    o.ring_decode = ring;
+    o.ring_decode = cf.ring;
+    o.early_decode = cf.early;
+    o.decode_carveout = cf.carveout;
     std::string why;
     backends.push_back(ct::try_cuda_backend(o, why));
     if (!backends.back()) {
@@ -241,8 +252,8 @@ void decode_attention_chain_table() {
     int max_ctx = 256;  // as the executor's recordings pass it
     while (max_ctx < ctx) max_ctx *= 2;
     const int calls = std::max(copies, 8) * (copies < 4 ? 2 : 1);
-    double us[3] = {0, 0, 0};
-    for (int ring = 0; ring < 3; ++ring) {
+    double us[nc] = {};
+    for (int ring = 0; ring < nc; ++ring) {
       kernels::backend& b = *backends[ring];
       b.begin_capture();
       for (int i = 0; i < calls; ++i) {
@@ -259,17 +270,16 @@ void decode_attention_chain_table() {
       }
       const kernels::capture_id id = b.end_capture();
       if (id == 0) {
-        std::printf("[decode-attn] seqs=%d ctx=%d ring%d: capture failed\n", seqs, ctx, ring);
+        std::printf("[decode-attn] seqs=%d ctx=%d %s: capture failed\n", seqs, ctx, configs[ring].name);
         continue;
       }
       us[ring] = time_us(b, [&] { b.replay(id); }, 7) / calls;
       b.drop_capture(id);
     }
     const double bytes = 4.0 * seqs * ctx * kv_heads * hd;  // K and V, bf16
-    std::printf("[decode-attn] seqs=%-3d ctx=%-4d %6.1f MB  tc %6.2f us (%4.2f TB/s)  ring1 %6.2f us (%4.2f TB/s)  "
-                "ring2 %6.2f us (%4.2f TB/s)\n",
-                seqs, ctx, bytes * 1e-6, us[0], bytes / us[0] * 1e-6, us[1], bytes / us[1] * 1e-6, us[2],
-                bytes / us[2] * 1e-6);
+    std::printf("[decode-attn] seqs=%-3d ctx=%-4d %6.1f MB", seqs, ctx, bytes * 1e-6);
+    for (int i = 0; i < nc; ++i) std::printf("  %s %.2f us (%.2f TB/s)", configs[i].name, us[i], bytes / us[i] * 1e-6);
+    std::printf("\n");
     b0.release(k);
     b0.release(v);
   }
