@@ -242,6 +242,10 @@ std::vector<variant> all_variants() {
     r.decode_carveout = 100;  // ... with the most shared memory an SM can have
     v.push_back({"ring" + std::to_string(ring) + "c", r});
   }
+  kernels::cuda_backend_options skinny_ring = o;  // ring1 after a qkv GEMM that triggers its dependents early
+  skinny_ring.skinny_gemm = true;
+  skinny_ring.ring_decode = 1;
+  v.push_back({"skinny-ring1", skinny_ring});
   kernels::cuda_backend_options early = o;  // the tc decode, first chunk requested before the wait
   early.early_decode = true;
   v.push_back({"early", early});
