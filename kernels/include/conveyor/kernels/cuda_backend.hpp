@@ -73,7 +73,9 @@ struct cuda_backend_options {
   /// with tc_decode: decode_gqa_ring_kernel (kernels/cuda/attention.cu), the tensor-core decode with
   /// each key's K and V rows staged in shared memory by cp.async, `ring_decode` chunks of 32 keys in
   /// flight a warp (1 or 2); in the fused decode step the first chunks are requested before
-  /// griddepcontrol.wait. The same bits as the tc kernel. 0: decode_gqa_tc_kernel (bench/NOTES.md, session 5).
+  /// griddepcontrol.wait. The same bits as the tc kernel. 0: decode_gqa_tc_kernel. Off: 16% faster in
+  /// a graph of back-to-back attention calls (b=64, 192 keys), but no faster in a decode step, where
+  /// the qkv GEMM before it does not release it early (bench/NOTES.md, session 5).
   int ring_decode = 0;
   /// with tc_decode, ring_decode 0, fuse_attention: the tc decode kernel requests each warp's first
   /// 32 keys before griddepcontrol.wait (K into registers, V into its tile), the new key patched in
