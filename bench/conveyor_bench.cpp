@@ -235,6 +235,20 @@ std::vector<variant> all_variants() {
   kernels::cuda_backend_options notcdec = o;  // the vec decode kernel at batch 64 too
   notcdec.tc_decode = false;
   v.push_back({"notcdec", notcdec});
+  for (int ring : {0, 1, 2}) {  // decode attention: the tc kernel (0), K/V staged in a ring of 1 or 2 chunks a warp
+    kernels::cuda_backend_options r = o;
+    r.ring_decode = ring;
+    v.push_back({"ring" + std::to_string(ring), r});
+    r.decode_carveout = 100;  // ... with the most shared memory an SM can have
+    v.push_back({"ring" + std::to_string(ring) + "c", r});
+  }
+  kernels::cuda_backend_options skinny_ring = o;  // ring1 after a qkv GEMM that triggers its dependents early
+  skinny_ring.skinny_gemm = true;
+  skinny_ring.ring_decode = 1;
+  v.push_back({"skinny-ring1", skinny_ring});
+  kernels::cuda_backend_options early = o;  // the tc decode, first chunk requested before the wait
+  early.early_decode = true;
+  v.push_back({"early", early});
   kernels::cuda_backend_options nogemv1 = o;  // cuBLAS at batch 1 too
   nogemv1.small_gemm = false;
   v.push_back({"nogemv1", nogemv1});

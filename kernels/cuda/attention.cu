@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <type_traits>
+#include <utility>
 
 #include "attention_common.cuh"
 #include "device_types.cuh"
@@ -473,7 +474,8 @@ __device__ __forceinline__ void rope_pair(float xa, float xb, float cos_v, float
 // rope_kv_kernel's work for one decode row, done by the attention block that serves KV head `kvh`:
 // its G query heads (h0 ...) and its KV head are rotated (same rounding), written back to qkv, the new
 // key's K and V rows stored to their cache slot, and each roped query pair handed to store_q(g, i, a, b)
-// (dims i and i + D/2). The caller's __syncthreads orders the block's global writes before its reads.
+// (dims i and i + D/2), and the new key's pairs to store_kv(i, k_a, k_b, v_a, v_b) (the ring kernel's
+// shared-memory copy). The caller's __syncthreads orders the block's global writes before its reads.
 // NT: the block's threads (blockDim.x).
 // rope.once (tune.rope_once, the default): each thread first loads the pairs of its (head, pair) items
 // (at most ceil((G + 1) D/2 / NT)), then threads 0 .. D/2 - 1 compute one angle each (the same float
@@ -481,9 +483,13 @@ __device__ __forceinline__ void rope_pair(float xa, float xb, float cos_v, float
 // every item is rotated with its pair's (cos, sin): the same bits as computing them per item. Off: one
 // sincos per item, each after its item's loads, so the G + 1 heads repeat each angle and warp 0 of a
 // 128-thread block (160 items at D 64, G 4) runs two sincos and two load round trips back to back.
-template <int D, int G, int NT, class StoreQ>
+struct no_store_kv {
+  __device__ void operator()(int, __nv_bfloat16, __nv_bfloat16, __nv_bfloat16, __nv_bfloat16) const {}
+};
+template <int D, int G, int NT, class StoreQ, class StoreKV = no_store_kv>
 __device__ __forceinline__ void rope_kv_prologue(const attention_rope_kv& rope, int row, int width, int heads,
-                                                 int kv_heads, int kvh, int h0, StoreQ store_q) {
+                                                 int kv_heads, int kvh, int h0, StoreQ store_q,
+                                                 StoreKV store_kv = {}) {
   constexpr int half = D / 2;
   static_assert(NT >= half, "one thread per pair computes the angles");
   __nv_bfloat16* qrow = static_cast<__nv_bfloat16*>(rope.qkv) + static_cast<std::size_t>(row) * width;
@@ -537,6 +543,7 @@ __device__ __forceinline__ void rope_kv_prologue(const attention_rope_kv& rope, 
           kd[i + half] = b;
           vd[i] = va[u];
           vd[i + half] = vb[u];
+          store_kv(i, a, b, va[u], vb[u]);
         }
       }
     }
@@ -566,6 +573,7 @@ __device__ __forceinline__ void rope_kv_prologue(const attention_rope_kv& rope, 
       kd[i + half] = b;
       vd[i] = vs[i];
       vd[i + half] = vs[i + half];
+      store_kv(i, a, b, vs[i], vs[i + half]);
     }
   }
 }
@@ -724,6 +732,109 @@ __global__ void __launch_bounds__(W * 32, (W == 4 && D == 64 && G == 4) ? 4 : 1)
 }
 
 
+// One warp's 32 keys k0 .. k0 + 31 on tensor cores (decode_gqa_tc_kernel, decode_gqa_ring_kernel):
+// S = Q Kᵀ from the keys' B fragments kr (keys past `end` masked), the online softmax of row
+// g = lane / 4 (log2 units; l over this lane's keys), then, once before_pv() has made the warp's V
+// tile `vs` (32 rows of stride LD, rows past `end` zero) visible, O += P V with V read transposed.
+template <int D, int LD, class BeforePV>
+__device__ __forceinline__ void tc_decode_chunk(const std::uint32_t (&qa)[D / 32][2][2], const uint4 (&kr)[4][D / 32],
+                                                const __nv_bfloat16* vs, int k0, int end, float sl2, int lane,
+                                                float& m, float& l, float (&o)[D / 8][4], BeforePV before_pv) {
+  const int q = lane % 4, mi = lane / 8;
+  float sc[4][4];
+#pragma unroll
+  for (int nb = 0; nb < 4; ++nb) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) sc[nb][e] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < D / 32; ++c) {
+      mma16816(sc[nb], qa[c][0][0], 0u, qa[c][0][1], 0u, kr[nb][c].x, kr[nb][c].y);
+      mma16816(sc[nb], qa[c][1][0], 0u, qa[c][1][1], 0u, kr[nb][c].z, kr[nb][c].w);
+    }
+  }
+  // Row g's scores of keys k0 + nb*8 + 2q (+1); keys past the end masked.
+  float mx = -INFINITY;
+#pragma unroll
+  for (int nb = 0; nb < 4; ++nb) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int key = k0 + nb * 8 + 2 * q + e;
+      sc[nb][e] = key < end ? sc[nb][e] * sl2 : -INFINITY;
+      mx = fmaxf(mx, sc[nb][e]);
+    }
+  }
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+  const float mn = fmaxf(m, mx);  // finite: key k0 < end
+  const float alpha = exp2f(m - mn);
+  m = mn;
+  float sum = 0.0f;
+#pragma unroll
+  for (int nb = 0; nb < 4; ++nb) {
+    sc[nb][0] = exp2f(sc[nb][0] - mn);
+    sc[nb][1] = exp2f(sc[nb][1] - mn);
+    sum += sc[nb][0] + sc[nb][1];
+  }
+  l = l * alpha + sum;
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) {
+    o[i][0] *= alpha;
+    o[i][1] *= alpha;
+  }
+  before_pv();
+#pragma unroll
+  for (int kk = 0; kk < 2; ++kk) {
+    const std::uint32_t a0 = pack_bf16x2(sc[2 * kk][0], sc[2 * kk][1]);
+    const std::uint32_t a2 = pack_bf16x2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
+    const __nv_bfloat16* vrow = vs + (kk * 16 + (mi & 1) * 8 + lane % 8) * LD + (mi >> 1) * 8;
+#pragma unroll
+    for (int dn = 0; dn < D / 8; dn += 2) {
+      std::uint32_t b[4];
+      ldmatrix_x4_trans(b, vrow + dn * 8);
+      mma16816(o[dn], a0, 0u, a2, 0u, b[0], b[1]);
+      mma16816(o[dn + 1], a0, 0u, a2, 0u, b[2], b[3]);
+    }
+  }
+}
+
+// Q's A fragments of the tensor-core decode, permuted as K's B fragments: [32-dim slice][mma of the
+// slice][a0, a2]; rows g ≥ G zero.
+template <int D, int G>
+__device__ __forceinline__ void tc_decode_q_fragments(const __nv_bfloat16 (&q_b)[G][D], int lane,
+                                                      std::uint32_t (&qa)[D / 32][2][2]) {
+  const int g = lane / 4, q = lane % 4;
+#pragma unroll
+  for (int c = 0; c < D / 32; ++c) {
+    uint4 w4 = make_uint4(0, 0, 0, 0);
+    if (g < G) w4 = *reinterpret_cast<const uint4*>(&q_b[g][c * 32 + q * 8]);
+    qa[c][0][0] = w4.x;
+    qa[c][0][1] = w4.y;
+    qa[c][1][0] = w4.z;
+    qa[c][1][1] = w4.w;
+  }
+}
+
+// A warp's (m, l, O) of the tensor-core decode into shared memory for merge_warps_and_store (l summed
+// over the quad of lanes that shares a row first).
+template <int G, int W, int D>
+__device__ __forceinline__ void tc_decode_store(float m, float l, const float (&o)[D / 8][4], int warp, int lane,
+                                                float (&m_s)[W][G], float (&l_s)[W][G], float (&o_s)[W][G][D]) {
+  const int g = lane / 4, q = lane % 4;
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+  if (g < G) {
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      o_s[warp][g][i * 8 + 2 * q] = o[i][0];
+      o_s[warp][g][i * 8 + 2 * q + 1] = o[i][1];
+    }
+    if (q == 0) {
+      m_s[warp][g] = m;
+      l_s[warp][g] = l;
+    }
+  }
+}
+
 // Grouped flash-decoding on tensor cores (bf16, head_dim 64, group G ≤ 8), the decode kernel of the
 // 1B shape at every batch size (tune.tc_decode). Same grid, split, partials and result as
 // decode_gqa_vec_kernel; ncu had that one issue-bound (batch 64: 17 µs a layer, ~880 instructions a
@@ -738,7 +849,11 @@ __global__ void __launch_bounds__(W * 32, (W == 4 && D == 64 && G == 4) ? 4 : 1)
 // - O += P V with V staged per warp in shared memory by cp.async (no registers; rows past the end
 //   zero-filled) and read transposed by ldmatrix.
 // The warps' (m, l, O) are merged through shared memory as in the vec kernel.
-template <int G, bool ROPE>
+// EARLY (with ROPE, tune.early_decode): each warp requests its first chunk (V by cp.async into its
+// tile, K into registers) before griddepcontrol.wait, as decode_gqa_ring_kernel does (same reasons,
+// there), the new key left out: the prologue puts its V row into the tile and its K row into k_new,
+// from which the lanes holding that key's fragments patch kr. Shared memory stays the tc kernel's.
+template <int G, bool ROPE, bool EARLY = false>
 __global__ void __launch_bounds__(block_threads, 4) decode_gqa_tc_kernel(
     const __nv_bfloat16* qkv, int heads, int kv_heads, float scale, int window, const std::int32_t* q_start,
     const std::int32_t* ctx_len, const std::int32_t* block_table, int table_stride, int block_size,
@@ -750,23 +865,74 @@ __global__ void __launch_bounds__(block_threads, 4) decode_gqa_tc_kernel(
   __shared__ __align__(16) __nv_bfloat16 v_s[W][32 * LD];
   __shared__ float m_s[W][G], l_s[W][G];
   __shared__ float o_s[W][G][D];
-  grid_dep_wait();
-  grid_dep_trigger();
+  static_assert(ROPE || !EARLY, "EARLY leaves out the key the fused prologue writes");
+  __shared__ __align__(16) __nv_bfloat16 k_new[EARLY ? D : 1];
+  if constexpr (!EARLY) {
+    grid_dep_wait();
+    grid_dep_trigger();
+  }
   const int split = blockIdx.x, splits = gridDim.x, kvh = blockIdx.y, seq = blockIdx.z;
   const int row = q_start[seq];
-  if (q_start[seq + 1] - row != 1) return;
+  if (q_start[seq + 1] - row != 1) {
+    if constexpr (EARLY) {
+      grid_dep_wait();  // before the return, as every PDL kernel here (device_types.cuh)
+      grid_dep_trigger();
+    }
+    return;
+  }
   const int ctx = ctx_len[seq], pos = ctx - 1;
   const int lo = window > 0 ? max(0, pos - window + 1) : 0;
   const int begin = lo + split * split_len, end = min(ctx, begin + split_len);
   const int width = (heads + 2 * kv_heads) * D;
   const int h0 = kvh * G;
   const std::int32_t* table = block_table + static_cast<std::size_t>(seq) * table_stride;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+  __nv_bfloat16* vs = v_s[warp];
+  uint4 kr[4][D / 32];
+  const int k_first = begin + warp * 32;
+  if constexpr (EARLY) {
+    if (k_first < end) {
+      const int k0 = k_first, j = k0 + lane;
+      const std::size_t at = j < end ? cache_index(table, block_size, j, kv_heads, kvh, D) : 0;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int piece = i * 32 + lane, r = piece / 8, cc = piece % 8;
+        const std::size_t at_r = __shfl_sync(0xffffffffu, static_cast<unsigned long long>(at), r);
+        if (k0 + r != pos) cp_async16(vs + r * LD + cc * 8, v_cache + at_r + cc * 8, k0 + r < end);
+      }
+      asm volatile("cp.async.commit_group;\n" ::);
+#pragma unroll
+      for (int nb = 0; nb < 4; ++nb) {
+        const int r = nb * 8 + g;
+        const std::size_t at_r = __shfl_sync(0xffffffffu, static_cast<unsigned long long>(at), r);
+#pragma unroll
+        for (int c = 0; c < D / 32; ++c) {
+          kr[nb][c] = k0 + r < end && k0 + r != pos
+                          ? *reinterpret_cast<const uint4*>(k_cache + at_r + c * 32 + q * 8)
+                          : make_uint4(0, 0, 0, 0);
+        }
+      }
+    }
+    grid_dep_wait();
+    grid_dep_trigger();
+  }
   if constexpr (ROPE) {
-    rope_kv_prologue<D, G, block_threads>(rope, row, width, heads, kv_heads, kvh, h0,
-                                               [&](int g, int i, __nv_bfloat16 a, __nv_bfloat16 b) {
-                             q_b[g][i] = a;
-                             q_b[g][i + D / 2] = b;
-                           });
+    // EARLY: the new key's chunk nc was requested above (without it) where it is some warp's first.
+    const int nc = (pos - begin) / 32, nr = (pos - begin) % 32;
+    rope_kv_prologue<D, G, block_threads>(
+        rope, row, width, heads, kv_heads, kvh, h0,
+        [&](int g, int i, __nv_bfloat16 a, __nv_bfloat16 b) {
+          q_b[g][i] = a;
+          q_b[g][i + D / 2] = b;
+        },
+        [&](int i, __nv_bfloat16 ka, __nv_bfloat16 kb, __nv_bfloat16 va, __nv_bfloat16 vb) {
+          if (EARLY && nc < W) {
+            k_new[i] = ka;
+            k_new[i + D / 2] = kb;
+            v_s[nc][nr * LD + i] = va;
+            v_s[nc][nr * LD + i + D / 2] = vb;
+          }
+        });
   } else {
     for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
       const int g = idx / D, d = idx % D;
@@ -775,26 +941,29 @@ __global__ void __launch_bounds__(block_threads, 4) decode_gqa_tc_kernel(
   }
   __syncthreads();
 
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
-  // Q's A fragments, permuted as K's B fragments: [32-dim slice][mma of the slice][a0, a2].
   std::uint32_t qa[D / 32][2][2];
-#pragma unroll
-  for (int c = 0; c < D / 32; ++c) {
-    uint4 w4 = make_uint4(0, 0, 0, 0);
-    if (g < G) w4 = *reinterpret_cast<const uint4*>(&q_b[g][c * 32 + q * 8]);
-    qa[c][0][0] = w4.x;
-    qa[c][0][1] = w4.y;
-    qa[c][1][0] = w4.z;
-    qa[c][1][1] = w4.w;
-  }
+  tc_decode_q_fragments<D, G>(q_b, lane, qa);
   const float sl2 = scale * 1.4426950408889634f;  // exp(x) = exp2(x log2 e)
   float o[D / 8][4];
   zero_fragments<D>(o);
   float m = -INFINITY, l = 0.0f;  // row g (log2 units); l: this lane's keys only until the end
-  __nv_bfloat16* vs = v_s[warp];
-  const int mi = lane / 8;
 
-  for (int k0 = begin + warp * 32; k0 < end; k0 += W * 32) {
+  for (int k0 = k_first; k0 < end; k0 += W * 32) {
+    if (EARLY && k0 == k_first) {  // requested before the wait; the new key's K from k_new
+      const int r = pos - k0;
+#pragma unroll
+      for (int nb = 0; nb < 4; ++nb) {
+        if (nb * 8 + g == r) {
+#pragma unroll
+          for (int c = 0; c < D / 32; ++c) kr[nb][c] = *reinterpret_cast<const uint4*>(&k_new[c * 32 + q * 8]);
+        }
+      }
+      tc_decode_chunk<D, LD>(qa, kr, vs, k0, end, sl2, lane, m, l, o, [] {
+        cp_async_wait_all();
+        __syncwarp();
+      });
+      continue;
+    }
     __syncwarp();  // the previous chunk's V reads are done before it is overwritten
     const int j = k0 + lane;
     const std::size_t at = j < end ? cache_index(table, block_size, j, kv_heads, kvh, D) : 0;
@@ -807,7 +976,6 @@ __global__ void __launch_bounds__(block_threads, 4) decode_gqa_tc_kernel(
     }
     asm volatile("cp.async.commit_group;\n" ::);
     // K: key nb*8 + g of n-tile nb, lane q's 16 bytes of each 32-dim slice.
-    uint4 kr[4][D / 32];
 #pragma unroll
     for (int nb = 0; nb < 4; ++nb) {
       const int r = nb * 8 + g;
@@ -818,75 +986,162 @@ __global__ void __launch_bounds__(block_threads, 4) decode_gqa_tc_kernel(
                                  : make_uint4(0, 0, 0, 0);
       }
     }
-    float sc[4][4];
+    tc_decode_chunk<D, LD>(qa, kr, vs, k0, end, sl2, lane, m, l, o, [] {
+      cp_async_wait_all();
+      __syncwarp();
+    });
+  }
+  tc_decode_store<G, W, D>(m, l, o, warp, lane, m_s, l_s, o_s);
+  __syncthreads();
+  merge_warps_and_store<G, W, D, true>(m_s, l_s, o_s, D, heads, h0, seq, split, splits, row, partials, out);
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait_group() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Bytes of decode_gqa_ring_kernel's ring of `stages` chunks a warp (head_dim 64): K tile 32 × 64 +
+// V tile 32 × 72 bf16 a chunk, 4 warps.
+constexpr std::size_t ring_chunk_bytes = (32 * 64 + 32 * 72) * sizeof(__nv_bfloat16);
+constexpr std::size_t ring_smem_bytes(int stages) { return static_cast<std::size_t>(4 * stages) * ring_chunk_bytes; }
+
+// decode_gqa_tc_kernel's arithmetic (the same chunks per warp, the same bits) with every key's K and V
+// rows staged in shared memory by cp.async, K too (there it went through registers, loaded after the
+// prologue). Each warp owns a ring of P chunk slots of 32 keys (slot = chunk mod 4P, so a warp's
+// chunks w, w + 4, ... only ever use its own slots) and refills a slot with its chunk 4P further on
+// as soon as it has consumed it. With ROPE (the fused decode step, one split) every warp requests its
+// first P chunks before griddepcontrol.wait: the cached keys were written by earlier steps, and the
+// plan's ints (q_start, ctx_len, the block table) are copied before a step's first kernel, so nothing
+// the previous kernel writes is read early. Only the new key (position ctx - 1, which this block's
+// prologue writes) is left out; the prologue puts its K and V rows into their slot as well. The K/V
+// stream then runs under the previous kernel's tail and under the prologue's qkv load and sincos
+// instead of after them (decode_gqa_tc_kernel at batch 64, contexts ~192: 11.5 µs a layer for ~25 MB,
+// ~2.2 TB/s: prologue, one or two dependent 32-key round trips a warp, merge, all in series).
+// K tiles: rows of 128 bytes whose 16-byte pieces are XOR-swizzled by (row & 1) << 2, so the
+// B-fragment reads of rows g and g + 1 (one phase of a 16-byte ld.shared) hit different banks; V
+// tiles: rows padded to LD as in decode_gqa_tc_kernel (ldmatrix.trans). Rows past the end are
+// zero-filled (0 × garbage would be NaN in P V).
+template <int G, bool ROPE, int P>
+__global__ void __launch_bounds__(block_threads, 4) decode_gqa_ring_kernel(
+    const __nv_bfloat16* qkv, int heads, int kv_heads, float scale, int window, const std::int32_t* q_start,
+    const std::int32_t* ctx_len, const std::int32_t* block_table, int table_stride, int block_size,
+    const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache, int split_len, float* partials,
+    __nv_bfloat16* out, attention_rope_kv rope) {
+  constexpr int D = 64, LD = D + 8, W = warps, S = W * P;
+  constexpr int KT = 32 * D, SLOT = KT + 32 * LD;  // elements: K tile, then V tile
+  static_assert(G <= 8, "query rows beyond 8 would need A's second row block");
+  static_assert(SLOT * sizeof(__nv_bfloat16) == ring_chunk_bytes, "ring_smem_bytes");
+  extern __shared__ __align__(16) unsigned char ring_bytes[];
+  __nv_bfloat16* ring = reinterpret_cast<__nv_bfloat16*>(ring_bytes);
+  __shared__ __align__(16) __nv_bfloat16 q_b[G][D];
+  __shared__ float m_s[W][G], l_s[W][G];
+  __shared__ float o_s[W][G][D];
+  if constexpr (!ROPE) {
+    grid_dep_wait();
+    grid_dep_trigger();
+  }
+  const int split = blockIdx.x, splits = gridDim.x, kvh = blockIdx.y, seq = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int row = q_start[seq];
+  if (q_start[seq + 1] - row != 1) {
+    if constexpr (ROPE) {
+      grid_dep_wait();  // before the return, as every PDL kernel here (device_types.cuh)
+      grid_dep_trigger();
+    }
+    return;
+  }
+  const int ctx = ctx_len[seq], pos = ctx - 1;
+  const int lo = window > 0 ? max(0, pos - window + 1) : 0;
+  const int begin = lo + split * split_len, end = min(ctx, begin + split_len);
+  const int chunks = end > begin ? (end - begin + 31) / 32 : 0;
+  const int width = (heads + 2 * kv_heads) * D;
+  const int h0 = kvh * G;
+  const std::int32_t* table = block_table + static_cast<std::size_t>(seq) * table_stride;
+  // Chunk c (if the block has it) into its slot, key `skip` left out; one commit group either way,
+  // so the wait below counts groups alike in every warp.
+  auto request = [&](int c, int skip) {
+    if (c < chunks) {  // warp-uniform
+      const int k0 = begin + c * 32, j = k0 + lane;
+      const std::size_t at = j < end ? cache_index(table, block_size, j, kv_heads, kvh, D) : 0;
+      __nv_bfloat16* ks = ring + (c % S) * SLOT;
+      __nv_bfloat16* vs = ks + KT;
 #pragma unroll
-    for (int nb = 0; nb < 4; ++nb) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) sc[nb][e] = 0.0f;
-#pragma unroll
-      for (int c = 0; c < D / 32; ++c) {
-        mma16816(sc[nb], qa[c][0][0], 0u, qa[c][0][1], 0u, kr[nb][c].x, kr[nb][c].y);
-        mma16816(sc[nb], qa[c][1][0], 0u, qa[c][1][1], 0u, kr[nb][c].z, kr[nb][c].w);
+      for (int i = 0; i < 8; ++i) {
+        const int piece = i * 32 + lane, r = piece / 8, cc = piece % 8;
+        const std::size_t at_r = __shfl_sync(0xffffffffu, static_cast<unsigned long long>(at), r);
+        if (k0 + r != skip) {
+          const bool valid = k0 + r < end;
+          cp_async16(ks + r * D + (cc ^ ((r & 1) << 2)) * 8, k_cache + at_r + cc * 8, valid);
+          cp_async16(vs + r * LD + cc * 8, v_cache + at_r + cc * 8, valid);
+        }
       }
     }
-    // Row g's scores of keys k0 + nb*8 + 2q (+1); keys past the end masked.
-    float mx = -INFINITY;
+    cp_async_commit();
+  };
+  if constexpr (ROPE) {
 #pragma unroll
-    for (int nb = 0; nb < 4; ++nb) {
+    for (int i = 0; i < P; ++i) request(warp + i * W, pos);
+    grid_dep_wait();
+    grid_dep_trigger();
+    // The new key: chunk nc, row nr (pos is in [begin, end) with one split). Its chunk was requested
+    // above without it when nc < S; a later chunk is requested after the prologue, from the cache.
+    const int nc = (pos - begin) / 32, nr = (pos - begin) % 32;
+    __nv_bfloat16* nks = ring + (nc % S) * SLOT + nr * D;
+    __nv_bfloat16* nvs = ring + (nc % S) * SLOT + KT + nr * LD;
+    const int sw = (nr & 1) << 2;
+    rope_kv_prologue<D, G, block_threads>(
+        rope, row, width, heads, kv_heads, kvh, h0,
+        [&](int g, int i, __nv_bfloat16 a, __nv_bfloat16 b) {
+          q_b[g][i] = a;
+          q_b[g][i + D / 2] = b;
+        },
+        [&](int i, __nv_bfloat16 ka, __nv_bfloat16 kb, __nv_bfloat16 va, __nv_bfloat16 vb) {
+          if (nc < S) {
+            const int ib = i + D / 2;
+            nks[((i / 8) ^ sw) * 8 + i % 8] = ka;
+            nks[((ib / 8) ^ sw) * 8 + ib % 8] = kb;
+            nvs[i] = va;
+            nvs[ib] = vb;
+          }
+        });
+  } else {
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int key = k0 + nb * 8 + 2 * q + e;
-        sc[nb][e] = key < end ? sc[nb][e] * sl2 : -INFINITY;
-        mx = fmaxf(mx, sc[nb][e]);
-      }
-    }
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float mn = fmaxf(m, mx);  // finite: key k0 < end
-    const float alpha = exp2f(m - mn);
-    m = mn;
-    float sum = 0.0f;
-#pragma unroll
-    for (int nb = 0; nb < 4; ++nb) {
-      sc[nb][0] = exp2f(sc[nb][0] - mn);
-      sc[nb][1] = exp2f(sc[nb][1] - mn);
-      sum += sc[nb][0] + sc[nb][1];
-    }
-    l = l * alpha + sum;
-#pragma unroll
-    for (int i = 0; i < D / 8; ++i) {
-      o[i][0] *= alpha;
-      o[i][1] *= alpha;
-    }
-    cp_async_wait_all();
-    __syncwarp();
-#pragma unroll
-    for (int kk = 0; kk < 2; ++kk) {
-      const std::uint32_t a0 = pack_bf16x2(sc[2 * kk][0], sc[2 * kk][1]);
-      const std::uint32_t a2 = pack_bf16x2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
-      const __nv_bfloat16* vrow = vs + (kk * 16 + (mi & 1) * 8 + lane % 8) * LD + (mi >> 1) * 8;
-#pragma unroll
-      for (int dn = 0; dn < D / 8; dn += 2) {
-        std::uint32_t b[4];
-        ldmatrix_x4_trans(b, vrow + dn * 8);
-        mma16816(o[dn], a0, 0u, a2, 0u, b[0], b[1]);
-        mma16816(o[dn + 1], a0, 0u, a2, 0u, b[2], b[3]);
-      }
+    for (int i = 0; i < P; ++i) request(warp + i * W, -1);
+    for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
+      const int g = idx / D, d = idx % D;
+      q_b[g][d] = qkv[static_cast<std::size_t>(row) * width + (h0 + g) * D + d];
     }
   }
-  l += __shfl_xor_sync(0xffffffffu, l, 1);
-  l += __shfl_xor_sync(0xffffffffu, l, 2);
-  if (g < G) {
+  __syncthreads();
+
+  const int g = lane / 4, q = lane % 4;
+  std::uint32_t qa[D / 32][2][2];
+  tc_decode_q_fragments<D, G>(q_b, lane, qa);
+  const float sl2 = scale * 1.4426950408889634f;  // exp(x) = exp2(x log2 e)
+  float o[D / 8][4];
+  zero_fragments<D>(o);
+  float m = -INFINITY, l = 0.0f;  // row g (log2 units); l: this lane's keys only until the end
+  for (int c = warp; c < chunks; c += W) {
+    cp_async_wait_group<P - 1>();  // this lane's pieces of chunk c are in
+    __syncwarp();                  // and the other lanes'
+    const __nv_bfloat16* ks = ring + (c % S) * SLOT;
+    // K: key nb*8 + g of n-tile nb, lane q's 16 bytes of each 32-dim slice (piece 4 s + q).
+    uint4 kr[4][D / 32];
 #pragma unroll
-    for (int i = 0; i < D / 8; ++i) {
-      o_s[warp][g][i * 8 + 2 * q] = o[i][0];
-      o_s[warp][g][i * 8 + 2 * q + 1] = o[i][1];
+    for (int nb = 0; nb < 4; ++nb) {
+      const int r = nb * 8 + g;
+#pragma unroll
+      for (int cs = 0; cs < D / 32; ++cs) {
+        kr[nb][cs] = *reinterpret_cast<const uint4*>(ks + r * D + ((cs * 4 + q) ^ ((r & 1) << 2)) * 8);
+      }
     }
-    if (q == 0) {
-      m_s[warp][g] = m;
-      l_s[warp][g] = l;
-    }
+    tc_decode_chunk<D, LD>(qa, kr, ks + KT, begin + c * 32, end, sl2, lane, m, l, o, [] {});
+    __syncwarp();  // the slot's reads are done before it is refilled
+    request(c + S, -1);
   }
+  tc_decode_store<G, W, D>(m, l, o, warp, lane, m_s, l_s, o_s);
   __syncthreads();
   merge_warps_and_store<G, W, D, true>(m_s, l_s, o_s, D, heads, h0, seq, split, splits, row, partials, out);
 }
@@ -911,6 +1166,47 @@ __global__ void combine_kernel(const std::int32_t* q_start, int heads, int head_
     acc += pi[2 + d] * w;
   }
   out[static_cast<std::size_t>(row) * heads * head_dim + h * head_dim + d] = from_f32<T>(acc / l_all);
+}
+
+/// launch_k for the grouped decode kernels, with tune.decode_carveout (≥ 0) as the launch's preferred
+/// shared-memory carveout (percent; a hint the driver may override).
+template <class... P, class... A>
+void launch_decode(const attention_tuning& tune, void (*kernel)(P...), dim3 grid, dim3 block, std::size_t smem,
+                   cudaStream_t s, A&&... args) {
+  if (tune.decode_carveout < 0) {
+    launch_k(tune.pdl, kernel, grid, block, smem, s, std::forward<A>(args)...);
+    return;
+  }
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  attr[n].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
+  attr[n++].val.sharedMemCarveout = static_cast<unsigned>(tune.decode_carveout);
+  if (tune.pdl) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  cfg.attrs = attr;
+  cfg.numAttrs = n;
+  CONVEYOR_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<P>(args)...));
+}
+
+/// Raises `kernel`'s dynamic shared-memory limit to `bytes` on the current device, once per device
+/// and kernel (bit per device ordinal; past 63, at every launch), as launch_prefill_gqa does.
+template <auto kernel>
+void raise_smem_once(std::size_t bytes) {
+  static std::atomic<unsigned long long> raised{0};
+  int dev = 0;
+  CONVEYOR_CUDA_CHECK(cudaGetDevice(&dev));
+  const unsigned long long bit = dev < 64 ? 1ull << dev : 0ull;
+  if (bit == 0 || (raised.load(std::memory_order_relaxed) & bit) == 0) {
+    CONVEYOR_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+    raised.fetch_or(bit, std::memory_order_relaxed);
+  }
 }
 
 /// The rope_kv the caller handed over, run on its own (where the attention kernel cannot take it).
@@ -961,14 +1257,36 @@ void launch_gqa(const T* qkv, const attn_shape& sh, const attention_batch& b, co
       r.once = tune.rope_once;
       rope = nullptr;
       auto go = [&](auto kernel, int w) {
-        launch_k(tune.pdl, kernel, grid, dim3(32 * w), 0, s, qkv, sh.num_heads, sh.num_kv_heads, sh.scale,
+        launch_decode(tune, kernel, grid, dim3(32 * w), 0, s, qkv, sh.num_heads, sh.num_kv_heads, sh.scale,
                  sh.sliding_window, b.q_start, b.ctx_len, b.block_table, b.max_blocks_per_seq, layout.block_size, k,
                  v, split_len, partials, out, r);
       };
       const bool wide = tune.wide_decode && static_cast<long>(splits) * base_blocks < num_sms;
       if constexpr (DC == 2 && G <= 8) {
-        if (!wide && tune.tc_decode) {
-          fuse ? go(decode_gqa_tc_kernel<G, true>, 4) : go(decode_gqa_tc_kernel<G, false>, 4);
+        if (!wide && tune.tc_decode && tune.ring_decode > 0) {
+          const int p = tune.ring_decode >= 2 ? 2 : 1;
+          auto ring = [&](auto with_rope, auto stages) {
+            constexpr auto kernel = &decode_gqa_ring_kernel<G, decltype(with_rope)::value, decltype(stages)::value>;
+            const std::size_t smem = ring_smem_bytes(decltype(stages)::value);
+            raise_smem_once<kernel>(smem);
+            launch_decode(tune, kernel, grid, dim3(block_threads), smem, s, qkv, sh.num_heads, sh.num_kv_heads,
+                     sh.scale, sh.sliding_window, b.q_start, b.ctx_len, b.block_table, b.max_blocks_per_seq,
+                     layout.block_size, k, v, split_len, partials, out, r);
+          };
+          using one = std::integral_constant<int, 1>;
+          using two = std::integral_constant<int, 2>;
+          if (p == 1) {
+            fuse ? ring(std::true_type{}, one{}) : ring(std::false_type{}, one{});
+          } else {
+            fuse ? ring(std::true_type{}, two{}) : ring(std::false_type{}, two{});
+          }
+          launched = true;
+        } else if (!wide && tune.tc_decode) {
+          if (fuse && tune.early_decode) {
+            go(decode_gqa_tc_kernel<G, true, true>, 4);
+          } else {
+            fuse ? go(decode_gqa_tc_kernel<G, true>, 4) : go(decode_gqa_tc_kernel<G, false>, 4);
+          }
           launched = true;
         }
       }

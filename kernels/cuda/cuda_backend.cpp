@@ -516,6 +516,9 @@ class cuda_backend final : public backend {
     tune_.pdl = o.pdl;
     tune_.wide_decode = o.wide_decode;
     tune_.tc_decode = o.tc_decode;
+    tune_.ring_decode = o.ring_decode;
+    tune_.early_decode = o.early_decode;
+    tune_.decode_carveout = o.decode_carveout;
     tune_.rope_once = o.rope_once;
     if (o.batch_invariant && o.compute_dtype == dtype::bf16) {
       // The GEMV for every bf16 linear of ≤ 16 rows, and fixed key splits in decode attention.

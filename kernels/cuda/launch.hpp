@@ -104,6 +104,15 @@ struct attention_tuning {
   /// fused rope + kv_write prologue of the decode kernels: (cos, sin) once per pair a block, through
   /// shared memory, with the pairs' loads issued before it (cuda_backend_options::rope_once)
   bool rope_once = true;
+  /// with tc_decode (not under wide_decode): decode_gqa_ring_kernel, K and V of every key staged in
+  /// shared memory by cp.async, `ring_decode` chunks of 32 keys in flight a warp (1 or 2), the first
+  /// requested before griddepcontrol.wait in the fused step; 0: decode_gqa_tc_kernel
+  int ring_decode = 0;
+  /// with tc_decode and the fused prologue (ring_decode 0): decode_gqa_tc_kernel<G, true, true>, each
+  /// warp's first chunk of K/V requested before griddepcontrol.wait (the tc kernel's shared memory)
+  bool early_decode = false;
+  /// ≥ 0: the grouped decode launches' preferred shared-memory carveout (percent); -1: the driver's
+  int decode_carveout = -1;
   /// > 0: decode splits of exactly this many keys (rounded up to 32), however many sequences the
   /// call has: a row's result then depends on its own context only (batch_invariant). 0: the split
   /// count is chosen to fill the GPU.

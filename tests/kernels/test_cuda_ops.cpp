@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -845,6 +846,98 @@ TEST_P(cuda_ops, rope_once_fused_decode_is_bit_identical) {
       EXPECT_EQ(got[1][2], v) << "rope_once v" << shape;
       EXPECT_CLOSE(got[1][3], ref, t(), tag("rope_once out" + shape));
     }
+  }
+}
+
+// decode_gqa_ring_kernel (ring_decode 1 and 2: K/V staged in shared memory, the first chunks requested
+// before griddepcontrol.wait in the fused step), the tc kernel with early_decode, and a launch with a
+// preferred carveout against decode_gqa_tc_kernel (ring_decode 0): the same
+// chunks per warp and arithmetic, so every buffer bit for bit the same, fused (rope -> kv_write ->
+// attention, one split) and unfused (attention alone, several splits on long contexts), and the
+// output as the CPU twin's. Contexts cross the ring (4 or 8 chunks of 32 keys a block), so the new
+// key lands in a chunk requested early (put into its slot by the prologue) or late (read back from
+// the cache); windows, group 8 and pages of 7 keys; max_ctx as the executor's recordings pass it (a
+// power of two ≥ 256 above the real contexts).
+TEST_P(cuda_ops, ring_decode_matches_tc_decode_bit_for_bit) {
+  if (t() != dtype::bf16) GTEST_SKIP() << "the tensor-core decode kernels are bf16 only";
+  struct dcase {
+    int heads, kv_heads, window, block_size;
+    std::vector<int> ctx;  // context per sequence, the new token included
+    bool fused;
+  };
+  std::uniform_int_distribution<int> len(1, 300), long_len(1, 3000);
+  dcase b64{32, 8, 0, 16, {}, true}, b64w{16, 2, 90, 7, {}, true}, split{32, 8, 0, 16, {}, false};
+  for (int i = 0; i < 64; ++i) b64.ctx.push_back(len(rng_));
+  for (int i = 0; i < 70; ++i) b64w.ctx.push_back(len(rng_));
+  for (int i = 0; i < 20; ++i) split.ctx.push_back(long_len(rng_));
+  split.ctx.push_back(3000);
+  const std::vector<dcase> cases{b64, b64w, split, dcase{16, 2, 0, 16, {1, 129, 256, 97}, true},
+                                 dcase{8, 4, 0, 16, {33, 160, 1}, false}};
+  // {ring_decode, early_decode, decode_carveout}: the tc kernel first (the reference), then the others.
+  const std::vector<std::tuple<int, bool, int>> configs{{0, false, -1}, {1, false, -1}, {2, false, -1},
+                                                        {0, true, -1}, {1, false, 100}};
+  const int nc = static_cast<int>(configs.size());
+  std::vector<std::unique_ptr<kernels::backend>> be;
+  for (auto [ring, early, carveout] : configs) {
+    kernels::cuda_backend_options o;
+    o.compute_dtype = t();
+    o.ring_decode = ring;
+    o.early_decode = early;
+    o.decode_carveout = carveout;
+    auto made = kernels::make_cuda_backend(o);
+    ASSERT_TRUE(made.ok()) << made.err().message;
+    be.push_back(std::move(made).value());
+  }
+  for (const dcase& c : cases) {
+    const int n = static_cast<int>(c.ctx.size()), d = 64;
+    kernels::attn_shape sh{c.heads, c.kv_heads, d, 0.125f, c.window};
+    const auto [real_max, max_blocks, num_blocks, table, q_start, slots] = make_paged_decode(c.ctx, c.block_size, rng_);
+    int max_ctx = 256;
+    while (max_ctx < real_max) max_ctx *= 2;
+    std::vector<std::int32_t> pos;
+    for (int s = 0; s < n; ++s) pos.push_back(c.ctx[s] - 1);
+    const std::size_t cache = static_cast<std::size_t>(num_blocks) * c.block_size * c.kv_heads * d;
+    const auto k0 = testing::random_values(rng_, cache, t()), v0 = testing::random_values(rng_, cache, t());
+    const int width = (c.heads + 2 * c.kv_heads) * d;
+    const auto qkv0 = testing::random_values(rng_, static_cast<std::size_t>(n) * width, t(), 2.0f);
+    std::vector<float> inv_freq(d / 2);
+    for (int i = 0; i < d / 2; ++i) inv_freq[i] = std::pow(5e5f, -2.0f * i / d);
+    const std::string shape = std::string(c.fused ? " fused" : " unfused") + " h" + std::to_string(c.heads) + "/" +
+                              std::to_string(c.kv_heads) + " window " + std::to_string(c.window) + " seqs " +
+                              std::to_string(n);
+    const kernels::kv_layout layout{num_blocks, c.block_size};
+    std::vector<std::array<std::vector<float>, 4>> got(nc);  // {qkv, k cache, v cache, out} of each backend
+    for (int ring = 0; ring < nc; ++ring) {
+      kernels::backend& b = *be[ring];
+      dev_acts qd(b, qkv0), kd(b, k0), vd(b, v0), out(b, static_cast<std::size_t>(n) * c.heads * d);
+      dev_bytes pos_d(b, pos), slot_d(b, slots), freq_d(b, inv_freq), qs_d(b, q_start), ctx_d(b, c.ctx),
+          table_d(b, table);
+      kernels::attention_batch batch{n, qs_d.as<std::int32_t>(), ctx_d.as<std::int32_t>(), table_d.as<std::int32_t>(),
+                                     max_blocks, max_ctx, 1};
+      out.poison();
+      if (c.fused) {
+        b.rope(qd.get_ptr(), n, sh, pos_d.as<std::int32_t>(), freq_d.as<float>(), 1.0f);
+        b.kv_write(qd.get_ptr(), n, sh, slot_d.as<std::int32_t>(), layout, kd.get_ptr(), vd.get_ptr());
+      }
+      b.attention(qd.get_ptr(), sh, batch, layout, kd.get_ptr(), vd.get_ptr(), out.get_ptr());
+      got[ring][0] = qd.get();
+      got[ring][1] = kd.get();
+      got[ring][2] = vd.get();
+      got[ring][3] = out.get();
+    }
+    const char* what[4] = {"qkv", "k cache", "v cache", "out"};
+    for (int ring = 1; ring < nc; ++ring) {
+      for (int w = 0; w < 4; ++w) {
+        const long at = first_difference(got[ring][w], got[0][w]);
+        EXPECT_EQ(at, -1) << "ring_decode " << std::get<0>(configs[ring]) << " early " << std::get<1>(configs[ring])
+                          << " carveout " << std::get<2>(configs[ring]) << " vs the tc kernel, " << what[w] << shape
+                          << ": first difference at " << at << ", seed " << testing::test_seed();
+      }
+    }
+    std::vector<float> ref(static_cast<std::size_t>(n) * c.heads * d);
+    kernels::attention_batch hb{n, q_start.data(), c.ctx.data(), table.data(), max_blocks, max_ctx, 1};
+    kernels::cpu::attention(got[1][0].data(), sh, hb, layout, got[1][1].data(), got[1][2].data(), ref.data());
+    EXPECT_CLOSE(got[1][3], ref, t(), tag("ring_decode out" + shape));
   }
 }
 

@@ -199,6 +199,100 @@ void gemv_chain_table(int hidden, int ffn, int vocab) {
   }
 }
 
+/// The decode step's attention (rope + kv_write + attention, which the backend fuses into one kernel)
+/// at short contexts, back to back in a CUDA graph as a step runs it (PDL overlap included, host
+/// launches not), over enough copies of the paged cache (≥ 256 MB) that every call reads its K/V from
+/// HBM. One backend per decode configuration: the tc kernel (plain, early_decode, carveout 100 %) and
+/// the ring (ring_decode 1, 2, 1 with carveout 100 %).
+/// Bytes: the K and V rows of every context (the cache pages' tails are not read).
+void decode_attention_chain_table() {
+  const int heads = 32, kv_heads = 8, hd = 64, bs = 16;
+  struct config {
+    const char* name;
+    int ring, carveout;
+    bool early;
+  };
+  const config configs[] = {{"tc", 0, -1, false},   {"early", 0, -1, true}, {"ring1", 1, -1, false},
+                            {"ring2", 2, -1, false}, {"tc-c100", 0, 100, false}, {"ring1-c100", 1, 100, false}};
+  constexpr int nc = sizeof(configs) / sizeof(configs[0]);
+  std::vector<std::unique_ptr<kernels::backend>> backends;
+  for (const config& cf : configs) {
+    kernels::cuda_backend_options o;
+    o.compute_dtype = dtype::bf16;
+    o.ring_decode = cf.ring;
+    o.early_decode = cf.early;
+    o.decode_carveout = cf.carveout;
+    std::string why;
+    backends.push_back(ct::try_cuda_backend(o, why));
+    if (!backends.back()) {
+      std::printf("time_cuda_ops: decode attention chain skipped: %s\n", why.c_str());
+      return;
+    }
+  }
+  kernels::backend& b0 = *backends[0];
+  std::mt19937_64 rng(3);
+  for (auto [seqs, ctx] : {std::pair{64, 192}, {256, 192}, {64, 128}, {64, 256}, {64, 512}, {256, 512}, {64, 2048}}) {
+    const int blocks_per = (ctx + bs - 1) / bs, num_blocks = seqs * blocks_per;
+    const std::size_t cache_bytes = static_cast<std::size_t>(num_blocks) * bs * kv_heads * hd * 2;
+    const int copies = static_cast<int>(std::max<std::size_t>(1, ((256ull << 20) + 2 * cache_bytes - 1) / (2 * cache_bytes)));
+    void* k = b0.alloc(cache_bytes * copies);
+    void* v = b0.alloc(cache_bytes * copies);
+    b0.fill_bytes(k, 0x3c, cache_bytes * copies);
+    b0.fill_bytes(v, 0x3c, cache_bytes * copies);
+    // Copy c: its own shuffled pages, its own block table and new-token slots.
+    std::vector<std::int32_t> tables, slots, q_start, ctx_len(seqs, ctx), pos(seqs, ctx - 1);
+    for (int c = 0; c < copies; ++c) {
+      std::vector<std::int32_t> t(num_blocks);
+      std::iota(t.begin(), t.end(), 0);
+      std::shuffle(t.begin(), t.end(), rng);
+      tables.insert(tables.end(), t.begin(), t.end());
+      for (int s = 0; s < seqs; ++s) slots.push_back(t[s * blocks_per + (ctx - 1) / bs] * bs + (ctx - 1) % bs);
+    }
+    for (int s = 0; s <= seqs; ++s) q_start.push_back(s);
+    std::vector<float> inv_freq(hd / 2);
+    for (int i = 0; i < hd / 2; ++i) inv_freq[i] = std::pow(5e5f, -2.0f * i / hd);
+    ct::dev_bytes table_d(b0, tables), slot_d(b0, slots), qs_d(b0, q_start), ctx_d(b0, ctx_len), pos_d(b0, pos),
+        freq_d(b0, inv_freq);
+    ct::dev_acts qkv(b0, ct::random_values(rng, static_cast<std::size_t>(seqs) * (heads + 2 * kv_heads) * hd, dtype::bf16));
+    ct::dev_acts out(b0, static_cast<std::size_t>(seqs) * heads * hd);
+    const kernels::attn_shape sh{heads, kv_heads, hd, 0.125f, 0};
+    const kernels::kv_layout layout{num_blocks, bs};
+    int max_ctx = 256;  // as the executor's recordings pass it
+    while (max_ctx < ctx) max_ctx *= 2;
+    const int calls = std::max(copies, 8) * (copies < 4 ? 2 : 1);
+    double us[nc] = {};
+    for (int ring = 0; ring < nc; ++ring) {
+      kernels::backend& b = *backends[ring];
+      b.begin_capture();
+      for (int i = 0; i < calls; ++i) {
+        const int c = i % copies;
+        auto* kc = static_cast<std::uint8_t*>(k) + c * cache_bytes;
+        auto* vc = static_cast<std::uint8_t*>(v) + c * cache_bytes;
+        const kernels::attention_batch batch{seqs, qs_d.as<std::int32_t>(), ctx_d.as<std::int32_t>(),
+                                             table_d.as<std::int32_t>() + static_cast<std::size_t>(c) * num_blocks,
+                                             blocks_per, max_ctx, 1};
+        b.rope(qkv.get_ptr(), seqs, sh, pos_d.as<std::int32_t>(), freq_d.as<float>(), 1.0f);
+        b.kv_write(qkv.get_ptr(), seqs, sh, slot_d.as<std::int32_t>() + static_cast<std::size_t>(c) * seqs, layout,
+                   kc, vc);
+        b.attention(qkv.get_ptr(), sh, batch, layout, kc, vc, out.get_ptr());
+      }
+      const kernels::capture_id id = b.end_capture();
+      if (id == 0) {
+        std::printf("[decode-attn] seqs=%d ctx=%d %s: capture failed\n", seqs, ctx, configs[ring].name);
+        continue;
+      }
+      us[ring] = time_us(b, [&] { b.replay(id); }, 7) / calls;
+      b.drop_capture(id);
+    }
+    const double bytes = 4.0 * seqs * ctx * kv_heads * hd;  // K and V, bf16
+    std::printf("[decode-attn] seqs=%-3d ctx=%-4d %6.1f MB", seqs, ctx, bytes * 1e-6);
+    for (int i = 0; i < nc; ++i) std::printf("  %s %.2f us (%.2f TB/s)", configs[i].name, us[i], bytes / us[i] * 1e-6);
+    std::printf("\n");
+    b0.release(k);
+    b0.release(v);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -227,7 +321,7 @@ int main(int argc, char** argv) {
   }
   const int hidden = 2048, ffn = 8192, heads = 32, kv_heads = 8, hd = 64, vocab = 128256;
   const double e = 2.0;  // bytes per bf16 element
-  gemv_chain_table(hidden, ffn, vocab);
+  if (!attention_only) gemv_chain_table(hidden, ffn, vocab);  // `attention`: not these
   if (std::getenv("TIME_GEMV_ONLY") != nullptr) return 0;
 
   // GEMMs: decode (n = 1, 64) and prefill (n = 2048) through the 1B's largest layer shapes.
@@ -236,7 +330,10 @@ int main(int argc, char** argv) {
                                                            {2048, 2 * ffn, hidden, "gate_up"},
                                                            {1, vocab, hidden, "lm_head"},
                                                            {64, vocab, hidden, "lm_head"}};
-  if (attention_only) gemms.clear();
+  if (attention_only) {
+    gemms.clear();
+    decode_attention_chain_table();
+  }
   for (auto [n, rows, cols, name] : gemms) {
     auto wh = fill(rng, static_cast<std::size_t>(rows) * cols, 0.02f);
     kernels::weight w = b.upload_weight(wh.data(), dtype::f32, rows, cols, false);
@@ -256,7 +353,8 @@ int main(int argc, char** argv) {
   per_head_o.compute_dtype = dtype::bf16;
   per_head_o.gqa_prefill = false;
   auto per_head = ct::try_cuda_backend(per_head_o, why);
-  for (auto [seqs, q_len, ctx] : {std::tuple{1, 1, 2048}, {64, 1, 2048}, {64, 1, 8192}, {1, 2048, 2048}}) {
+  for (auto [seqs, q_len, ctx] :
+       {std::tuple{1, 1, 2048}, {64, 1, 192}, {256, 1, 192}, {64, 1, 2048}, {64, 1, 8192}, {1, 2048, 2048}}) {
     const int bs = 16, blocks_per = (ctx + bs - 1) / bs, num_blocks = seqs * blocks_per;
     const std::size_t cache = static_cast<std::size_t>(num_blocks) * bs * kv_heads * hd;
     ct::dev_acts k(b, cache), v(b, cache);

@@ -70,6 +70,18 @@ struct cuda_backend_options {
   /// with vec_decode, head_dim 64, group ≤ 8: decode attention on tensor cores (except where
   /// wide_decode takes the grid); the vec kernel was issue-bound (batch 64 −8%, batch 1 −5% a step)
   bool tc_decode = true;
+  /// with tc_decode: decode_gqa_ring_kernel (kernels/cuda/attention.cu), the tensor-core decode with
+  /// each key's K and V rows staged in shared memory by cp.async, `ring_decode` chunks of 32 keys in
+  /// flight a warp (1 or 2); in the fused decode step the first chunks are requested before
+  /// griddepcontrol.wait. The same bits as the tc kernel. 0: decode_gqa_tc_kernel. Off: 16% faster in
+  /// a graph of back-to-back attention calls (b=64, 192 keys), but no faster in a decode step, where
+  /// the qkv GEMM before it does not release it early (bench/NOTES.md, session 5).
+  int ring_decode = 0;
+  /// with tc_decode, ring_decode 0, fuse_attention: the tc decode kernel requests each warp's first
+  /// 32 keys before griddepcontrol.wait (K into registers, V into its tile), the new key patched in
+  bool early_decode = false;
+  /// ≥ 0: preferred shared-memory carveout (percent) of the decode attention launches; -1: the driver's
+  int decode_carveout = -1;
   bool tc_prefill = true;  ///< bf16 prefill attention on tensor cores (head_dim 64 or 128)
   /// with tc_prefill, group 1/2/4/8: one block per KV head serves its query-head group (K/V tiles
   /// read once per group, cp.async-pipelined); off: one block per query head (bench/NOTES.md, session 4)
