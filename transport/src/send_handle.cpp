@@ -69,13 +69,14 @@ status send_handle::state::result_status() const {
   return status_;
 }
 
-bool send_handle::done() const { return !state_ || state_->done(); }
+bool send_handle::done() const { return completed_ || !state_ || state_->done(); }
 
 std::optional<std::chrono::steady_clock::time_point> send_handle::completed_at() const {
   return state_ ? state_->completed_at() : std::nullopt;
 }
 
 status send_handle::wait(deadline until) {
+  if (completed_) return ok_status();
   if (!state_) return make_error(errc::invalid_argument, "send_handle: waiting on an empty handle");
   if (!state_->done()) {
     // Spin on the worker first, as receive() does: a send UCX could not finish in the call

@@ -91,6 +91,8 @@ class send_handle::state {
   /// handling, whose requests a force close leaves pending forever. Later completions are ignored.
   void fail_now(error why);
   bool done() const { return done_.load(std::memory_order_acquire); }
+  /// Completed without an error (status_ is final once done).
+  bool succeeded() const { return done() && status_.ok(); }
   /// When it completed; nullopt while it runs and for a send completed inside send().
   std::optional<std::chrono::steady_clock::time_point> completed_at() const;
   /// Waits for completion; false on timeout.

@@ -29,21 +29,21 @@ class ucx_channel final : public channel {
     // also guards the channel's spare send state, which took a mutex of its own before (two locked
     // read-modify-writes a send, ~20 ns each on the GPU host).
     ucx_worker::worker_lock lock(*worker_);
-    auto s = state_for_send();
+    auto& s = state_for_send();
     CONVEYOR_TRY(encode_header_into(header, s->separate_header, sizeof(wire::preamble), header_form::automatic, tail));
-    return send_owned(std::move(s), payload);
+    return send_owned(s, payload);
   }
 
   result<send_handle> send_encoded(std::span<const std::byte> header_bytes, payload_view payload) override {
     CONVEYOR_TRY(check_payload(payload));
     ucx_worker::worker_lock lock(*worker_);
-    auto s = state_for_send();
+    auto& s = state_for_send();
     auto& bytes = s->separate_header;
     bytes.reserve(sizeof(wire::preamble) + header_bytes.size() +
                   (payload.size <= wire::max_inline_payload ? payload.size : 0));
     bytes.resize(sizeof(wire::preamble) + header_bytes.size());
     if (!header_bytes.empty()) std::memcpy(bytes.data() + sizeof(wire::preamble), header_bytes.data(), header_bytes.size());
-    return send_owned(std::move(s), payload);
+    return send_owned(s, payload);
   }
 
   result<frame> receive(deadline until) override { return core_->receive(until); }
@@ -63,8 +63,9 @@ class ucx_channel final : public channel {
   /// then kept. A state is shared only by the handles, UCX's completion slots (while UCX owns a
   /// request) and the channel's in-flight list (never a completed send's, outside the worker lock),
   /// so use_count() == 1 (just spare_) on a completed one means nobody can reach it any more.
-  /// Under the worker lock (channels may be sent on from several threads).
-  std::shared_ptr<send_handle::state> state_for_send() {
+  /// Under the worker lock (channels may be sent on from several threads). Returns spare_ itself:
+  /// a handle copies it only if the send is still running when send() returns.
+  std::shared_ptr<send_handle::state>& state_for_send() {
     if (spare_ && spare_.use_count() == 1 && spare_->done()) {
       spare_->reset_for_reuse();
       return spare_;
@@ -102,7 +103,7 @@ class ucx_channel final : public channel {
 
   /// Under the worker lock, after check_payload: `s->separate_header` holds the encoded header
   /// after sizeof(wire::preamble) bytes of room.
-  result<send_handle> send_owned(std::shared_ptr<send_handle::state> s, payload_view payload) {
+  result<send_handle> send_owned(const std::shared_ptr<send_handle::state>& s, payload_view payload) {
     auto& header_bytes = s->separate_header;
     const std::size_t header_size = header_bytes.size() - sizeof(wire::preamble);
     const auto& opts = core_->options();
@@ -124,7 +125,10 @@ class ucx_channel final : public channel {
     // Sent from this thread (no hand-off to the progress thread): ucp_am_send_nbx does not block,
     // and the worker lock waits at most one progress pass. Sends stay in call order per channel.
     core_->start_send(s);
-    return send_handle(std::move(s));
+    // A send UCX finished in the call (the usual small frame) needs no shared state: its handle
+    // is just "done, OK" (no shared_ptr copy, a locked increment and a decrement, per small frame).
+    if (s->succeeded()) return send_handle::completed();
+    return send_handle(s);
   }
 
   std::shared_ptr<ucx_worker> worker_;

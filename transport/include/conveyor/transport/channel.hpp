@@ -75,6 +75,13 @@ class send_handle {
   class state;
   send_handle() = default;
   explicit send_handle(std::shared_ptr<state> s) : state_(std::move(s)) {}
+  /// A send that completed, successfully, inside send() (UCX took a small frame in the call): done,
+  /// wait() is OK at once, completed_at() nullopt; no state shared with the transport.
+  static send_handle completed() {
+    send_handle h;
+    h.completed_ = true;
+    return h;
+  }
   /// Waits until the send completes or `until` passes. On a timeout the channel is failed (a peer
   /// that takes no data within a deadline is treated as dead), and wait returns only once the
   /// transport no longer touches the payload: after wait returns, the caller may free it.
@@ -89,6 +96,7 @@ class send_handle {
 
  private:
   std::shared_ptr<state> state_;
+  bool completed_ = false;
 };
 
 /// A bidirectional, ordered frame channel to one peer.
