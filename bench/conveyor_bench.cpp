@@ -242,6 +242,10 @@ std::vector<variant> all_variants() {
     r.decode_carveout = 100;  // ... with the most shared memory an SM can have
     v.push_back({"ring" + std::to_string(ring) + "c", r});
   }
+  kernels::cuda_backend_options ring_b1 = o;  // the candidate default: the ring kernel at batch 1 only
+  ring_b1.ring_decode = 1;
+  ring_b1.ring_decode_max_seqs = 1;
+  v.push_back({"ring1-b1", ring_b1});
   kernels::cuda_backend_options skinny_ring = o;  // ring1 after a qkv GEMM that triggers its dependents early
   skinny_ring.skinny_gemm = true;
   skinny_ring.ring_decode = 1;

@@ -282,6 +282,9 @@ class cuda_backend final : public backend {
   void attention(const void* qkv, const attn_shape& shape, const attention_batch& batch, const kv_layout& layout,
                  const void* k_cache, const void* v_cache, void* out) override {
     set_device();
+    // The ring decode kernel only where the step is small enough (ring_decode_max_seqs): there the
+    // qkv GEMV before it releases it early; after cuBLAS's qkv GEMM it measured no faster.
+    const attention_tuning& tune = batch.num_seqs <= ring_decode_max_seqs_ ? tune_ : tune_no_ring_;
     const held_op& h = held_;
     if (h.kind == held_kind::rope_kv && h.a == qkv && h.k_cache == k_cache && h.v_cache == v_cache &&
         h.shape.num_heads == shape.num_heads && h.shape.num_kv_heads == shape.num_kv_heads &&
@@ -289,12 +292,12 @@ class cuda_backend final : public backend {
       const attention_rope_kv rope{h.a, h.n, h.positions, h.inv_freq, h.scaling, h.slots, h.k_cache, h.v_cache};
       held_.kind = held_kind::none;
       launch_attention(t_, qkv, shape, batch, layout, k_cache, v_cache, out, partials_, partial_floats_, num_sms_,
-                       tune_, stream_, &rope);
+                       tune, stream_, &rope);
       return;
     }
     flush();
     launch_attention(t_, qkv, shape, batch, layout, k_cache, v_cache, out, partials_, partial_floats_, num_sms_,
-                     tune_, stream_);
+                     tune, stream_);
   }
   void silu_mul(const void* gate_up, int n, int ffn, void* out) override {
     flush();
@@ -527,6 +530,9 @@ class cuda_backend final : public backend {
       tune_.split_len = batch_invariant_split_len;
       caps_.row_invariant_rows = 16;
     }
+    tune_no_ring_ = tune_;
+    tune_no_ring_.ring_decode = 0;
+    ring_decode_max_seqs_ = o.ring_decode_max_seqs;
     caps_.name = "cuda";
     caps_.host_memory = false;
     caps_.act_dtype = caps_.weight_dtype = caps_.kv_dtype = o.compute_dtype;
@@ -652,6 +658,8 @@ class cuda_backend final : public backend {
   static constexpr int gemm_tune_max_n = 256;
   std::unique_ptr<lt_gemm> lt_;
   attention_tuning tune_;
+  attention_tuning tune_no_ring_;  // tune_ with ring_decode 0 (steps over ring_decode_max_seqs)
+  int ring_decode_max_seqs_ = 0;
   held_op held_;
   bool capturing_ = false;
   unsigned* counter_ = nullptr;
