@@ -31,6 +31,7 @@
 #include <cstdint>
 
 #include "device_types.cuh"
+#include "mbarrier.cuh"
 #include "skinny_gemm.hpp"
 
 namespace conveyor::kernels::cuda {
@@ -60,9 +61,6 @@ struct shape {
   static constexpr int SMEM = STAGE * STAGES > RED_BYTES ? STAGE * STAGES : RED_BYTES;
 };
 
-__device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
-  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
-}
 // 16 bytes global → shared; `bytes` = 0 fills zeros (past the end of K).
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, int bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(bytes)

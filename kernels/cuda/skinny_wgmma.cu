@@ -38,6 +38,7 @@
 #include <cstdlib>
 
 #include "device_types.cuh"
+#include "mbarrier.cuh"
 #include "skinny_wgmma.hpp"
 
 namespace conveyor::kernels::cuda {
@@ -75,29 +76,6 @@ struct params {
   int evict_first;  // weight copies with an L2 evict-first hint (read once; x and the rest stay)
 };
 
-__device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
-  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void mbar_init(std::uint64_t* bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(std::uint64_t* bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(std::uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(std::uint64_t* bar, unsigned parity) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      "@!p bra WAIT_%=;\n"
-      "}\n" ::"r"(smem_addr(bar)),
-      "r"(parity)
-      : "memory");
-}
 // One 2D tensor tile (64 k × box rows) global → shared, counted on `bar`.
 __device__ __forceinline__ void tma_2d(void* dst, const CUtensorMap* map, int k, int row, std::uint64_t* bar) {
   asm volatile(
