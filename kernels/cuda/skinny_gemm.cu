@@ -31,6 +31,7 @@
 #include <cstdint>
 
 #include "device_types.cuh"
+#include "cluster_launch.hpp"
 #include "mbarrier.cuh"
 #include "skinny_gemm.hpp"
 
@@ -259,21 +260,8 @@ void launch_cfg(const skinny_gemm_args& a, bool pdl, int sms, cudaStream_t s) {
   cfg.dynamicSmemBytes = S::SMEM;
   cfg.stream = s;
   cudaLaunchAttribute attr[2];
-  int na = 0;
-  if (pdl) {
-    attr[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[na].val.programmaticStreamSerializationAllowed = 1;
-    ++na;
-  }
-  if (splits > 1) {
-    attr[na].id = cudaLaunchAttributeClusterDimension;
-    attr[na].val.clusterDim.x = static_cast<unsigned>(splits);
-    attr[na].val.clusterDim.y = 1;
-    attr[na].val.clusterDim.z = 1;
-    ++na;
-  }
   cfg.attrs = attr;
-  cfg.numAttrs = na;
+  cfg.numAttrs = pdl_cluster_attrs(attr, pdl, splits);
   CONVEYOR_CUDA_CHECK(cudaLaunchKernelEx(&cfg, skinny_gemm_kernel<WM, MT, NTW>, a));
 }
 

@@ -38,6 +38,7 @@
 #include <cstdlib>
 
 #include "device_types.cuh"
+#include "cluster_launch.hpp"
 #include "mbarrier.cuh"
 #include "skinny_wgmma.hpp"
 
@@ -453,21 +454,8 @@ bool launch_cfg(const skinny_gemm_args& a, bool pdl, int sms, cudaStream_t s) {
   cfg.dynamicSmemBytes = static_cast<std::size_t>(HEAD_BYTES + std::max(stages * S::STAGE, S::RED_BYTES));
   cfg.stream = s;
   cudaLaunchAttribute attr[2];
-  int na = 0;
-  if (pdl && !no_pdl) {
-    attr[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[na].val.programmaticStreamSerializationAllowed = 1;
-    ++na;
-  }
-  if (splits > 1) {
-    attr[na].id = cudaLaunchAttributeClusterDimension;
-    attr[na].val.clusterDim.x = static_cast<unsigned>(splits);
-    attr[na].val.clusterDim.y = 1;
-    attr[na].val.clusterDim.z = 1;
-    ++na;
-  }
   cfg.attrs = attr;
-  cfg.numAttrs = na;
+  cfg.numAttrs = pdl_cluster_attrs(attr, pdl && !no_pdl, splits);
   CONVEYOR_CUDA_CHECK(cudaLaunchKernelEx(&cfg, skinny_wgmma_kernel<N, WGS>, tw, tx, p));
   return true;
 }
