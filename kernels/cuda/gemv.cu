@@ -38,6 +38,7 @@
 #include <cstdint>
 
 #include "device_types.cuh"
+#include "linear_epilogue.cuh"
 #include "mbarrier.cuh"
 #include "launch.hpp"
 
@@ -56,7 +57,6 @@ __device__ __forceinline__ std::uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const std::uint32_t*>(&v);
 }
-__device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 
 // silu(g) * u for two packed pairs, as silu_mul_kernel computes it.
 __device__ __forceinline__ std::uint32_t silu_pair(std::uint32_t g, std::uint32_t u) {
@@ -383,9 +383,7 @@ __global__ void __launch_bounds__(WARPS * 32 + (TMA ? 32 : 0)) gemv_kernel(gemv_
       const int row = row0 + l / 4 + (e >= 2 ? 8 : 0);
       const int tok = nt * 8 + 2 * (l % 4) + (e & 1);
       if (row < a.rows && tok < n) {
-        float y = round_bf16(s);
-        if (a.bias != nullptr) y += a.bias[row];  // the op-by-op path adds the bias to the rounded product
-        a.out[static_cast<std::size_t>(tok) * a.rows + row] = __float2bfloat16_rn(y);
+        store_linear_out(s, a.bias, row, a.out + static_cast<std::size_t>(tok) * a.rows + row);
       }
     }
     sync();  // red is rewritten by the next tile

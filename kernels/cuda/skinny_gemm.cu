@@ -32,6 +32,7 @@
 
 #include "device_types.cuh"
 #include "cluster_launch.hpp"
+#include "linear_epilogue.cuh"
 #include "mbarrier.cuh"
 #include "skinny_gemm.hpp"
 
@@ -73,7 +74,6 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 __device__ __forceinline__ int swz(int row, int chunk) { return chunk ^ ((row & 1) << 2); }
-__device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 
 template <int WM, int MT, int NTW>
 __global__ void __launch_bounds__(THREADS) skinny_gemm_kernel(skinny_gemm_args a) {
@@ -217,9 +217,7 @@ __global__ void __launch_bounds__(THREADS) skinny_gemm_kernel(skinny_gemm_args a
       for (int j = 0; j < 4; ++j) {
         const int row = row0 + r + j;
         if (row >= rows) break;
-        float y = round_bf16(sv[j]);
-        if (a.bias != nullptr) y += a.bias[row];  // the op-by-op path adds the bias to the rounded product
-        a.out[static_cast<std::size_t>(t) * rows + row] = __float2bfloat16_rn(y);
+        store_linear_out(sv[j], a.bias, row, a.out + static_cast<std::size_t>(t) * rows + row);
       }
     }
   };

@@ -39,6 +39,7 @@
 
 #include "device_types.cuh"
 #include "cluster_launch.hpp"
+#include "linear_epilogue.cuh"
 #include "mbarrier.cuh"
 #include "skinny_wgmma.hpp"
 
@@ -160,7 +161,6 @@ struct wgmma_n<128> {
   }
 };
 
-__device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 
 template <int N, int WGS>
 __global__ void __launch_bounds__(shape<N, WGS>::THREADS, 1)
@@ -286,9 +286,7 @@ __global__ void __launch_bounds__(shape<N, WGS>::THREADS, 1)
         for (int e = 0; e < R; ++e) {
           const int row = lrow + r0 + ((e >> 1) & 1) * 8, t = (e >> 2) * 8 + 2 * q + (e & 1);
           if (t < n && row >= slo && row < shi) {
-            float y = round_bf16(acc[e]);
-            if (p.bias != nullptr) y += p.bias[row];  // the op-by-op path adds the bias to the rounded product
-            p.out[static_cast<std::size_t>(t) * rows + row] = __float2bfloat16_rn(y);
+            store_linear_out(acc[e], p.bias, row, p.out + static_cast<std::size_t>(t) * rows + row);
           }
         }
       } else {
@@ -332,9 +330,7 @@ __global__ void __launch_bounds__(shape<N, WGS>::THREADS, 1)
     for (int j = 0; j < 4; ++j) {
       const int row = row_lo + r + j;
       if (row >= row_hi) break;
-      float y = round_bf16(sv[j]);
-      if (p.bias != nullptr) y += p.bias[row];
-      p.out[static_cast<std::size_t>(t) * rows + row] = __float2bfloat16_rn(y);
+      store_linear_out(sv[j], p.bias, row, p.out + static_cast<std::size_t>(t) * rows + row);
     }
   }
   cluster.sync();  // no block leaves while another still reads its shared memory
