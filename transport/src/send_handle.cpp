@@ -52,7 +52,7 @@ void send_handle::state::fail_now(error why) {
 }
 
 std::optional<std::chrono::steady_clock::time_point> send_handle::state::completed_at() const {
-  if (!done() || completed_at_ == std::chrono::steady_clock::time_point{}) return std::nullopt;
+  if (!done()) return std::nullopt;
   return completed_at_;
 }
 

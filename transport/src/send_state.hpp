@@ -81,8 +81,7 @@ class send_handle::state {
   /// so nobody can wait on it yet, and the lock and wake-up complete_one takes for waiters are not
   /// needed. Completions that come later run under the worker lock too, after this one. No time
   /// stamp either (a clock read is 35-40 ns on the GPU host, a twentieth of a small frame's
-  /// one-way): the send is done when send() returns, so the caller's clock is as exact
-  /// (send_handle::completed_at).
+  /// one-way): a send this completes is handed out as send_handle::completed(), which has no state.
   void complete_posted_inline() {
     if (--outstanding_ > 0) return;
     done_.store(true, std::memory_order_release);
@@ -93,7 +92,8 @@ class send_handle::state {
   bool done() const { return done_.load(std::memory_order_acquire); }
   /// Completed without an error (status_ is final once done).
   bool succeeded() const { return done() && status_.ok(); }
-  /// When it completed; nullopt while it runs and for a send completed inside send().
+  /// When it completed; nullopt while it runs. (A send completed inside send() never reaches a
+  /// handle: send_handle::completed() stands for it.)
   std::optional<std::chrono::steady_clock::time_point> completed_at() const;
   /// Waits for completion; false on timeout.
   bool wait_until(deadline until);
@@ -108,7 +108,7 @@ class send_handle::state {
   /// Set (release) once, after status_ and completed_at_, which are not written again: readers
   /// that see it need no lock.
   std::atomic<bool> done_{false};
-  std::chrono::steady_clock::time_point completed_at_;  // epoch: completed inside send()
+  std::chrono::steady_clock::time_point completed_at_;
   status status_;
 };
 

@@ -76,9 +76,11 @@ class ucx_channel final : public channel {
   }
 
   /// The checks of a payload that need no header (before the worker lock: they fail without it).
+  /// The prefix of a send's error messages; built on the error paths only (a string per frame
+  /// shows at small sizes).
+  std::string where() const { return "channel " + std::to_string(core_->id()) + ": "; }
+
   status check_payload(const payload_view& payload) const {
-    // Error messages are built on the error paths only (a string per frame shows at small sizes).
-    auto where = [&] { return "channel " + std::to_string(core_->id()) + ": "; };
     if (core_->failed()) {
       if (auto why = core_->failure()) return *why;
     }
@@ -108,8 +110,8 @@ class ucx_channel final : public channel {
     const std::size_t header_size = header_bytes.size() - sizeof(wire::preamble);
     const auto& opts = core_->options();
     if (header_size > opts.header_limits.max_header_bytes) {
-      return make_error(errc::invalid_argument, "channel " + std::to_string(core_->id()) + ": header of " +
-                                                    std::to_string(header_size) + " bytes is over the limit of " +
+      return make_error(errc::invalid_argument, where() + "header of " + std::to_string(header_size) +
+                                                    " bytes is over the limit of " +
                                                     std::to_string(opts.header_limits.max_header_bytes));
     }
     if (payload.memory != memory_type::cuda && payload.size <= wire::max_inline_payload &&
