@@ -238,17 +238,15 @@ std::vector<variant> all_variants() {
   for (int ring : {0, 1, 2}) {  // decode attention: the tc kernel (0), K/V staged in a ring of 1 or 2 chunks a warp
     kernels::cuda_backend_options r = o;
     r.ring_decode = ring;
+    r.ring_decode_max_seqs = 1 << 30;  // at every batch (the default: batch 1 only)
     v.push_back({"ring" + std::to_string(ring), r});
     r.decode_carveout = 100;  // ... with the most shared memory an SM can have
     v.push_back({"ring" + std::to_string(ring) + "c", r});
   }
-  kernels::cuda_backend_options ring_b1 = o;  // the candidate default: the ring kernel at batch 1 only
-  ring_b1.ring_decode = 1;
-  ring_b1.ring_decode_max_seqs = 1;
-  v.push_back({"ring1-b1", ring_b1});
   kernels::cuda_backend_options skinny_ring = o;  // ring1 after a qkv GEMM that triggers its dependents early
   skinny_ring.skinny_gemm = true;
   skinny_ring.ring_decode = 1;
+  skinny_ring.ring_decode_max_seqs = 1 << 30;
   v.push_back({"skinny-ring1", skinny_ring});
   kernels::cuda_backend_options early = o;  // the tc decode, first chunk requested before the wait
   early.early_decode = true;

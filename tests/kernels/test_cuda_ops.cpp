@@ -871,7 +871,7 @@ TEST_P(cuda_ops, ring_decode_matches_tc_decode_bit_for_bit) {
   for (int i = 0; i < 70; ++i) b64w.ctx.push_back(len(rng_));
   for (int i = 0; i < 20; ++i) split.ctx.push_back(long_len(rng_));
   split.ctx.push_back(3000);
-  // The last case is a batch-1 step (variant ring1-b1 takes the ring kernel only there).
+  // The last case is a batch-1 step (the default takes the ring kernel only there).
   const std::vector<dcase> cases{b64, b64w, split, dcase{16, 2, 0, 16, {1, 129, 256, 97}, true},
                                  dcase{8, 4, 0, 16, {33, 160, 1}, false}, dcase{32, 8, 0, 16, {200}, true}};
   // {ring_decode, early_decode, decode_carveout}: the tc kernel first (the reference), then the others.
@@ -883,6 +883,7 @@ TEST_P(cuda_ops, ring_decode_matches_tc_decode_bit_for_bit) {
     kernels::cuda_backend_options o;
     o.compute_dtype = t();
     o.ring_decode = ring;
+    o.ring_decode_max_seqs = 1 << 30;  // every case on the kernel named, not only batch 1 (the default)
     o.early_decode = early;
     o.decode_carveout = carveout;
     auto made = kernels::make_cuda_backend(o);

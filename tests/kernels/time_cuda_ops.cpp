@@ -220,6 +220,7 @@ void decode_attention_chain_table() {
     kernels::cuda_backend_options o;
     o.compute_dtype = dtype::bf16;
     o.ring_decode = cf.ring;
+    o.ring_decode_max_seqs = 1 << 30;  // the kernel named at every batch
     o.early_decode = cf.early;
     o.decode_carveout = cf.carveout;
     std::string why;

@@ -75,13 +75,13 @@ struct cuda_backend_options {
   /// flight a warp (1 or 2); in the fused decode step the first chunks are requested before
   /// griddepcontrol.wait. The same bits as the tc kernel. 0: decode_gqa_tc_kernel. 16% faster in a
   /// graph of back-to-back attention calls (b=64, 192 keys), but no faster in a b=64 step, where the
-  /// cuBLAS qkv GEMM before it does not release it early; at batch 1 the qkv GEMV before it does, and
-  /// the step measured 0.954 against 0.978 ms (bench/NOTES.md, session 5). Still off: with it on
-  /// for batch 1 only (variant `ring1-b1`, the candidate default) the GPU tests have not run yet.
-  int ring_decode = 0;
+  /// cuBLAS qkv GEMM before it does not release it early; at batch 1 the qkv GEMV before it does:
+  /// 0.941 / 0.951 ms a step against 0.961 / 0.972 with it off (bench/NOTES.md, session 6), hence on
+  /// for batch 1 only (ring_decode_max_seqs).
+  int ring_decode = 1;
   /// ring_decode only for steps of at most this many sequences (1: the steps whose qkv runs on the
-  /// GEMV, small_gemm_max_n, which releases the attention kernel early)
-  int ring_decode_max_seqs = 1 << 30;
+  /// GEMV, small_gemm_max_n, which releases the attention kernel early); 1 << 30: every step
+  int ring_decode_max_seqs = 1;
   /// with tc_decode, ring_decode 0, fuse_attention: the tc decode kernel requests each warp's first
   /// 32 keys before griddepcontrol.wait (K into registers, V into its tile), the new key patched in
   bool early_decode = false;
