@@ -32,6 +32,7 @@
 
 #include "conveyor/engine/local_pipeline.hpp"
 #include "conveyor/kernels/cuda_backend.hpp"
+#include "graph_timer.hpp"
 
 namespace {
 
@@ -365,6 +366,7 @@ class engine_bench {
              .add("device_bytes_used_after_runs", static_cast<double>(free0 - free2))
              .done());
     pipe_.reset();
+    timer_.reset();
     backend_.reset();
   }
 
@@ -376,6 +378,7 @@ class engine_bench {
     auto b = kernels::make_cuda_backend(v_.options);
     if (!b) die("backend: " + b.err().message);
     backend_ = std::move(b).value();
+    timer_ = std::make_unique<bench::graph_timer>(*backend_);
     engine::executor_options o;
     o.kv_block_size = 16;
     int max_batch = 1;
@@ -389,7 +392,7 @@ class engine_bench {
     o.max_step_tokens = std::max(2048, max_prefill);
     o.quant = v_.quant;
     const auto t_load = clock_type::now();
-    auto p = engine::local_pipeline::create(*backend_, c_.model, 1, o);
+    auto p = engine::local_pipeline::create(*timer_, c_.model, 1, o);
     if (!p) die("pipeline: " + p.err().message);
     pipe_ = std::move(p).value();
     load_s_ = seconds_since(t_load);
@@ -482,6 +485,13 @@ class engine_bench {
     const decode_result r = generate_once(batch, 1000 + batch);
     const int steps = c_.new_tokens - 1;
     const double step_s = r.decode_s / steps;
+    // Once more with each step's graph timed on the GPU (two event records a step, so this run's
+    // wall time is reported beside it, not as the step time): wall − graph is the host's turn.
+    timer_->start();
+    const decode_result timed = generate_once(batch, 1000 + batch);
+    timer_->stop();
+    const int timed_steps = timer_->replays();
+    const double graph_s = timed_steps > 0 ? timer_->graph_seconds() / timed_steps : 0.0;
     const double avg_ctx = c_.prompt + c_.new_tokens / 2.0;
     const double kv_bytes = batch * avg_ctx * kv_bytes_per_token_;
     const double ceiling_steps = bw / step_weight_bytes_;
@@ -496,6 +506,9 @@ class engine_bench {
              .add("ttft_batch_ms", r.prefill_s * 1e3)
              .add("weight_roofline_frac", (1.0 / step_s) / ceiling_steps)
              .add("mbu", (step_weight_bytes_ + kv_bytes) / step_s / bw)
+             .add("timed_step_ms", timed.decode_s / steps * 1e3)
+             .add("graph_ms", graph_s * 1e3)
+             .add("graphs_timed", timed_steps)
              .done());
     if (batch == 1) {
       first_tokens[v_.name] = r.seq0_tokens;
@@ -562,6 +575,7 @@ class engine_bench {
   bench_config c_;
   variant v_;
   std::unique_ptr<kernels::backend> backend_;
+  std::unique_ptr<bench::graph_timer> timer_;  // what the pipeline runs on: backend_, its graphs timed
   std::unique_ptr<engine::local_pipeline> pipe_;
   int vocab_ = 0;
   std::size_t weight_bytes_ = 0;

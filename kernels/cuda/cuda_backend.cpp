@@ -318,26 +318,29 @@ class cuda_backend final : public backend {
     if (n <= 0) return;
     set_device();
     ensure_sample_workspace(vocab);
+    ensure_sample_rows(n);
     const std::size_t row_bytes = static_cast<std::size_t>(vocab) * dtype_size(t_);
+    for (int i = 0; i < n; ++i) {
+      const sample_params& p = params[i];
+      const bool greedy = p.temperature <= 0.0f || p.top_k == 1;
+      params_host_[i] = device_sample_params{p.temperature, p.top_k, p.top_p, greedy ? 1 : 0,
+                                             greedy ? 0.0 : sample_uniform(p.seed, p.step)};
+    }
+    // One upload, the passes (the sort workspace holds rows_per_pass_ rows) back to back on the
+    // stream, one download and one wait (a wait per pass made batch 256 pay the round trip 4 times).
+    CONVEYOR_CUDA_CHECK(cudaMemcpyAsync(params_dev_, params_host_, n * sizeof(device_sample_params),
+                                        cudaMemcpyHostToDevice, stream_));
     for (int r0 = 0; r0 < n; r0 += rows_per_pass_) {
       const int rows = std::min(rows_per_pass_, n - r0);
       bool any_random = false;
-      for (int i = 0; i < rows; ++i) {
-        const sample_params& p = params[r0 + i];
-        const bool greedy = p.temperature <= 0.0f || p.top_k == 1;
-        params_host_[i] = device_sample_params{p.temperature, p.top_k, p.top_p, greedy ? 1 : 0,
-                                               greedy ? 0.0 : sample_uniform(p.seed, p.step)};
-        any_random = any_random || !greedy;
-      }
-      CONVEYOR_CUDA_CHECK(cudaMemcpyAsync(params_dev_, params_host_, rows * sizeof(device_sample_params),
-                                          cudaMemcpyHostToDevice, stream_));
-      launch_sample(t_, static_cast<const std::uint8_t*>(logits) + r0 * row_bytes, rows, vocab, params_dev_,
-                    any_random, sample_ws_, tokens_dev_, stream_);
-      CONVEYOR_CUDA_CHECK(cudaMemcpyAsync(tokens_host_, tokens_dev_, rows * sizeof(std::int32_t),
-                                          cudaMemcpyDeviceToHost, stream_));
-      CONVEYOR_CUDA_CHECK(cudaStreamSynchronize(stream_));  // also frees params_host_ for the next pass
-      std::memcpy(tokens + r0, tokens_host_, rows * sizeof(std::int32_t));
+      for (int i = r0; i < r0 + rows; ++i) any_random = any_random || params_host_[i].greedy == 0;
+      launch_sample(t_, static_cast<const std::uint8_t*>(logits) + r0 * row_bytes, rows, vocab, params_dev_ + r0,
+                    any_random, sample_ws_, tokens_dev_ + r0, stream_);
     }
+    CONVEYOR_CUDA_CHECK(cudaMemcpyAsync(tokens_host_, tokens_dev_, n * sizeof(std::int32_t), cudaMemcpyDeviceToHost,
+                                        stream_));
+    CONVEYOR_CUDA_CHECK(cudaStreamSynchronize(stream_));  // also frees params_host_ for the next call
+    std::memcpy(tokens, tokens_host_, n * sizeof(std::int32_t));
   }
 
   // --- capture: CUDA graphs of the stream's work between begin and end ---
@@ -598,6 +601,7 @@ class cuda_backend final : public backend {
       cudaGetLastError();
       return make_error(errc::out_of_memory, "CUDA backend: no pinned host memory for sampling");
     }
+    sample_rows_ = rows_per_pass_;
     return ok_status();
   }
 
@@ -617,18 +621,42 @@ class cuda_backend final : public backend {
     ws.offsets = static_cast<std::int32_t*>(alloc((ws.rows + 1) * 4));
     ws.sort_temp_bytes = sample_sort_temp_bytes(ws.rows, vocab);
     ws.sort_temp = alloc(ws.sort_temp_bytes);
-    if (!ws.keys_in || !ws.keys_out || !ws.idx_in || !ws.idx_out || !ws.offsets || !ws.sort_temp) {
+    ws.argmax_keys = static_cast<unsigned long long*>(alloc(ws.rows * sizeof(unsigned long long)));
+    ws.argmax_done = static_cast<unsigned*>(alloc(ws.rows * sizeof(unsigned)));
+    if (!ws.keys_in || !ws.keys_out || !ws.idx_in || !ws.idx_out || !ws.offsets || !ws.sort_temp ||
+        !ws.argmax_keys || !ws.argmax_done) {
       fail_cuda("sampling workspace", "out of device memory", __FILE__, __LINE__);
     }
+    CONVEYOR_CUDA_CHECK(cudaMemsetAsync(ws.argmax_keys, 0, ws.rows * sizeof(unsigned long long), stream_));
+    CONVEYOR_CUDA_CHECK(cudaMemsetAsync(ws.argmax_done, 0, ws.rows * sizeof(unsigned), stream_));
     launch_sample_init(ws, stream_);
   }
   void free_sample_workspace() {
     sample_workspace& ws = sample_ws_;
     for (void* p : {static_cast<void*>(ws.keys_in), static_cast<void*>(ws.keys_out), static_cast<void*>(ws.idx_in),
-                    static_cast<void*>(ws.idx_out), static_cast<void*>(ws.offsets), ws.sort_temp}) {
+                    static_cast<void*>(ws.idx_out), static_cast<void*>(ws.offsets), ws.sort_temp,
+                    static_cast<void*>(ws.argmax_keys), static_cast<void*>(ws.argmax_done)}) {
       if (p != nullptr) cudaFree(p);
     }
     ws = sample_workspace{};
+  }
+  /// Room for n rows' parameters and tokens (host and device), grown on demand: a sample call
+  /// uploads them all at once.
+  void ensure_sample_rows(int n) {
+    if (n <= sample_rows_) return;
+    const int rows = std::max(n, 2 * sample_rows_);
+    CONVEYOR_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    for (void* p : {static_cast<void*>(params_dev_), static_cast<void*>(tokens_dev_)}) cudaFree(p);
+    cudaFreeHost(params_host_);
+    cudaFreeHost(tokens_host_);
+    params_dev_ = static_cast<device_sample_params*>(alloc(rows * sizeof(device_sample_params)));
+    tokens_dev_ = static_cast<std::int32_t*>(alloc(rows * sizeof(std::int32_t)));
+    if (params_dev_ == nullptr || tokens_dev_ == nullptr ||
+        cudaMallocHost(reinterpret_cast<void**>(&params_host_), rows * sizeof(device_sample_params)) != cudaSuccess ||
+        cudaMallocHost(reinterpret_cast<void**>(&tokens_host_), rows * sizeof(std::int32_t)) != cudaSuccess) {
+      fail_cuda("sampling rows", "out of memory", __FILE__, __LINE__);
+    }
+    sample_rows_ = rows;
   }
   // Weight staging can be gigabytes for an embedding table: give it back after each upload.
   void release_staging() {
@@ -675,6 +703,7 @@ class cuda_backend final : public backend {
   std::size_t quant_scratch_bytes_ = 0;
   float* partials_ = nullptr;
   std::size_t partial_floats_ = 0;
+  int sample_rows_ = 0;  // rows params_dev_/params_host_/tokens_dev_/tokens_host_ hold
   device_sample_params* params_dev_ = nullptr;
   device_sample_params* params_host_ = nullptr;
   std::int32_t* tokens_dev_ = nullptr;

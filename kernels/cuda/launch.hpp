@@ -160,6 +160,10 @@ struct sample_workspace {
   std::int32_t* idx_in = nullptr;
   std::int32_t* idx_out = nullptr;
   std::int32_t* offsets = nullptr;  ///< [rows + 1]
+  /// [rows] each: the split argmax's running best key of a row and its count of finished slices,
+  /// zero between calls (the row's last slice reads and clears them)
+  unsigned long long* argmax_keys = nullptr;
+  unsigned* argmax_done = nullptr;
   void* sort_temp = nullptr;
   std::size_t sort_temp_bytes = 0;
   int rows = 0;

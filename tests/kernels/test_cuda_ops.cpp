@@ -446,6 +446,45 @@ TEST_P(cuda_ops, sample_matches_cpu_draws) {
   }
 }
 
+// Greedy rows only, more than one pass of 64: the argmax (split over many blocks a row for bf16)
+// picks the CPU's token where the rule is subtle: a maximum repeated (the first wins), -0 before +0
+// as the maximum (equal: the first wins), NaN beside finite values (never picked), a row of -inf.
+TEST_P(cuda_ops, argmax_takes_the_first_maximum) {
+  for (int vocab : {1000, 128256}) {
+    const int n = 150;
+    std::vector<float> logits(static_cast<std::size_t>(n) * vocab);
+    std::normal_distribution<float> d(0.0f, 3.0f);
+    std::uniform_int_distribution<int> at(1, vocab - 1);
+    for (int r = 0; r < n; ++r) {
+      float* row = logits.data() + static_cast<std::size_t>(r) * vocab;
+      for (int i = 0; i < vocab; ++i) row[i] = testing::representable(t(), d(rng_));
+      const int i = at(rng_), j = at(rng_), lo = std::min(i, j), hi = std::max(i, j);
+      switch (r % 5) {
+        case 0: break;
+        case 1: row[lo] = row[hi] = 40.0f; break;  // the maximum twice
+        case 2:                                     // ≤ 0 everywhere, -0 first, +0 later
+          for (int k = 0; k < vocab; ++k) row[k] = -std::fabs(row[k]) - 1.0f;
+          for (int k = 0; k < vocab; ++k) row[k] = testing::representable(t(), row[k]);
+          row[lo] = -0.0f;
+          row[hi] = 0.0f;
+          break;
+        case 3: row[lo] = std::nanf(""); row[hi] = 50.0f; break;
+        default: std::fill(row, row + vocab, -INFINITY); break;
+      }
+    }
+    std::vector<kernels::sample_params> params(n);  // greedy
+    dev_acts ld(*b_, logits);
+    std::vector<std::int32_t> got(n, -1);
+    b_->sample(ld.get_ptr(), n, vocab, params.data(), got.data());
+    std::vector<std::pair<float, std::int32_t>> scratch;
+    for (int r = 0; r < n; ++r) {
+      const std::int32_t want = kernels::sample_row(logits.data() + static_cast<std::size_t>(r) * vocab, vocab,
+                                                    params[r], scratch);
+      EXPECT_EQ(got[r], want) << "vocab " << vocab << " row " << r << " kind " << r % 5;
+    }
+  }
+}
+
 // The small-batch GEMV (bf16, n ≤ 16) across token counts, row tails, K tails and bias; f32 runs
 // the same shapes through cuBLAS. The other GEMV configurations on the shapes that take their paths.
 TEST_P(cuda_ops, small_batch_linear) {
