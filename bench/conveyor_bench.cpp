@@ -180,6 +180,9 @@ struct variant {
   kernels::cuda_backend_options options;
   engine::weight_quant_options quant;  ///< int8 / fp8 weights (issue 12); default bf16
   bool prefill = false;                 ///< an ablation that also runs the prefill sizes
+  /// decode steps queued one ahead (step n+1 chained on the device to step n's draw, queued before
+  /// the host waits for step n); false: each step waits for its tokens before the next is planned
+  bool queue_steps = true;
 };
 
 std::vector<variant> all_variants() {
@@ -273,6 +276,7 @@ std::vector<variant> all_variants() {
   kernels::cuda_backend_options novec = o;
   novec.vec_decode = false;
   v.push_back({"novec", novec});
+  v.push_back({"sync", o, {}, false, false});  // the host waits for each step before the next (session 5's loop)
   v.push_back({"gqapf", o, {}, true});  // the defaults, for a prefill-only ablation (--ablate 0)
   kernels::cuda_backend_options nogqapf = o;  // prefill attention: one block per query head (session 3)
   nogqapf.gqa_prefill = false;
@@ -462,18 +466,38 @@ class engine_bench {
     r.prefill_s = seconds_since(t0);
     r.seq0_tokens.push_back(last[0]);
     const auto t1 = clock_type::now();
+    // Queued: step k is queued chained to step k-1's draw (its ids in `last` are stale placeholders),
+    // then step k-1 is waited for; the host plans a step while the one before runs.
+    const bool queue = v_.queue_steps && pipe_->can_queue_steps();
+    auto record = [&](const engine::step_output& out) {
+      for (int i = 0; i < batch; ++i) {
+        last[i] = out.tokens[i];
+        if (last[i] < 0 || last[i] >= vocab_) die("decode step drew token " + std::to_string(last[i]));
+      }
+      r.seq0_tokens.push_back(last[0]);
+    };
     for (int step = 1; step < c_.new_tokens; ++step) {
       if (step == profile_step_) cudaProfilerStart();
       engine::step_plan plan;
       for (int i = 0; i < batch; ++i) plan.seqs.push_back(seq_step(ids[i], {last[i]}, c_.prompt + step - 1, true));
-      auto out = pipe_->step(plan);
-      if (!out) die("decode step: " + out.err().message);
-      for (int i = 0; i < batch; ++i) {
-        last[i] = out->tokens[i];
-        if (last[i] < 0 || last[i] >= vocab_) die("decode step drew token " + std::to_string(last[i]));
+      if (queue) {
+        if (auto st = pipe_->begin_step(plan, step > 1); !st) die("decode step: " + st.err().message);
+        if (step > 1) {
+          auto out = pipe_->end_step();
+          if (!out) die("decode step: " + out.err().message);
+          record(*out);
+        }
+      } else {
+        auto out = pipe_->step(plan);
+        if (!out) die("decode step: " + out.err().message);
+        record(*out);
       }
-      r.seq0_tokens.push_back(last[0]);
       if (step == profile_step_) cudaProfilerStop();
+    }
+    if (queue && c_.new_tokens > 1) {
+      auto out = pipe_->end_step();
+      if (!out) die("decode step: " + out.err().message);
+      record(*out);
     }
     r.decode_s = seconds_since(t1);
     for (auto id : ids) pipe_->blocks().release(id);

@@ -85,6 +85,11 @@ class graph_timer final : public kernels::backend {
   void sample(const void* logits, int n, int vocab, const kernels::sample_params* p, std::int32_t* t) override {
     inner_.sample(logits, n, vocab, p, t);
   }
+  void draw(const void* logits, int n, int vocab, const kernels::sample_params* p, int slot) override {
+    inner_.draw(logits, n, vocab, p, slot);
+  }
+  void copy_draw(int slot, int n, std::int32_t* dst) override { inner_.copy_draw(slot, n, dst); }
+  void take_draw(int slot, std::int32_t* t) override { inner_.take_draw(slot, t); }
   bool can_capture() const override { return inner_.can_capture(); }
   void begin_capture() override { inner_.begin_capture(); }
   kernels::capture_id end_capture() override { return inner_.end_capture(); }

@@ -3,6 +3,8 @@
 #include <cblas.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -124,6 +126,19 @@ class cpu_backend final : public backend {
       tokens[i] = sample_row(f(logits) + static_cast<std::size_t>(i) * vocab, vocab, params[i], scratch_);
     }
   }
+  // The host has no queue to overlap: a draw happens at once and waits in its slot.
+  void draw(const void* logits, int n, int vocab, const sample_params* params, int slot) override {
+    std::vector<std::int32_t>& d = drawn_.at(static_cast<std::size_t>(slot));
+    d.resize(static_cast<std::size_t>(n));
+    sample(logits, n, vocab, params, d.data());
+  }
+  void copy_draw(int slot, int n, std::int32_t* dst) override {
+    std::memcpy(dst, drawn_.at(static_cast<std::size_t>(slot)).data(), static_cast<std::size_t>(n) * sizeof(std::int32_t));
+  }
+  void take_draw(int slot, std::int32_t* tokens) override {
+    const std::vector<std::int32_t>& d = drawn_.at(static_cast<std::size_t>(slot));
+    std::copy(d.begin(), d.end(), tokens);
+  }
 
   // Ops run at once on the host: there is nothing to record or replay.
   bool can_capture() const override { return false; }
@@ -141,6 +156,7 @@ class cpu_backend final : public backend {
   backend_caps caps_;
   std::vector<float> quant_tile_;
   std::vector<std::pair<float, std::int32_t>> scratch_;
+  std::array<std::vector<std::int32_t>, 2> drawn_;  // draw slots
 };
 
 }  // namespace

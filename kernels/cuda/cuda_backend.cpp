@@ -72,13 +72,11 @@ class cuda_backend final : public backend {
     if (counter_ != nullptr) cudaFree(counter_);
     lt_.reset();
     if (cublas_ != nullptr) cublasDestroy(cublas_);
-    for (void* p : {cublas_ws_, quant_scratch_, static_cast<void*>(partials_), static_cast<void*>(params_dev_),
-                    static_cast<void*>(tokens_dev_)}) {
+    for (draw_slot& d : draw_slots_) free_draw_slot(d);
+    for (void* p : {cublas_ws_, quant_scratch_, static_cast<void*>(partials_)}) {
       if (p != nullptr) cudaFree(p);
     }
     free_sample_workspace();
-    if (params_host_ != nullptr) cudaFreeHost(params_host_);
-    if (tokens_host_ != nullptr) cudaFreeHost(tokens_host_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
@@ -314,34 +312,23 @@ class cuda_backend final : public backend {
     launch_gather_rows(t_, x, rows, n, width, out, stream_);
   }
   void sample(const void* logits, int n, int vocab, const sample_params* params, std::int32_t* tokens) override {
-    flush();
     if (n <= 0) return;
-    set_device();
-    ensure_sample_workspace(vocab);
-    ensure_sample_rows(n);
-    const std::size_t row_bytes = static_cast<std::size_t>(vocab) * dtype_size(t_);
-    for (int i = 0; i < n; ++i) {
-      const sample_params& p = params[i];
-      const bool greedy = p.temperature <= 0.0f || p.top_k == 1;
-      params_host_[i] = device_sample_params{p.temperature, p.top_k, p.top_p, greedy ? 1 : 0,
-                                             greedy ? 0.0 : sample_uniform(p.seed, p.step)};
-    }
-    // One upload, the passes (the sort workspace holds rows_per_pass_ rows) back to back on the
-    // stream, one download and one wait (a wait per pass made batch 256 pay the round trip 4 times).
-    CONVEYOR_CUDA_CHECK(cudaMemcpyAsync(params_dev_, params_host_, n * sizeof(device_sample_params),
-                                        cudaMemcpyHostToDevice, stream_));
-    for (int r0 = 0; r0 < n; r0 += rows_per_pass_) {
-      const int rows = std::min(rows_per_pass_, n - r0);
-      bool any_random = false;
-      for (int i = r0; i < r0 + rows; ++i) any_random = any_random || params_host_[i].greedy == 0;
-      launch_sample(t_, static_cast<const std::uint8_t*>(logits) + r0 * row_bytes, rows, vocab, params_dev_ + r0,
-                    any_random, sample_ws_, tokens_dev_ + r0, stream_);
-    }
-    CONVEYOR_CUDA_CHECK(cudaMemcpyAsync(tokens_host_, tokens_dev_, n * sizeof(std::int32_t), cudaMemcpyDeviceToHost,
-                                        stream_));
-    CONVEYOR_CUDA_CHECK(cudaStreamSynchronize(stream_));  // also frees params_host_ for the next call
-    std::memcpy(tokens, tokens_host_, n * sizeof(std::int32_t));
+    draw_into(draw_slots_[2], logits, n, vocab, params);
+    take(draw_slots_[2], tokens);
   }
+  void draw(const void* logits, int n, int vocab, const sample_params* params, int slot) override {
+    draw_into(user_slot(slot), logits, n, vocab, params);
+  }
+  void copy_draw(int slot, int n, std::int32_t* dst) override {
+    flush();
+    set_device();
+    draw_slot& d = user_slot(slot);
+    if (n > d.n) fail_cuda("copy_draw", "more tokens than the slot drew", __FILE__, __LINE__);
+    if (n > 0) {
+      CONVEYOR_CUDA_CHECK(cudaMemcpyAsync(dst, d.tokens_dev, n * sizeof(std::int32_t), cudaMemcpyDeviceToDevice, stream_));
+    }
+  }
+  void take_draw(int slot, std::int32_t* tokens) override { take(user_slot(slot), tokens); }
 
   // --- capture: CUDA graphs of the stream's work between begin and end ---
   bool can_capture() const override { return graphs_; }
@@ -565,9 +552,7 @@ class cuda_backend final : public backend {
     constexpr std::size_t cublas_ws_bytes = 32ull << 20;
     cublas_ws_ = alloc(cublas_ws_bytes);
     partials_ = static_cast<float*>(alloc(partial_floats_ * sizeof(float)));
-    params_dev_ = static_cast<device_sample_params*>(alloc(rows_per_pass_ * sizeof(device_sample_params)));
-    tokens_dev_ = static_cast<std::int32_t*>(alloc(rows_per_pass_ * sizeof(std::int32_t)));
-    if (cublas_ws_ == nullptr || partials_ == nullptr || params_dev_ == nullptr || tokens_dev_ == nullptr) {
+    if (cublas_ws_ == nullptr || partials_ == nullptr) {
       return make_error(errc::out_of_memory, "CUDA backend: no device memory for its workspace");
     }
     CONVEYOR_CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_ws_, cublas_ws_bytes));
@@ -594,14 +579,6 @@ class cuda_backend final : public backend {
         return make_error(errc::out_of_memory, "CUDA backend: no pinned host memory for upload staging");
       }
     }
-    if (cudaMallocHost(reinterpret_cast<void**>(&params_host_), rows_per_pass_ * sizeof(device_sample_params)) !=
-            cudaSuccess ||
-        cudaMallocHost(reinterpret_cast<void**>(&tokens_host_), rows_per_pass_ * sizeof(std::int32_t)) !=
-            cudaSuccess) {
-      cudaGetLastError();
-      return make_error(errc::out_of_memory, "CUDA backend: no pinned host memory for sampling");
-    }
-    sample_rows_ = rows_per_pass_;
     return ok_status();
   }
 
@@ -640,23 +617,87 @@ class cuda_backend final : public backend {
     }
     ws = sample_workspace{};
   }
-  /// Room for n rows' parameters and tokens (host and device), grown on demand: a sample call
-  /// uploads them all at once.
-  void ensure_sample_rows(int n) {
-    if (n <= sample_rows_) return;
-    const int rows = std::max(n, 2 * sample_rows_);
-    CONVEYOR_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    for (void* p : {static_cast<void*>(params_dev_), static_cast<void*>(tokens_dev_)}) cudaFree(p);
-    cudaFreeHost(params_host_);
-    cudaFreeHost(tokens_host_);
-    params_dev_ = static_cast<device_sample_params*>(alloc(rows * sizeof(device_sample_params)));
-    tokens_dev_ = static_cast<std::int32_t*>(alloc(rows * sizeof(std::int32_t)));
-    if (params_dev_ == nullptr || tokens_dev_ == nullptr ||
-        cudaMallocHost(reinterpret_cast<void**>(&params_host_), rows * sizeof(device_sample_params)) != cudaSuccess ||
-        cudaMallocHost(reinterpret_cast<void**>(&tokens_host_), rows * sizeof(std::int32_t)) != cudaSuccess) {
-      fail_cuda("sampling rows", "out of memory", __FILE__, __LINE__);
+  /// A draw's parameters and tokens on both sides, and the event of its last copy back. Slots 0
+  /// and 1 are draw()'s, slot 2 is sample()'s; each grows to the rows it is asked for.
+  struct draw_slot {
+    device_sample_params* params_host = nullptr;
+    device_sample_params* params_dev = nullptr;
+    std::int32_t* tokens_host = nullptr;
+    std::int32_t* tokens_dev = nullptr;
+    int rows = 0;  // capacity
+    int n = 0;     // rows of the last draw
+    cudaEvent_t done = nullptr;
+  };
+  draw_slot& user_slot(int slot) {
+    if (slot != 0 && slot != 1) fail_cuda("draw", "draw slot must be 0 or 1", __FILE__, __LINE__);
+    return draw_slots_[static_cast<std::size_t>(slot)];
+  }
+  static void free_draw_buffers(draw_slot& d) {
+    for (void* p : {static_cast<void*>(d.params_dev), static_cast<void*>(d.tokens_dev)}) {
+      if (p != nullptr) cudaFree(p);
     }
-    sample_rows_ = rows;
+    for (void* p : {static_cast<void*>(d.params_host), static_cast<void*>(d.tokens_host)}) {
+      if (p != nullptr) cudaFreeHost(p);
+    }
+    d.params_dev = d.params_host = nullptr;
+    d.tokens_dev = d.tokens_host = nullptr;
+    d.rows = 0;
+  }
+  static void free_draw_slot(draw_slot& d) {
+    free_draw_buffers(d);
+    if (d.done != nullptr) cudaEventDestroy(d.done);
+    d = draw_slot{};
+  }
+  /// Queues the draw of n rows into d: one upload of the parameters, the passes (the sort workspace
+  /// holds rows_per_pass_ rows) back to back, one download (a wait per pass made batch 256 pay the
+  /// round trip four times). Waits only for d's previous draw (its host parameters are reused).
+  void draw_into(draw_slot& d, const void* logits, int n, int vocab, const sample_params* params) {
+    flush();
+    set_device();
+    if (capturing_) fail_cuda("draw", "called while capturing", __FILE__, __LINE__);
+    d.n = 0;
+    if (n <= 0) return;
+    ensure_sample_workspace(vocab);
+    if (d.done != nullptr) CONVEYOR_CUDA_CHECK(cudaEventSynchronize(d.done));
+    if (n > d.rows) {
+      const int rows = std::max(n, std::max(rows_per_pass_, 2 * d.rows));
+      free_draw_buffers(d);
+      d.params_dev = static_cast<device_sample_params*>(alloc(rows * sizeof(device_sample_params)));
+      d.tokens_dev = static_cast<std::int32_t*>(alloc(rows * sizeof(std::int32_t)));
+      if (d.params_dev == nullptr || d.tokens_dev == nullptr ||
+          cudaMallocHost(reinterpret_cast<void**>(&d.params_host), rows * sizeof(device_sample_params)) != cudaSuccess ||
+          cudaMallocHost(reinterpret_cast<void**>(&d.tokens_host), rows * sizeof(std::int32_t)) != cudaSuccess) {
+        fail_cuda("draw", "out of memory for the sampling parameters", __FILE__, __LINE__);
+      }
+      d.rows = rows;
+    }
+    if (d.done == nullptr) CONVEYOR_CUDA_CHECK(cudaEventCreateWithFlags(&d.done, cudaEventDisableTiming));
+    for (int i = 0; i < n; ++i) {
+      const sample_params& p = params[i];
+      const bool greedy = p.temperature <= 0.0f || p.top_k == 1;
+      d.params_host[i] = device_sample_params{p.temperature, p.top_k, p.top_p, greedy ? 1 : 0,
+                                              greedy ? 0.0 : sample_uniform(p.seed, p.step)};
+    }
+    CONVEYOR_CUDA_CHECK(cudaMemcpyAsync(d.params_dev, d.params_host, n * sizeof(device_sample_params),
+                                        cudaMemcpyHostToDevice, stream_));
+    const std::size_t row_bytes = static_cast<std::size_t>(vocab) * dtype_size(t_);
+    for (int r0 = 0; r0 < n; r0 += rows_per_pass_) {
+      const int rows = std::min(rows_per_pass_, n - r0);
+      bool any_random = false;
+      for (int i = r0; i < r0 + rows; ++i) any_random = any_random || d.params_host[i].greedy == 0;
+      launch_sample(t_, static_cast<const std::uint8_t*>(logits) + r0 * row_bytes, rows, vocab, d.params_dev + r0,
+                    any_random, sample_ws_, d.tokens_dev + r0, stream_);
+    }
+    CONVEYOR_CUDA_CHECK(cudaMemcpyAsync(d.tokens_host, d.tokens_dev, n * sizeof(std::int32_t), cudaMemcpyDeviceToHost,
+                                        stream_));
+    CONVEYOR_CUDA_CHECK(cudaEventRecord(d.done, stream_));
+    d.n = n;
+  }
+  void take(draw_slot& d, std::int32_t* tokens) {
+    set_device();
+    if (d.n == 0) return;
+    CONVEYOR_CUDA_CHECK(cudaEventSynchronize(d.done));
+    std::memcpy(tokens, d.tokens_host, d.n * sizeof(std::int32_t));
   }
   // Weight staging can be gigabytes for an embedding table: give it back after each upload.
   void release_staging() {
@@ -703,11 +744,7 @@ class cuda_backend final : public backend {
   std::size_t quant_scratch_bytes_ = 0;
   float* partials_ = nullptr;
   std::size_t partial_floats_ = 0;
-  int sample_rows_ = 0;  // rows params_dev_/params_host_/tokens_dev_/tokens_host_ hold
-  device_sample_params* params_dev_ = nullptr;
-  device_sample_params* params_host_ = nullptr;
-  std::int32_t* tokens_dev_ = nullptr;
-  std::int32_t* tokens_host_ = nullptr;
+  std::array<draw_slot, 3> draw_slots_{};  // draw()'s 0 and 1, sample()'s 2
   sample_workspace sample_ws_;
   std::vector<float> convert_buf_;
   std::vector<std::uint16_t> u16_buf_;

@@ -335,6 +335,113 @@ status stage_executor::run_captured(int n) {
   return ok_status();
 }
 
+// Rows [0, last rows) are each sampled (or logits-wanting) sequence's last position, in plan order;
+// then the earlier rows of verification steps, in upload_plan's order, each drawn with its own step.
+stage_executor::draw_rows stage_executor::plan_draws(const step_plan& plan) {
+  draw_rows d;
+  for (const auto& s : plan.seqs) {
+    const bool has_row = s.sample || s.logits != logits_mode::none;
+    d.last_row_of.push_back(has_row ? static_cast<int>(d.params.size()) : -1);
+    if (has_row) {
+      kernels::sample_params p = s.sampling;
+      if (!s.sample) p.temperature = 0.0f;
+      d.params.push_back(p);
+    }
+    d.any_logits = d.any_logits || s.logits != logits_mode::none;
+  }
+  d.early_row_of.assign(plan.seqs.size(), -1);
+  for (std::size_t i = 0; i < plan.seqs.size(); ++i) {
+    const auto& s = plan.seqs[i];
+    if (!s.sample || s.sample_rows == 1) continue;
+    d.early_row_of[i] = static_cast<int>(d.params.size());
+    for (int back = s.sample_rows - 1; back >= 1; --back) {
+      kernels::sample_params p = s.sampling;
+      p.step -= static_cast<std::uint64_t>(back);
+      d.params.push_back(p);
+    }
+  }
+  return d;
+}
+
+/// The sampled sequences' tokens from the drawn rows, as step_output promises them (`seqs`: the
+/// plan's sequence_steps or a queued step's summary, anything with `sample` and `sample_rows`).
+template <class Seqs>
+void stage_executor::fill_tokens(const Seqs& seqs, const draw_rows& d, const std::vector<std::int32_t>& drawn,
+                                 step_output& out) {
+  for (std::size_t i = 0; i < seqs.size(); ++i) {
+    const auto& s = seqs[i];
+    if (!s.sample) continue;
+    out.tokens[i] = drawn[d.last_row_of[i]];
+    out.row_tokens_offset[i] = static_cast<int>(out.row_tokens.size());
+    if (d.early_row_of[i] >= 0) {
+      out.row_tokens.insert(out.row_tokens.end(), drawn.begin() + d.early_row_of[i],
+                            drawn.begin() + d.early_row_of[i] + s.sample_rows - 1);
+    }
+    out.row_tokens.push_back(out.tokens[i]);
+  }
+}
+
+status stage_executor::begin(const step_plan& plan, bool chain) {
+  auto bad = [](std::string what) { return make_error(errc::invalid_argument, "queued step: " + std::move(what)); };
+  if (!range_.has_embedding || !range_.has_head || collective_ != nullptr || observer_) {
+    return bad("only a stage with the embedding and the head, one rank and no observer queues steps");
+  }
+  if (queued_.size() >= 2) return bad("two steps are queued already; end() one first");
+  for (const auto& s : plan.seqs) {
+    if (s.logits != logits_mode::none) return bad(seq_name(s) + " wants logits, which only run() reads back");
+  }
+  CONVEYOR_TRY(validate(plan, 0));
+  if (chain) {
+    if (queued_.empty()) return bad("chain: no queued step before this one to take the tokens from");
+    const queued_step& prev = queued_.back();
+    if (prev.seqs.size() != plan.seqs.size()) {
+      return bad("chain: " + std::to_string(plan.seqs.size()) + " sequences after a step of " +
+                 std::to_string(prev.seqs.size()));
+    }
+    for (std::size_t i = 0; i < plan.seqs.size(); ++i) {
+      const auto& s = plan.seqs[i];
+      const auto& p = prev.seqs[i];
+      if (s.seq_id != p.id || s.tokens.size() != 1 || !p.sample || p.sample_rows != 1 || prev.draws.last_row_of[i] != static_cast<int>(i)) {
+        return bad("chain: " + seq_name(s) + " (index " + std::to_string(i) +
+                   ") is not the previous step's sequence there with one token, sampled once");
+      }
+    }
+  }
+  const bool record = capturable(plan);
+  upload_plan(plan, record);
+  kernels::backend& b = backend_;
+  // The ids are the upload's first values (upload_plan): overwrite them with the previous draw,
+  // queued after the upload and before the step's ops.
+  if (chain) b.copy_draw(queued_.back().slot, pv_.num_tokens, plan_ints_.as<std::int32_t>());
+  CONVEYOR_TRY(record ? run_captured(pv_.num_tokens) : run_ops(pv_.num_tokens));
+  queued_step q;
+  q.seqs.reserve(plan.seqs.size());
+  for (const auto& s : plan.seqs) q.seqs.push_back({s.seq_id, static_cast<int>(s.tokens.size()), s.sample, s.sample_rows});
+  if (pv_.num_logit_rows > 0) q.draws = plan_draws(plan);
+  q.slot = next_slot_;
+  next_slot_ ^= 1;
+  if (!q.draws.params.empty()) {
+    b.draw(logits_.get(), static_cast<int>(q.draws.params.size()), config_.vocab_size, q.draws.params.data(), q.slot);
+  }
+  queued_.push_back(std::move(q));
+  return ok_status();
+}
+
+result<step_output> stage_executor::end() {
+  if (queued_.empty()) return make_error(errc::invalid_argument, "end(): no queued step");
+  queued_step q = std::move(queued_.front());
+  queued_.pop_front();
+  step_output out;
+  out.tokens.assign(q.seqs.size(), -1);
+  out.logits_offset.assign(q.seqs.size(), -1);
+  out.row_tokens_offset.assign(q.seqs.size(), -1);
+  if (q.draws.params.empty()) return out;
+  std::vector<std::int32_t> drawn(q.draws.params.size());
+  backend_.take_draw(q.slot, drawn.data());
+  fill_tokens(q.seqs, q.draws, drawn, out);
+  return out;
+}
+
 result<step_output> stage_executor::run(const step_plan& plan, std::span<const float> hidden_in) {
   return run_impl(plan, hidden_in.size(), hidden_in.data(), nullptr, false, nullptr);
 }
@@ -346,6 +453,9 @@ result<step_output> stage_executor::run_raw(const step_plan& plan, const void* h
 
 result<step_output> stage_executor::run_impl(const step_plan& plan, std::size_t hidden_values, const float* in_f32,
                                              const void* in_raw, bool raw_out, void* out_raw) {
+  if (!queued_.empty()) {
+    return make_error(errc::invalid_argument, "run(): " + std::to_string(queued_.size()) + " queued steps; end() them first");
+  }
   CONVEYOR_TRY(validate(plan, hidden_values));
   const bool record = capturable(plan);
   upload_plan(plan, record);
@@ -380,51 +490,16 @@ result<step_output> stage_executor::run_impl(const step_plan& plan, std::size_t 
   out.row_tokens_offset.assign(plan.seqs.size(), -1);
   if (rows == 0) return out;
 
-  // Rows [0, last_rows) are each sampled sequence's last position, in plan order.
-  std::vector<kernels::sample_params> params;
-  std::vector<int> last_row_of;  // plan index -> row among the first block, or -1
-  bool any_logits = false;
-  for (const auto& s : plan.seqs) {
-    const bool has_row = s.sample || s.logits != logits_mode::none;
-    last_row_of.push_back(has_row ? static_cast<int>(params.size()) : -1);
-    if (has_row) {
-      kernels::sample_params p = s.sampling;
-      if (!s.sample) p.temperature = 0.0f;
-      params.push_back(p);
-    }
-    any_logits = any_logits || s.logits != logits_mode::none;
-  }
-  // Earlier rows of verification steps, in upload_plan's order; each draws with its own step.
-  std::vector<int> early_row_of(plan.seqs.size(), -1);
-  for (std::size_t i = 0; i < plan.seqs.size(); ++i) {
-    const auto& s = plan.seqs[i];
-    if (!s.sample || s.sample_rows == 1) continue;
-    early_row_of[i] = static_cast<int>(params.size());
-    for (int back = s.sample_rows - 1; back >= 1; --back) {
-      kernels::sample_params p = s.sampling;
-      p.step -= static_cast<std::uint64_t>(back);
-      params.push_back(p);
-    }
-  }
-  std::vector<std::int32_t> drawn(params.size());
-  b.sample(logits_.get(), static_cast<int>(params.size()), vocab, params.data(), drawn.data());
-  for (std::size_t i = 0; i < plan.seqs.size(); ++i) {
-    const auto& s = plan.seqs[i];
-    if (!s.sample) continue;
-    out.tokens[i] = drawn[last_row_of[i]];
-    out.row_tokens_offset[i] = static_cast<int>(out.row_tokens.size());
-    if (early_row_of[i] >= 0) {
-      out.row_tokens.insert(out.row_tokens.end(), drawn.begin() + early_row_of[i],
-                            drawn.begin() + early_row_of[i] + s.sample_rows - 1);
-    }
-    out.row_tokens.push_back(out.tokens[i]);
-  }
-  if (!any_logits) return out;
+  const draw_rows d = plan_draws(plan);
+  std::vector<std::int32_t> drawn(d.params.size());
+  b.sample(logits_.get(), static_cast<int>(d.params.size()), vocab, d.params.data(), drawn.data());
+  fill_tokens(plan.seqs, d, drawn, out);
+  if (!d.any_logits) return out;
 
   std::vector<float> all(static_cast<std::size_t>(rows) * vocab);
   b.read_f32(logits_.get(), all.size(), all.data());
   // Reorder to plan order with each sequence's rows by position.
-  int extra = static_cast<int>(params.size());  // the logits_mode::all rows follow the sampled ones
+  int extra = static_cast<int>(d.params.size());  // the logits_mode::all rows follow the sampled ones
   auto copy_row = [&](int row) {
     const std::size_t at = static_cast<std::size_t>(row) * vocab;
     out.logits.insert(out.logits.end(), all.begin() + at, all.begin() + at + vocab);
@@ -439,10 +514,10 @@ result<step_output> stage_executor::run_impl(const step_plan& plan, std::size_t 
     if (s.logits == logits_mode::all) {
       for (int r = 0; r + 1 < n_seq; ++r) copy_row(extra++);
     }
-    if (s.logits == logits_mode::sampled && early_row_of[i] >= 0) {
-      for (int r = 0; r + 1 < s.sample_rows; ++r) copy_row(early_row_of[i] + r);
+    if (s.logits == logits_mode::sampled && d.early_row_of[i] >= 0) {
+      for (int r = 0; r + 1 < s.sample_rows; ++r) copy_row(d.early_row_of[i] + r);
     }
-    copy_row(last_row_of[i]);
+    copy_row(d.last_row_of[i]);
   }
   return out;
 }

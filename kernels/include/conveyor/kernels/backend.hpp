@@ -144,6 +144,14 @@ class backend {
   /// Draws one token per row of logits[n, vocab]. params and tokens are host arrays.
   virtual void sample(const void* logits, int n, int vocab, const sample_params* params,
                       std::int32_t* tokens) = 0;
+  /// sample() in three parts, for a host loop that queues step n+1 before it waits for step n:
+  /// draw() queues the draw of n rows into draw slot `slot` (0 or 1) and returns; copy_draw() queues
+  /// a copy of the slot's first n tokens to dst (backend memory, int32), ordered after the draw (the
+  /// next step's token ids); take_draw() waits for the slot's draw and copies its tokens to the host.
+  /// A slot holds one draw: the next draw() into it must come after its take_draw().
+  virtual void draw(const void* logits, int n, int vocab, const sample_params* params, int slot) = 0;
+  virtual void copy_draw(int slot, int n, std::int32_t* dst) = 0;
+  virtual void take_draw(int slot, std::int32_t* tokens) = 0;
 
   // --- capture: record a fixed op sequence once, replay it per step (decode steps) ---
   /// True when begin_capture/end_capture/replay work; otherwise the caller runs its ops eagerly and

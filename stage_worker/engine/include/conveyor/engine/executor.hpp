@@ -2,6 +2,7 @@
 // Runs a stage's layer range on a batch of sequences: plan on the host (validate, build index
 // arrays), then run the backend's ops over preallocated workspace, never allocating per step.
 #include <array>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -58,6 +59,17 @@ class stage_executor {
   /// returned step_output has no `hidden` then.
   result<step_output> run_raw(const step_plan& plan, const void* hidden_in, void* hidden_out);
 
+  /// The two halves of a step, for a host loop that queues step n+1 before it waits for step n (a
+  /// stage with the embedding and the head, one rank, no observer). begin() validates the step,
+  /// queues it and returns without waiting for the device; end() waits for the oldest queued step
+  /// and returns its output. At most two steps are queued, and none that reads logits back (run()
+  /// those). With `chain`, the step's token ids are the tokens the step queued just before it drew
+  /// (its plan's ids are not used): it must name the same sequences in the same order with one
+  /// token each, every one sampled once by that step. run() while steps are queued is an error.
+  status begin(const step_plan& plan, bool chain);
+  result<step_output> end();
+  int queued() const { return static_cast<int>(queued_.size()); }
+
   /// Test hook: observe the residual stream between layers (slower: it materialises each layer's output).
   void set_observer(hidden_observer observer) { observer_ = std::move(observer); }
 
@@ -71,6 +83,29 @@ class stage_executor {
   stage_executor(kernels::backend& b, const model_config& c, stage_range r, const executor_options& o)
       : backend_(b), config_(c), range_(r), options_(o) {}
   status validate(const step_plan& plan, std::size_t hidden_values) const;
+  /// Which logit row each sequence's drawn token comes from, and the draws' parameters.
+  struct draw_rows {
+    std::vector<kernels::sample_params> params;
+    std::vector<int> last_row_of;   ///< plan index -> row among the first block, or -1
+    std::vector<int> early_row_of;  ///< plan index -> first of its earlier rows (verification), or -1
+    bool any_logits = false;
+  };
+  /// What end() needs of a queued step's plan, and where its draw waits.
+  struct queued_step {
+    struct seq {
+      std::int64_t id;
+      int tokens;
+      bool sample;
+      int sample_rows;
+    };
+    std::vector<seq> seqs;
+    draw_rows draws;
+    int slot = 0;
+  };
+  static draw_rows plan_draws(const step_plan& plan);
+  template <class Seqs>
+  static void fill_tokens(const Seqs& seqs, const draw_rows& d, const std::vector<std::int32_t>& drawn,
+                          step_output& out);
   result<step_output> run_impl(const step_plan& plan, std::size_t hidden_values, const float* in_f32,
                                const void* in_raw, bool raw_out, void* out_raw);
   /// `fixed_shape`: pad the block tables to the context's bucket, so a recorded step fits every
@@ -116,6 +151,8 @@ class stage_executor {
   bool row_wise(int tokens) const;
   hidden_observer observer_;
   std::vector<float> observe_buf_;
+  std::deque<queued_step> queued_;  ///< begun, not yet ended (oldest first)
+  int next_slot_ = 0;               ///< the backend draw slot of the next begun step
   /// Recorded decode steps by (tokens, sequences, logit rows, block-table stride).
   std::map<std::array<int, 4>, kernels::capture_id> captures_;
 };

@@ -42,9 +42,18 @@ class local_pipeline {
 
   /// Runs one step through every stage.
   result<step_output> step(const step_plan& plan);
+  /// A step in two halves, for a host loop that queues step n+1 before it waits for step n
+  /// (stage_executor::begin / end say what may be queued and chained): one stage of one rank only.
+  status begin_step(const step_plan& plan, bool chain);
+  result<step_output> end_step();
+  /// True where begin_step/end_step work (one stage of one rank); generate() then overlaps steps.
+  bool can_queue_steps() const { return stages_.size() == 1 && stages_[0]->tp() == 1; }
 
   /// Generates for all requests together: prompts are prefilled in chunks of at most
-  /// max_step_tokens, then every running sequence decodes one token per step.
+  /// max_step_tokens, then every running sequence decodes one token per step. Where steps can be
+  /// queued, a decode step of every running sequence is followed at once by the next one, chained
+  /// on the device to its draw, before the host waits for it; a sequence that stops (EOS) then has
+  /// one token computed in vain, which is dropped.
   result<std::vector<generation_result>> generate(const std::vector<generation_request>& requests);
 
   const model_config& config() const { return config_; }
