@@ -678,15 +678,20 @@ class cuda_backend final : public backend {
       d.params_host[i] = device_sample_params{p.temperature, p.top_k, p.top_p, greedy ? 1 : 0,
                                               greedy ? 0.0 : sample_uniform(p.seed, p.step)};
     }
-    CONVEYOR_CUDA_CHECK(cudaMemcpyAsync(d.params_dev, d.params_host, n * sizeof(device_sample_params),
-                                        cudaMemcpyHostToDevice, stream_));
+    bool all_greedy = true;
+    for (int i = 0; i < n; ++i) all_greedy = all_greedy && d.params_host[i].greedy != 0;
+    // Greedy rows need no parameters on the device (a decode step's usual draw: one copy fewer).
+    if (!all_greedy) {
+      CONVEYOR_CUDA_CHECK(cudaMemcpyAsync(d.params_dev, d.params_host, n * sizeof(device_sample_params),
+                                          cudaMemcpyHostToDevice, stream_));
+    }
     const std::size_t row_bytes = static_cast<std::size_t>(vocab) * dtype_size(t_);
     for (int r0 = 0; r0 < n; r0 += rows_per_pass_) {
       const int rows = std::min(rows_per_pass_, n - r0);
       bool any_random = false;
       for (int i = r0; i < r0 + rows; ++i) any_random = any_random || d.params_host[i].greedy == 0;
-      launch_sample(t_, static_cast<const std::uint8_t*>(logits) + r0 * row_bytes, rows, vocab, d.params_dev + r0,
-                    any_random, sample_ws_, d.tokens_dev + r0, stream_);
+      launch_sample(t_, static_cast<const std::uint8_t*>(logits) + r0 * row_bytes, rows, vocab,
+                    all_greedy ? nullptr : d.params_dev + r0, any_random, sample_ws_, d.tokens_dev + r0, stream_);
     }
     CONVEYOR_CUDA_CHECK(cudaMemcpyAsync(d.tokens_host, d.tokens_dev, n * sizeof(std::int32_t), cudaMemcpyDeviceToHost,
                                         stream_));

@@ -173,7 +173,8 @@ struct sample_workspace {
 std::size_t sample_sort_temp_bytes(int rows, int vocab);
 /// Fills ws.offsets for the workspace's shape (once, after allocation).
 void launch_sample_init(const sample_workspace& ws, cudaStream_t s);
-/// Draws one token per row into `tokens` (device). `any_random`: some row is not greedy.
+/// Draws one token per row into `tokens` (device). `any_random`: some row is not greedy; `params`
+/// may be nullptr when none is (every row greedy: nothing to upload).
 void launch_sample(dtype t, const void* logits, int n, int vocab, const device_sample_params* params,
                    bool any_random, const sample_workspace& ws, std::int32_t* tokens, cudaStream_t s);
 

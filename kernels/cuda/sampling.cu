@@ -45,7 +45,7 @@ __device__ __forceinline__ void argmax_block_finish(float best, int best_i, int 
 template <class T>
 __global__ void argmax_kernel(const T* logits, int vocab, const device_sample_params* params, std::int32_t* tokens) {
   const int row = blockIdx.x;
-  if (!params[row].greedy) return;
+  if (params != nullptr && !params[row].greedy) return;  // nullptr: every row greedy
   const T* x = logits + static_cast<std::size_t>(row) * vocab;
   float best = -INFINITY;
   int best_i = vocab;  // sentinel: loses every tie
@@ -67,7 +67,7 @@ __global__ void __launch_bounds__(wide_threads) argmax_bf16x8_kernel(const __nv_
                                                                      const device_sample_params* params,
                                                                      std::int32_t* tokens) {
   const int row = blockIdx.x;
-  if (!params[row].greedy) return;
+  if (params != nullptr && !params[row].greedy) return;  // nullptr: every row greedy
   const uint4* x = reinterpret_cast<const uint4*>(logits + static_cast<std::size_t>(row) * vocab);
   float best = -INFINITY;
   int best_i = vocab;
@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(split_threads) argmax_split_bf16x8_kernel(
     const __nv_bfloat16* logits, int vocab, const device_sample_params* params, unsigned long long* keys,
     unsigned* done, std::int32_t* tokens) {
   const int row = blockIdx.y;
-  if (!params[row].greedy) return;
+  if (params != nullptr && !params[row].greedy) return;  // nullptr: every row greedy
   const int chunks = vocab / 8, per = (chunks + gridDim.x - 1) / gridDim.x;
   const int c0 = blockIdx.x * per, c1 = min(chunks, c0 + per);
   const uint4* x = reinterpret_cast<const uint4*>(logits + static_cast<std::size_t>(row) * vocab);

@@ -298,8 +298,12 @@ status stage_executor::run_ops(int n) {
     b.rmsnorm(residual_.get(), n, h, weights_->final_norm, config_.rms_norm_eps, normed_.get());
   }
   if (pv_.num_logit_rows == 0) return ok_status();
-  b.gather_rows(normed_.get(), pv_.logit_rows, pv_.num_logit_rows, h, head_in_.get());
-  b.linear(head_in_.get(), pv_.num_logit_rows, weights_->lm_head, kernels::weight{}, logits_.get());
+  // A decode step whose every sequence wants its row (one token each): the logit rows are the rows
+  // themselves, in order (upload_plan), so the head reads the normed rows with no gather kernel.
+  const bool all_rows = pv_.num_logit_rows == n && pv_.num_seqs == n;
+  if (!all_rows) b.gather_rows(normed_.get(), pv_.logit_rows, pv_.num_logit_rows, h, head_in_.get());
+  b.linear(all_rows ? normed_.get() : head_in_.get(), pv_.num_logit_rows, weights_->lm_head, kernels::weight{},
+           logits_.get());
   return ok_status();
 }
 
