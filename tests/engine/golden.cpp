@@ -15,6 +15,11 @@ namespace fs = std::filesystem;
 
 std::string fixture_dir(const std::string& name) { return std::string(CONVEYOR_FIXTURES) + "/" + name; }
 
+std::string test_name(std::string name) {
+  std::replace(name.begin(), name.end(), '-', '_');
+  return name;
+}
+
 std::vector<std::string> fixture_names() {
   std::vector<std::string> out;
   for (const auto& e : fs::directory_iterator(CONVEYOR_FIXTURES)) {

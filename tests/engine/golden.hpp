@@ -30,6 +30,8 @@ struct golden_fixture {
 std::vector<std::string> fixture_names();
 std::string fixture_dir(const std::string& name);
 golden_fixture load_golden(const std::string& name);
+/// `name` as a gtest parameter name (those allow letters, digits and '_': a fixture's '-' becomes '_').
+std::string test_name(std::string name);
 
 /// Every position's logits ([tokens, vocab]) of `tokens` run as sequence 1 in one step of `pipe`
 /// (a prefill; its KV blocks are released after). Errors: the pipeline's.

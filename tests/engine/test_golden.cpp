@@ -146,11 +146,7 @@ TEST_P(golden_test, batch_of_all_prompts_gives_solo_results) {
 }
 
 INSTANTIATE_TEST_SUITE_P(fixtures, golden_test, ::testing::ValuesIn(testing::fixture_names()),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           std::replace(n.begin(), n.end(), '-', '_');
-                           return n;
-                         });
+                         [](const auto& info) { return testing::test_name(info.param); });
 
 }  // namespace
 }  // namespace conveyor

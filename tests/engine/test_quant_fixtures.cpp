@@ -44,9 +44,7 @@ struct quant_case {
 };
 
 std::string name_of(const ::testing::TestParamInfo<quant_case>& info) {
-  std::string n = info.param.fixture + "_" + std::string(kernels::weight_quant_name(info.param.kind));
-  std::replace(n.begin(), n.end(), '-', '_');
-  return n;
+  return testing::test_name(info.param.fixture + "_" + std::string(kernels::weight_quant_name(info.param.kind)));
 }
 
 std::vector<quant_case> cases() {

@@ -200,11 +200,7 @@ TEST_P(queued_steps, misuse_is_an_error_value) {
 }
 
 INSTANTIATE_TEST_SUITE_P(fixtures, queued_steps, ::testing::Values("tiny-llama", "tiny-qwen2"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           std::replace(n.begin(), n.end(), '-', '_');
-                           return n;
-                         });
+                         [](const auto& info) { return testing::test_name(info.param); });
 
 }  // namespace
 }  // namespace conveyor

@@ -20,9 +20,8 @@ struct tp_case {
 };
 
 std::string name_of(const ::testing::TestParamInfo<tp_case>& info) {
-  std::string n = info.param.fixture + "_tp" + std::to_string(info.param.tp) + "_pp" + std::to_string(info.param.stages);
-  std::replace(n.begin(), n.end(), '-', '_');
-  return n;
+  return testing::test_name(info.param.fixture + "_tp" + std::to_string(info.param.tp) + "_pp" +
+                           std::to_string(info.param.stages));
 }
 
 std::vector<tp_case> cases() {

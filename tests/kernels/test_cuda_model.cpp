@@ -173,9 +173,7 @@ std::vector<model_case> cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(fixtures, cuda_model, ::testing::ValuesIn(cases()), [](const auto& info) {
-  std::string n = info.param.fixture + "_" + std::string(kernels::dtype_name(info.param.type));
-  std::replace(n.begin(), n.end(), '-', '_');
-  return n;
+  return testing::test_name(info.param.fixture + "_" + std::string(kernels::dtype_name(info.param.type)));
 });
 
 }  // namespace

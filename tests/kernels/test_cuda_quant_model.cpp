@@ -132,10 +132,8 @@ std::vector<model_case> cases() {
 }
 
 std::string name_of(const ::testing::TestParamInfo<model_case>& info) {
-  std::string n = info.param.fixture + "_" + std::string(kernels::weight_quant_name(info.param.kind)) + "_" +
-                  std::string(kernels::dtype_name(info.param.type));
-  std::replace(n.begin(), n.end(), '-', '_');
-  return n;
+  return testing::test_name(info.param.fixture + "_" + std::string(kernels::weight_quant_name(info.param.kind)) + "_" +
+                           std::string(kernels::dtype_name(info.param.type)));
 }
 
 INSTANTIATE_TEST_SUITE_P(fixtures, cuda_quant_model, ::testing::ValuesIn(cases()), name_of);

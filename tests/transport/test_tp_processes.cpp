@@ -132,9 +132,7 @@ TEST_P(tp_processes, every_rank_process_reproduces_the_goldens) {
 }
 
 INSTANTIATE_TEST_SUITE_P(fixtures, tp_processes, ::testing::ValuesIn(cases()), [](const auto& info) {
-  std::string n = info.param.fixture + "_tp" + std::to_string(info.param.tp);
-  std::replace(n.begin(), n.end(), '-', '_');
-  return n;
+  return testing::test_name(info.param.fixture + "_tp" + std::to_string(info.param.tp));
 });
 
 }  // namespace
