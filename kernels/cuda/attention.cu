@@ -1168,32 +1168,9 @@ __global__ void combine_kernel(const std::int32_t* q_start, int heads, int head_
   out[static_cast<std::size_t>(row) * heads * head_dim + h * head_dim + d] = from_f32<T>(acc / l_all);
 }
 
-/// launch_k for the grouped decode kernels, with tune.decode_carveout (≥ 0) as the launch's preferred
-/// shared-memory carveout (percent; a hint the driver may override).
-template <class... P, class... A>
-void launch_decode(const attention_tuning& tune, void (*kernel)(P...), dim3 grid, dim3 block, std::size_t smem,
-                   cudaStream_t s, A&&... args) {
-  if (tune.decode_carveout < 0) {
-    launch_k(tune.pdl, kernel, grid, block, smem, s, std::forward<A>(args)...);
-    return;
-  }
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = s;
-  cudaLaunchAttribute attr[2];
-  unsigned n = 0;
-  attr[n].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
-  attr[n++].val.sharedMemCarveout = static_cast<unsigned>(tune.decode_carveout);
-  if (tune.pdl) {
-    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[n++].val.programmaticStreamSerializationAllowed = 1;
-  }
-  cfg.attrs = attr;
-  cfg.numAttrs = n;
-  CONVEYOR_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<P>(args)...));
-}
+/// The grouped decode kernels' launch extras: PDL, and tune.decode_carveout (≥ 0) as the preferred
+/// shared-memory carveout.
+launch_extras decode_extras(const attention_tuning& tune) { return launch_extras{tune.pdl, tune.decode_carveout}; }
 
 /// Raises `kernel`'s dynamic shared-memory limit to `bytes` on the current device, once per device
 /// and kernel (bit per device ordinal; past 63, at every launch), as launch_prefill_gqa does.
@@ -1257,7 +1234,7 @@ void launch_gqa(const T* qkv, const attn_shape& sh, const attention_batch& b, co
       r.once = tune.rope_once;
       rope = nullptr;
       auto go = [&](auto kernel, int w) {
-        launch_decode(tune, kernel, grid, dim3(32 * w), 0, s, qkv, sh.num_heads, sh.num_kv_heads, sh.scale,
+        launch_kx(decode_extras(tune), kernel, grid, dim3(32 * w), 0, s, qkv, sh.num_heads, sh.num_kv_heads, sh.scale,
                  sh.sliding_window, b.q_start, b.ctx_len, b.block_table, b.max_blocks_per_seq, layout.block_size, k,
                  v, split_len, partials, out, r);
       };
@@ -1269,7 +1246,7 @@ void launch_gqa(const T* qkv, const attn_shape& sh, const attention_batch& b, co
             constexpr auto kernel = &decode_gqa_ring_kernel<G, decltype(with_rope)::value, decltype(stages)::value>;
             const std::size_t smem = ring_smem_bytes(decltype(stages)::value);
             raise_smem_once<kernel>(smem);
-            launch_decode(tune, kernel, grid, dim3(block_threads), smem, s, qkv, sh.num_heads, sh.num_kv_heads,
+            launch_kx(decode_extras(tune), kernel, grid, dim3(block_threads), smem, s, qkv, sh.num_heads, sh.num_kv_heads,
                      sh.scale, sh.sliding_window, b.q_start, b.ctx_len, b.block_table, b.max_blocks_per_seq,
                      layout.block_size, k, v, split_len, partials, out, r);
           };

@@ -3,6 +3,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <utility>
 
 #include "check.hpp"
 #include "conveyor/kernels/dtype.hpp"
@@ -40,22 +41,52 @@ __device__ __forceinline__ void grid_dep_trigger() {
 #endif
 }
 
-/// kernel<<<grid, block, smem, s>>>(args...), as a programmatic dependent of the previous kernel
-/// on `s` when `pdl` is set.
+/// What a launch asks for besides its shape: to start as a programmatic dependent of the previous
+/// kernel on the stream (`pdl`), a preferred shared-memory carveout (`carveout` percent, a hint the
+/// driver may override; -1: the driver's choice) and thread-block clusters of `cluster_x` blocks
+/// along x (1: none).
+struct launch_extras {
+  bool pdl = false;
+  int carveout = -1;
+  int cluster_x = 1;
+};
+
+/// kernel<<<grid, block, smem, s>>>(args...) with the attributes `x` asks for.
 template <class... P, class... A>
-void launch_k(bool pdl, void (*kernel)(P...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t s,
-              A&&... args) {
+void launch_kx(const launch_extras& x, void (*kernel)(P...), dim3 grid, dim3 block, std::size_t smem,
+               cudaStream_t s, A&&... args) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr[3];
+  unsigned n = 0;
+  if (x.pdl) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (x.carveout >= 0) {
+    attr[n].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
+    attr[n++].val.sharedMemCarveout = static_cast<unsigned>(x.carveout);
+  }
+  if (x.cluster_x > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = static_cast<unsigned>(x.cluster_x);
+    attr[n].val.clusterDim.y = 1;
+    attr[n++].val.clusterDim.z = 1;
+  }
   cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
+  cfg.numAttrs = n;
   CONVEYOR_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<P>(args)...));
+}
+
+/// kernel<<<grid, block, smem, s>>>(args...), as a programmatic dependent of the previous kernel
+/// on `s` when `pdl` is set.
+template <class... P, class... A>
+void launch_k(bool pdl, void (*kernel)(P...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t s,
+              A&&... args) {
+  launch_kx(launch_extras{pdl}, kernel, grid, block, smem, s, std::forward<A>(args)...);
 }
 
 /// d += A(16x16, row-major bf16 fragments a0..a3) x B(16x8, col-major b0, b1), f32 accumulators:

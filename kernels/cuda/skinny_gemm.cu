@@ -31,7 +31,6 @@
 #include <cstdint>
 
 #include "device_types.cuh"
-#include "cluster_launch.hpp"
 #include "linear_epilogue.cuh"
 #include "mbarrier.cuh"
 #include "skinny_gemm.hpp"
@@ -252,15 +251,8 @@ void launch_cfg(const skinny_gemm_args& a, bool pdl, int sms, cudaStream_t s) {
   int splits = 1;
   const int fit = blocks_per_sm<WM, MT, NTW>() * sms;
   while (splits < MAX_SPLITS && tiles * splits * 2 <= fit && ktiles >= splits * 8) splits *= 2;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(splits), static_cast<unsigned>(tiles));
-  cfg.blockDim = dim3(THREADS);
-  cfg.dynamicSmemBytes = S::SMEM;
-  cfg.stream = s;
-  cudaLaunchAttribute attr[2];
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl_cluster_attrs(attr, pdl, splits);
-  CONVEYOR_CUDA_CHECK(cudaLaunchKernelEx(&cfg, skinny_gemm_kernel<WM, MT, NTW>, a));
+  launch_kx(launch_extras{pdl, -1, splits}, skinny_gemm_kernel<WM, MT, NTW>,
+            dim3(static_cast<unsigned>(splits), static_cast<unsigned>(tiles)), dim3(THREADS), S::SMEM, s, a);
 }
 
 template <int WM, int MT, int NTW>

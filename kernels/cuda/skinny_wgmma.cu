@@ -38,7 +38,6 @@
 #include <cstdlib>
 
 #include "device_types.cuh"
-#include "cluster_launch.hpp"
 #include "linear_epilogue.cuh"
 #include "mbarrier.cuh"
 #include "skinny_wgmma.hpp"
@@ -444,15 +443,9 @@ bool launch_cfg(const skinny_gemm_args& a, bool pdl, int sms, cudaStream_t s) {
     p.rows_per_block = tiles <= sms ? S::BM : (a.rows + sms - 1) / sms;
     grid = (a.rows + p.rows_per_block - 1) / p.rows_per_block;
   }
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(grid));
-  cfg.blockDim = dim3(S::THREADS);
-  cfg.dynamicSmemBytes = static_cast<std::size_t>(HEAD_BYTES + std::max(stages * S::STAGE, S::RED_BYTES));
-  cfg.stream = s;
-  cudaLaunchAttribute attr[2];
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl_cluster_attrs(attr, pdl && !no_pdl, splits);
-  CONVEYOR_CUDA_CHECK(cudaLaunchKernelEx(&cfg, skinny_wgmma_kernel<N, WGS>, tw, tx, p));
+  launch_kx(launch_extras{pdl && !no_pdl, -1, splits}, skinny_wgmma_kernel<N, WGS>, dim3(static_cast<unsigned>(grid)),
+            dim3(S::THREADS), static_cast<std::size_t>(HEAD_BYTES + std::max(stages * S::STAGE, S::RED_BYTES)), s, tw,
+            tx, p);
   return true;
 }
 
