@@ -672,14 +672,14 @@ class cuda_backend final : public backend {
       d.rows = rows;
     }
     if (d.done == nullptr) CONVEYOR_CUDA_CHECK(cudaEventCreateWithFlags(&d.done, cudaEventDisableTiming));
+    bool all_greedy = true;
     for (int i = 0; i < n; ++i) {
       const sample_params& p = params[i];
       const bool greedy = p.temperature <= 0.0f || p.top_k == 1;
       d.params_host[i] = device_sample_params{p.temperature, p.top_k, p.top_p, greedy ? 1 : 0,
                                               greedy ? 0.0 : sample_uniform(p.seed, p.step)};
+      all_greedy = all_greedy && greedy;
     }
-    bool all_greedy = true;
-    for (int i = 0; i < n; ++i) all_greedy = all_greedy && d.params_host[i].greedy != 0;
     // Greedy rows need no parameters on the device (a decode step's usual draw: one copy fewer).
     if (!all_greedy) {
       CONVEYOR_CUDA_CHECK(cudaMemcpyAsync(d.params_dev, d.params_host, n * sizeof(device_sample_params),

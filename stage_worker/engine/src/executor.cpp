@@ -420,7 +420,7 @@ status stage_executor::begin(const step_plan& plan, bool chain) {
   CONVEYOR_TRY(record ? run_captured(pv_.num_tokens) : run_ops(pv_.num_tokens));
   queued_step q;
   q.seqs.reserve(plan.seqs.size());
-  for (const auto& s : plan.seqs) q.seqs.push_back({s.seq_id, static_cast<int>(s.tokens.size()), s.sample, s.sample_rows});
+  for (const auto& s : plan.seqs) q.seqs.push_back({s.seq_id, s.sample, s.sample_rows});
   if (pv_.num_logit_rows > 0) q.draws = plan_draws(plan);
   q.slot = next_slot_;
   next_slot_ ^= 1;

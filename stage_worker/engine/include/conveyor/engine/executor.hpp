@@ -94,7 +94,6 @@ class stage_executor {
   struct queued_step {
     struct seq {
       std::int64_t id;
-      int tokens;
       bool sample;
       int sample_rows;
     };
