@@ -476,17 +476,18 @@ class engine_bench {
       }
       r.seq0_tokens.push_back(last[0]);
     };
+    auto end_one = [&] {  // waits for the oldest queued step
+      auto out = pipe_->end_step();
+      if (!out) die("decode step: " + out.err().message);
+      record(*out);
+    };
     for (int step = 1; step < c_.new_tokens; ++step) {
       if (step == profile_step_) cudaProfilerStart();
       engine::step_plan plan;
       for (int i = 0; i < batch; ++i) plan.seqs.push_back(seq_step(ids[i], {last[i]}, c_.prompt + step - 1, true));
       if (queue) {
         if (auto st = pipe_->begin_step(plan, step > 1); !st) die("decode step: " + st.err().message);
-        if (step > 1) {
-          auto out = pipe_->end_step();
-          if (!out) die("decode step: " + out.err().message);
-          record(*out);
-        }
+        if (step > 1) end_one();
       } else {
         auto out = pipe_->step(plan);
         if (!out) die("decode step: " + out.err().message);
@@ -494,11 +495,7 @@ class engine_bench {
       }
       if (step == profile_step_) cudaProfilerStop();
     }
-    if (queue && c_.new_tokens > 1) {
-      auto out = pipe_->end_step();
-      if (!out) die("decode step: " + out.err().message);
-      record(*out);
-    }
+    if (queue && c_.new_tokens > 1) end_one();
     r.decode_s = seconds_since(t1);
     for (auto id : ids) pipe_->blocks().release(id);
     return r;

@@ -79,7 +79,8 @@ result<std::vector<generation_result>> local_pipeline::generate(const std::vecto
   auto release_all = [&] {
     for (const auto& s : seqs) blocks_.release(s.id);
   };
-  // Appends the tokens of a finished step (plan `p` over sequences `who`); false on a stop.
+  // Appends the tokens of a finished step (plan `p` over sequences `who`) and marks the sequences
+  // that stop with them.
   auto take = [&](const step_plan& p, const std::vector<std::size_t>& who, const step_output& out) {
     for (std::size_t k = 0; k < who.size(); ++k) {
       running& s = seqs[who[k]];
