@@ -276,6 +276,12 @@ std::vector<variant> all_variants() {
   kernels::cuda_backend_options novec = o;
   novec.vec_decode = false;
   v.push_back({"novec", novec});
+  kernels::cuda_backend_options fused = o;  // one-token steps: every layer in one persistent kernel (session 7)
+  fused.fused_decode = true;
+  v.push_back({"fused", fused});
+  kernels::cuda_backend_options nofused = o;
+  nofused.fused_decode = false;
+  v.push_back({"nofused", nofused});
   v.push_back({"sync", o, {}, false, false});  // the host waits for each step before the next (session 5's loop)
   v.push_back({"gqapf", o, {}, true});  // the defaults, for a prefill-only ablation (--ablate 0)
   kernels::cuda_backend_options nogqapf = o;  // prefill attention: one block per query head (session 3)

@@ -82,6 +82,7 @@ class graph_timer final : public kernels::backend {
   void gather_rows(const void* x, const std::int32_t* rows, int n, int w, void* out) override {
     inner_.gather_rows(x, rows, n, w, out);
   }
+  bool decode_layers(const kernels::decode_layers_call& c) override { return inner_.decode_layers(c); }
   void sample(const void* logits, int n, int vocab, const kernels::sample_params* p, std::int32_t* t) override {
     inner_.sample(logits, n, vocab, p, t);
   }

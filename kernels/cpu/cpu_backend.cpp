@@ -120,6 +120,8 @@ class cpu_backend final : public backend {
                   f(x) + static_cast<std::size_t>(rows[i]) * width, static_cast<std::size_t>(width) * 4);
     }
   }
+  // The op-by-op path is the CPU's only one (it is the reference the CUDA kernel is tested against).
+  bool decode_layers(const decode_layers_call& /*c*/) override { return false; }
   void sample(const void* logits, int n, int vocab, const sample_params* params,
               std::int32_t* tokens) override {
     for (int i = 0; i < n; ++i) {

@@ -21,6 +21,7 @@
 
 #include "check.hpp"
 #include "conveyor/kernels/sampling.hpp"
+#include "fused_decode.hpp"
 #include "launch.hpp"
 #include "lt_gemm.hpp"
 #include "quant_launch.hpp"
@@ -306,6 +307,62 @@ class cuda_backend final : public backend {
     }
     launch_silu_mul(t_, gate_up, n, ffn, out, stream_, pdl_);
   }
+  bool decode_layers(const decode_layers_call& c) override {
+    // bf16 only, and not under batch_invariant: a verification pass runs the op-by-op kernels, whose
+    // sums are ordered differently from this kernel's.
+    if (!fused_decode_ || fused_blocks_ == 0 || t_ != dtype::bf16 || caps_.row_invariant_rows > 0) return false;
+    if (c.num_layers <= 0 || c.batch.num_seqs != 1 || c.batch.max_q_len != 1) return false;
+    const attn_shape& sh = c.shape;
+    if (!fused_decode_supported(c.hidden, c.ffn, sh.num_heads, sh.num_kv_heads, sh.head_dim)) return false;
+    if (fused_decode_partial_floats(sh.num_heads, sh.num_kv_heads, sh.head_dim, fused_blocks_) > partial_floats_) {
+      return false;
+    }
+    auto bf16_matrix = [](const weight& w) { return w.type == dtype::bf16 && aligned(w.data); };
+    for (int i = 0; i < c.num_layers; ++i) {
+      const layer_ref& l = c.layers[i];
+      if (!bf16_matrix(l.qkv) || !bf16_matrix(l.o) || !bf16_matrix(l.gate_up) || !bf16_matrix(l.down)) return false;
+    }
+    if (!aligned(c.residual) || !aligned(c.delta) || !aligned(c.act) || !aligned(c.o)) return false;
+    flush();
+    set_device();
+    using bf = __nv_bfloat16;
+    auto f32 = [](const weight& w) { return w.empty() ? nullptr : static_cast<const float*>(w.data); };
+    auto mat = [](const weight& w) { return static_cast<const bf*>(w.data); };
+    for (int first = 0; first < c.num_layers; first += fused_max_layers) {
+      fused_decode_args a;
+      a.num_layers = std::min(fused_max_layers, c.num_layers - first);
+      for (int i = 0; i < a.num_layers; ++i) {
+        const layer_ref& l = c.layers[first + i];
+        a.layer[i] = fused_layer{f32(l.input_norm), mat(l.qkv), f32(l.qkv_bias), mat(l.o), f32(l.o_bias),
+                                 f32(l.post_norm), mat(l.gate_up), f32(l.gate_up_bias), mat(l.down), f32(l.down_bias),
+                                 static_cast<bf*>(l.k_cache), static_cast<bf*>(l.v_cache), l.sliding_window};
+      }
+      a.first_adds_delta = (first > 0 || c.first_adds_delta) ? 1 : 0;
+      a.hidden = c.hidden;
+      a.ffn = c.ffn;
+      a.heads = sh.num_heads;
+      a.kv_heads = sh.num_kv_heads;
+      a.head_dim = sh.head_dim;
+      a.scale = sh.scale;
+      a.eps = c.eps;
+      a.block_size = c.layout.block_size;
+      a.positions = c.positions;
+      a.slots = c.slots;
+      a.ctx_len = c.batch.ctx_len;
+      a.block_table = c.batch.block_table;
+      a.inv_freq = c.inv_freq;
+      a.rope_scaling = c.attention_scaling;
+      a.residual = static_cast<bf*>(c.residual);
+      a.delta = static_cast<bf*>(c.delta);
+      a.qkv_out = static_cast<bf*>(c.qkv);
+      a.o_out = static_cast<bf*>(c.o);
+      a.act = static_cast<bf*>(c.act);
+      a.partials = partials_;
+      a.sync = counter_ + fused_sync_word;
+      launch_fused_decode(a, fused_blocks_, stream_);
+    }
+    return true;
+  }
   void gather_rows(const void* x, const std::int32_t* rows, int n, int width, void* out) override {
     flush();
     set_device();
@@ -523,6 +580,7 @@ class cuda_backend final : public backend {
     tune_no_ring_ = tune_;
     tune_no_ring_.ring_decode = 0;
     ring_decode_max_seqs_ = o.ring_decode_max_seqs;
+    fused_decode_ = o.fused_decode;
     caps_.name = "cuda";
     caps_.host_memory = false;
     caps_.act_dtype = caps_.weight_dtype = caps_.kv_dtype = o.compute_dtype;
@@ -562,6 +620,7 @@ class cuda_backend final : public backend {
     CONVEYOR_CUDA_CHECK(cudaMemset(counter_, 0, 256));
     gemv_init();
     skinny_gemm_init();
+    if (fused_decode_) fused_blocks_ = fused_decode_blocks(num_sms_);
     if (skinny_wgmma_) skinny_wgmma_ = skinny_wgmma_init();  // off where the GPU or driver lacks it
     quant_scratch_ = alloc(quant_scratch_bytes_);
     if (quant_scratch_ == nullptr) return make_error(errc::out_of_memory, "CUDA backend: no device memory for its workspace");
@@ -737,6 +796,10 @@ class cuda_backend final : public backend {
   held_op held_;
   bool capturing_ = false;
   unsigned* counter_ = nullptr;
+  /// counter_[fused_sync_word ..+1]: the fused decode kernel's barrier words (the GEMV uses word 0)
+  static constexpr int fused_sync_word = 16;
+  bool fused_decode_ = false;
+  int fused_blocks_ = 0;  ///< the fused decode kernel's grid (one block an SM); 0: it cannot run here
   std::array<staging_slot, 2> staging_{};
   std::size_t next_staging_ = 0;
   capture_id next_capture_id_ = 1;

@@ -19,18 +19,23 @@ using kernels::dtype;
 struct model_case {
   std::string fixture;
   dtype type;
+  bool fused = false;  ///< bf16 with cuda_backend_options::fused_decode (decode steps in one kernel)
 };
 
 class cuda_model : public ::testing::TestWithParam<model_case> {
  protected:
   void SetUp() override {
     std::string why;
-    backend_ = testing::try_cuda_backend(GetParam().type, why);
+    kernels::cuda_backend_options o;
+    o.compute_dtype = GetParam().type;
+    o.fused_decode = GetParam().fused;
+    backend_ = testing::try_cuda_backend(o, why);
     if (!backend_) GTEST_SKIP() << "no CUDA device: " << why;
     golden_ = testing::load_golden(GetParam().fixture);
   }
   std::string tag() const {
-    return "[golden] " + GetParam().fixture + " " + std::string(kernels::dtype_name(GetParam().type));
+    return "[golden] " + GetParam().fixture + " " + std::string(kernels::dtype_name(GetParam().type)) +
+           (GetParam().fused ? " fused" : "");
   }
   bool f32() const { return GetParam().type == dtype::f32; }
 
@@ -168,12 +173,14 @@ std::vector<model_case> cases() {
   std::vector<model_case> out;
   for (const auto& f : testing::fixture_names()) {
     for (dtype t : {dtype::f32, dtype::bf16}) out.push_back({f, t});
+    out.push_back({f, dtype::bf16, true});
   }
   return out;
 }
 
 INSTANTIATE_TEST_SUITE_P(fixtures, cuda_model, ::testing::ValuesIn(cases()), [](const auto& info) {
-  return testing::test_name(info.param.fixture + "_" + std::string(kernels::dtype_name(info.param.type)));
+  return testing::test_name(info.param.fixture + "_" + std::string(kernels::dtype_name(info.param.type)) +
+                            (info.param.fused ? "_fused" : ""));
 });
 
 }  // namespace

@@ -278,6 +278,40 @@ status stage_executor::run_layer(int li, int n, bool first) {
   return reduce(delta_.get(), n);
 }
 
+bool stage_executor::run_fused_layers(int n) {
+  // One token of one sequence, with nothing to observe or reduce between the ops: the backend may
+  // run every layer as one operation (bench/NOTES.md, session 7).
+  if (n != 1 || pv_.num_seqs != 1 || observer_ || collective_ != nullptr || range_.num_layers() == 0) return false;
+  if (layer_refs_.empty()) {
+    for (int li = 0; li < range_.num_layers(); ++li) {
+      const layer_weights& w = weights_->layers[li];
+      kernels::layer_ref r{w.input_norm, w.qkv, w.qkv_bias, w.o, w.o_bias, w.post_norm, w.gate_up, w.gate_up_bias,
+                           w.down, w.down_bias, kv_.k(li), kv_.v(li), config_.sliding_window[range_.first_layer + li]};
+      layer_refs_.push_back(r);
+    }
+  }
+  kernels::decode_layers_call c;
+  c.layers = layer_refs_.data();
+  c.num_layers = range_.num_layers();
+  c.hidden = config_.hidden_size;
+  c.ffn = ffn_;
+  c.shape = shape_;
+  c.layout = kv_.layout();
+  c.eps = config_.rms_norm_eps;
+  c.positions = pv_.positions;
+  c.slots = pv_.slots;
+  c.inv_freq = inv_freq_.as<const float>();
+  c.attention_scaling = attention_scaling_;
+  c.batch = kernels::attention_batch{pv_.num_seqs, pv_.q_start, pv_.ctx_len, pv_.block_table, table_stride_,
+                                     pv_.max_ctx, pv_.max_q};
+  c.residual = residual_.get();
+  c.delta = delta_.get();
+  c.qkv = qkv_.get();
+  c.o = normed_.get();
+  c.act = act_.get();
+  return backend_.decode_layers(c);
+}
+
 stage_executor::~stage_executor() {
   for (const auto& [shape, id] : captures_) backend_.drop_capture(id);
 }
@@ -286,7 +320,9 @@ status stage_executor::run_ops(int n) {
   kernels::backend& b = backend_;
   const int h = config_.hidden_size;
   if (range_.has_embedding) b.embedding(pv_.ids, n, weights_->embedding, residual_.get());
-  for (int li = 0; li < range_.num_layers(); ++li) CONVEYOR_TRY(run_layer(li, n, li == 0));
+  if (!run_fused_layers(n)) {
+    for (int li = 0; li < range_.num_layers(); ++li) CONVEYOR_TRY(run_layer(li, n, li == 0));
+  }
   const bool ran_layers = range_.num_layers() > 0;
   if (!range_.has_head) {
     if (ran_layers) b.add(residual_.get(), delta_.get(), static_cast<std::size_t>(n) * h);

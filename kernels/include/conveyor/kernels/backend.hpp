@@ -83,6 +83,40 @@ struct sample_params {
   std::uint64_t step = 0;  ///< position of the token drawn; with seed it fixes the random number
 };
 
+/// One decoder layer's weights and KV cache, for decode_layers.
+struct layer_ref {
+  weight input_norm, qkv, qkv_bias, o, o_bias, post_norm, gate_up, gate_up_bias, down, down_bias;
+  void* k_cache = nullptr;
+  void* v_cache = nullptr;
+  int sliding_window = 0;  ///< 0: the whole context
+};
+
+/// A decode step of one token through `num_layers` decoder layers, the ops the engine would otherwise
+/// issue per layer: [residual += delta;] normed = rmsnorm(residual); qkv; rope; kv_write; attention;
+/// delta = o(attn); residual += delta; normed = rmsnorm(residual); gate_up; silu_mul; delta = down(act).
+struct decode_layers_call {
+  const layer_ref* layers = nullptr;
+  int num_layers = 0;
+  bool first_adds_delta = false;  ///< the first layer starts with residual += delta
+  int hidden = 0;
+  int ffn = 0;
+  attn_shape shape;  ///< sliding_window is per layer (layer_ref)
+  kv_layout layout;
+  float eps = 0.0f;
+  const std::int32_t* positions = nullptr;  ///< [1]
+  const std::int32_t* slots = nullptr;      ///< [1]
+  const float* inv_freq = nullptr;
+  float attention_scaling = 1.0f;
+  attention_batch batch;  ///< one sequence of one query row
+  void* residual = nullptr;  ///< [hidden]: in and out
+  void* delta = nullptr;     ///< [hidden]: in (first_adds_delta) and out (the last down output)
+  /// Scratch the op-by-op path would use (qkv [qkv width], o [hidden], act [ffn]); their contents
+  /// after the call are unspecified.
+  void* qkv = nullptr;
+  void* o = nullptr;
+  void* act = nullptr;
+};
+
 /// Handle of a recorded op sequence (a CUDA graph); 0 is no recording.
 using capture_id = std::uint64_t;
 
@@ -152,6 +186,12 @@ class backend {
   virtual void draw(const void* logits, int n, int vocab, const sample_params* params, int slot) = 0;
   virtual void copy_draw(int slot, int n, std::int32_t* dst) = 0;
   virtual void take_draw(int slot, std::int32_t* tokens) = 0;
+
+  /// Runs `c` as one fused operation where the backend has one for its shapes (true: residual and
+  /// delta end as the op-by-op path leaves them; the other scratch is unspecified). False: nothing
+  /// ran, and the caller issues the ops one by one. The op-by-op path is the reference (and the CPU
+  /// backend's only path).
+  virtual bool decode_layers(const decode_layers_call& c) = 0;
 
   // --- capture: record a fixed op sequence once, replay it per step (decode steps) ---
   /// True when begin_capture/end_capture/replay work; otherwise the caller runs its ops eagerly and

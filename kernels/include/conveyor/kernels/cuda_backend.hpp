@@ -112,6 +112,12 @@ struct cuda_backend_options {
   /// (each launch 6-9 µs besides its bytes under ncu; bench/NOTES.md, session 5).
   bool skinny_wgmma = false;
 
+  /// bf16 decode steps of one token: every decoder layer in one persistent kernel
+  /// (kernels/cuda/fused_decode.cu: a producer warp an SM streams all the weights through a
+  /// shared-memory ring, the layers' ops meet at grid-wide barriers) instead of ~6 launches a layer.
+  /// Not under batch_invariant. Off: the op-by-op kernels.
+  bool fused_decode = false;
+
   /// Row-invariant numerics (bf16; speculative decoding turns it on): a step of up to 16 tokens
   /// computes every token's row with the very arithmetic a step of that token alone would use, so a
   /// verification pass of k + 1 tokens gives bit for bit the logits of k + 1 decode steps. bf16

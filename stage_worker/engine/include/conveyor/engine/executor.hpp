@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <span>
+#include <vector>
 
 #include "conveyor/base/result.hpp"
 #include "conveyor/engine/checkpoint.hpp"
@@ -117,6 +118,8 @@ class stage_executor {
   bool capturable(const step_plan& plan) const;
   status run_captured(int n);
   status run_layer(int layer_index, int n, bool first);
+  /// Every layer of a one-token step as the backend's decode_layers, where it has it; false: run them.
+  bool run_fused_layers(int n);
   status reduce(void* data, int rows);
   void observe(int index, const void* data, int rows);
 
@@ -149,6 +152,7 @@ class stage_executor {
   /// True when a step of `tokens` tokens runs its attention row-wise (see plan_view).
   bool row_wise(int tokens) const;
   hidden_observer observer_;
+  std::vector<kernels::layer_ref> layer_refs_;  ///< decode_layers' view of the weights (built once)
   std::vector<float> observe_buf_;
   std::deque<queued_step> queued_;  ///< begun, not yet ended (oldest first)
   int next_slot_ = 0;               ///< the backend draw slot of the next begun step

@@ -1,0 +1,579 @@
+// The decoder layers of a one-token decode step as one persistent kernel: one block an SM, all of a
+// step's layers in one launch.
+//
+// Why: at batch 1 every weight byte is read once, and the op-by-op step (6 launches a layer) lost
+// ~20 µs a layer to kernel boundaries and to the short GEMVs' ramp-up and tail (bench/NOTES.md,
+// sessions 4-6): the weight stream stopped at each boundary. Here it never stops. A producer warp
+// a block copies the block's rows of every matrix of every layer, in order, into a ring of
+// shared-memory stages with bulk copies (TMA), and never waits for anything but a free slot: weights
+// do not depend on activations. The 8 computing warps follow the same schedule; between matrices
+// they wait at a grid-wide barrier (a counter in global memory) for the activations the next matrix
+// reads, while the producer keeps filling the ring with that matrix's rows.
+//
+// A layer, as the op-by-op path computes it (each intermediate rounded to bf16 where that path
+// stores it, sums of squares in double as rmsnorm_bf16x8_kernel does):
+//   every block: residual += delta; xs = rmsnorm(residual) * input_norm  (the residual lives in each
+//                block's shared memory: every block computes the same values)
+//   qkv rows of this block -> qkv_out                                    | barrier
+//   attention units (kv head, key split): rope of q and the new k (the unit holding the last key
+//   writes k and v to the cache), flash-decoding partials -> partials    | barrier
+//   every block: combine the partials -> xs (the attention output); o rows -> o_out | barrier
+//   every block: residual += o_out; xs = rmsnorm(residual) * post_norm
+//   (gate, up) row pairs -> act = silu(gate) * up                        | barrier
+//   every block: xs = act; down rows -> delta                            | barrier (not after the last)
+// A block's rows of a matrix are a contiguous range (rows × blocks / grid), copied a stage (16 KB) at
+// a time; each stage is consumed by one warp (stage number mod 8).
+//
+// The barrier counter (sync[0]) counts arrivals; a block passes barrier k when it reads k × grid. The
+// blocks count their exits in sync[1]; the last one zeroes both, so the next launch starts at zero.
+// Every block must be resident at once: one block an SM (its shared memory allows no second), grid =
+// SM count; a block waits only for blocks that have started.
+#include "fused_decode.hpp"
+
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "device_types.cuh"
+#include "mbarrier.cuh"
+
+namespace conveyor::kernels::cuda {
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int consumer_warps = 8;
+constexpr int consumers = consumer_warps * 32;
+constexpr int block_threads = consumers + 32;  // + the producer warp
+constexpr int stage_bytes = 16 * 1024;
+constexpr int max_stages = 12;
+constexpr int max_group = 8;
+constexpr int max_head_dim = 128;
+constexpr int max_dpl = max_head_dim / 32;  // head dims a lane holds in attention
+constexpr int barrier_bytes = 2 * max_stages * 8;
+
+__device__ __forceinline__ float bf_lo(std::uint32_t u) { return __uint_as_float(u << 16); }
+__device__ __forceinline__ float bf_hi(std::uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
+__device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const std::uint32_t*>(&v);
+}
+__device__ __forceinline__ float ldcg_bf(const bf16* p) {
+  return __uint_as_float(static_cast<std::uint32_t>(__ldcg(reinterpret_cast<const unsigned short*>(p))) << 16);
+}
+
+__device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, %0;" ::"n"(consumers) : "memory"); }
+
+__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// All computing threads of all blocks: every global write before it is visible to every read after.
+__device__ void grid_sync(unsigned* counter, unsigned target) {
+  consumer_sync();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    atomicAdd(counter, 1u);
+    while (load_acquire(counter) < target) {
+    }
+    __threadfence();
+  }
+  consumer_sync();
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+/// This block's share of a matrix: units [u0, u1) (a unit is a row, or a gate/up pair of rows),
+/// `per_stage` units a 16 KB stage.
+struct share {
+  int u0 = 0, u1 = 0, per_stage = 1, stages = 0;
+};
+__device__ __forceinline__ share share_of(int units, int unit_bytes) {
+  share s;
+  s.u0 = static_cast<int>(static_cast<long long>(blockIdx.x) * units / gridDim.x);
+  s.u1 = static_cast<int>(static_cast<long long>(blockIdx.x + 1) * units / gridDim.x);
+  s.per_stage = stage_bytes / unit_bytes;
+  s.stages = (s.u1 - s.u0 + s.per_stage - 1) / s.per_stage;
+  return s;
+}
+
+// The four matrices of a layer, in stream order: what the producer copies and the warps read.
+struct matrix {
+  const bf16* w;
+  int units, cols;
+  bool pair;  // gate_up: unit u = rows u and ffn + u
+};
+__device__ __forceinline__ matrix matrix_of(const fused_decode_args& a, const fused_layer& L, int m) {
+  const int qkv_rows = (a.heads + 2 * a.kv_heads) * a.head_dim;
+  switch (m) {
+    case 0:
+      return {L.qkv, qkv_rows, a.hidden, false};
+    case 1:
+      return {L.o, a.hidden, a.heads * a.head_dim, false};
+    case 2:
+      return {L.gate_up, a.ffn, a.hidden, true};
+    default:
+      return {L.down, a.hidden, a.ffn, false};
+  }
+}
+__device__ __forceinline__ int unit_bytes(const matrix& m) { return m.cols * 2 * (m.pair ? 2 : 1); }
+
+// The producer (one thread): every stage of every matrix of every layer, as soon as its slot is free.
+__device__ void produce(const fused_decode_args& a, unsigned char* ring, std::uint64_t* full, std::uint64_t* empty,
+                        int nstages) {
+  unsigned seq = 0;
+  for (int l = 0; l < a.num_layers; ++l) {
+    for (int mi = 0; mi < 4; ++mi) {
+      const matrix m = matrix_of(a, a.layer[l], mi);
+      const share s = share_of(m.units, unit_bytes(m));
+      const unsigned row_bytes = static_cast<unsigned>(m.cols) * 2;
+      for (int k = 0; k < s.stages; ++k, ++seq) {
+        const int slot = static_cast<int>(seq % nstages);
+        const unsigned use = seq / nstages;
+        if (use > 0) mbar_wait(empty + slot, (use - 1) & 1);
+        const int u = s.u0 + k * s.per_stage, cnt = min(s.per_stage, s.u1 - u);
+        unsigned char* dst = ring + static_cast<std::size_t>(slot) * stage_bytes;
+        mbar_expect_tx(full + slot, cnt * row_bytes * (m.pair ? 2 : 1));
+        bulk_copy(dst, m.w + static_cast<std::size_t>(u) * m.cols, cnt * row_bytes, full + slot);
+        if (m.pair) {
+          bulk_copy(dst + cnt * row_bytes, m.w + static_cast<std::size_t>(a.ffn + u) * m.cols, cnt * row_bytes,
+                    full + slot);
+        }
+      }
+    }
+  }
+}
+
+// Dot products of two rows of a stage with x (shared memory, `cols` bf16 each), summed over the warp.
+__device__ __forceinline__ void dot2(const bf16* ra, const bf16* rb, const bf16* x, int cols, int lane, float& sa,
+                                     float& sb) {
+  float a0 = 0.0f, a1 = 0.0f, b0 = 0.0f, b1 = 0.0f;
+  const uint4* pa = reinterpret_cast<const uint4*>(ra);
+  const uint4* pb = reinterpret_cast<const uint4*>(rb);
+  const uint4* px = reinterpret_cast<const uint4*>(x);
+  for (int c = lane; c < cols / 8; c += 32) {
+    const uint4 xv = px[c], av = pa[c], bv = pb[c];
+    const std::uint32_t xs[4] = {xv.x, xv.y, xv.z, xv.w};
+    const std::uint32_t as[4] = {av.x, av.y, av.z, av.w};
+    const std::uint32_t bs[4] = {bv.x, bv.y, bv.z, bv.w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      a0 = fmaf(bf_lo(as[e]), bf_lo(xs[e]), a0);
+      a1 = fmaf(bf_hi(as[e]), bf_hi(xs[e]), a1);
+      b0 = fmaf(bf_lo(bs[e]), bf_lo(xs[e]), b0);
+      b1 = fmaf(bf_hi(bs[e]), bf_hi(xs[e]), b1);
+    }
+  }
+  sa = warp_sum(a0 + a1);
+  sb = warp_sum(b0 + b1);
+}
+
+// The computing warps' side of one matrix: the stages this warp owns (stage number mod 8), each
+// unit's sums handed to epi(unit, sum_a, sum_b) on lane 0 (sum_b: the up row of a pair).
+template <class Epi>
+__device__ void consume(const matrix& m, const bf16* xs, unsigned& seq, const unsigned char* ring, std::uint64_t* full,
+                        std::uint64_t* empty, int nstages, int warp, int lane, Epi epi) {
+  const share s = share_of(m.units, unit_bytes(m));
+  for (int k = 0; k < s.stages; ++k, ++seq) {
+    if (static_cast<int>(seq % consumer_warps) != warp) continue;
+    const int slot = static_cast<int>(seq % nstages);
+    mbar_wait(full + slot, (seq / nstages) & 1);
+    const int u = s.u0 + k * s.per_stage, cnt = min(s.per_stage, s.u1 - u);
+    const bf16* st = reinterpret_cast<const bf16*>(ring + static_cast<std::size_t>(slot) * stage_bytes);
+    if (m.pair) {
+      for (int j = 0; j < cnt; ++j) {
+        float g, up;
+        dot2(st + static_cast<std::size_t>(j) * m.cols, st + static_cast<std::size_t>(cnt + j) * m.cols, xs, m.cols,
+             lane, g, up);
+        if (lane == 0) epi(u + j, g, up);
+      }
+    } else {
+      for (int j = 0; j < cnt; j += 2) {
+        const int jb = min(j + 1, cnt - 1);
+        float sa, sb;
+        dot2(st + static_cast<std::size_t>(j) * m.cols, st + static_cast<std::size_t>(jb) * m.cols, xs, m.cols, lane,
+             sa, sb);
+        if (lane == 0) {
+          epi(u + j, sa, 0.0f);
+          if (jb != j) epi(u + jb, sb, 0.0f);
+        }
+      }
+    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty + slot);  // this warp has read the slot
+  }
+}
+
+// residual (shared, bf16) += delta (global, when given); xs = rmsnorm(residual) * w, as
+// rmsnorm_bf16x8_kernel rounds it.
+__device__ void norm_into(bf16* res, const bf16* delta, int hidden, const float* w, float eps, bf16* xs,
+                          double* red) {
+  const int tid = threadIdx.x, chunks = hidden / 8;
+  double ss = 0.0;
+  for (int c = tid; c < chunks; c += consumers) {
+    uint4 v = reinterpret_cast<uint4*>(res)[c];
+    std::uint32_t* p = reinterpret_cast<std::uint32_t*>(&v);
+    if (delta != nullptr) {
+      const uint4 d = __ldcg(reinterpret_cast<const uint4*>(delta) + c);
+      const std::uint32_t* dp = reinterpret_cast<const std::uint32_t*>(&d);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) p[e] = pack2(bf_lo(p[e]) + bf_lo(dp[e]), bf_hi(p[e]) + bf_hi(dp[e]));
+      reinterpret_cast<uint4*>(res)[c] = v;
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const double x0 = bf_lo(p[e]), x1 = bf_hi(p[e]);
+      ss += x0 * x0 + x1 * x1;
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  if (tid % 32 == 0) red[tid / 32] = ss;
+  consumer_sync();
+  double total = 0.0;
+#pragma unroll
+  for (int i = 0; i < consumer_warps; ++i) total += red[i];
+  const float inv = 1.0f / sqrtf(static_cast<float>(total / hidden) + eps);
+  for (int c = tid; c < chunks; c += consumers) {
+    uint4 v = reinterpret_cast<const uint4*>(res)[c];
+    std::uint32_t* p = reinterpret_cast<std::uint32_t*>(&v);
+    const float4 w0 = reinterpret_cast<const float4*>(w)[2 * c], w1 = reinterpret_cast<const float4*>(w)[2 * c + 1];
+    const float wv[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) p[e] = pack2(wv[2 * e] * (bf_lo(p[e]) * inv), wv[2 * e + 1] * (bf_hi(p[e]) * inv));
+    reinterpret_cast<uint4*>(xs)[c] = v;
+  }
+  consumer_sync();  // xs complete; red may be reused
+}
+
+// Key splits of the attention: about 64 keys a unit, at most the blocks a KV head gets.
+__device__ __forceinline__ int splits_for(int span, int blocks, int kv_heads) {
+  return max(1, min((span + 63) / 64, blocks / kv_heads));
+}
+
+// Shared-memory floats of the attention scratch.
+__host__ __device__ constexpr int attention_floats(int group, int hd) {
+  return group * hd + 2 * hd + consumer_warps * group * 2 + consumer_warps * group * hd;
+}
+
+// The attention units of this block (unit = (KV head, split of the keys)): each writes, per query head
+// of its group, the unnormalised (max, sum, acc[hd]) of its keys to partials[head][split].
+__device__ void attention_units(const fused_decode_args& a, const fused_layer& L, float* att, int warp, int lane) {
+  const int hd = a.head_dim, half = hd / 2, G = a.heads / a.kv_heads;
+  const int ctx = a.ctx_len[0], pos = a.positions[0];
+  const int start = L.window > 0 ? max(0, ctx - L.window) : 0;
+  const int span = ctx - start;
+  const int S = splits_for(span, gridDim.x, a.kv_heads);
+  float* qs = att;                                // [G][hd]
+  float* kn = qs + G * hd;                        // [hd] the new key, roped
+  float* vn = kn + hd;                            // [hd]
+  float* ml = vn + hd;                            // [warp][G][2]
+  float* accs = ml + consumer_warps * G * 2;      // [warp][G][hd]
+  const int dpl = (hd + 31) / 32;
+  for (int unit = blockIdx.x; unit < a.kv_heads * S; unit += gridDim.x) {
+    const int kvh = unit / S, sp = unit % S;
+    const int p0 = start + static_cast<int>(static_cast<long long>(sp) * span / S);
+    const int p1 = start + static_cast<int>(static_cast<long long>(sp + 1) * span / S);
+    // rope_kv's work for this KV head and its query heads (same angle, sincos and rounding).
+    for (int idx = threadIdx.x; idx < (G + 1) * half; idx += consumers) {
+      const int g = idx / half, i = idx % half;
+      const bf16* x = a.qkv_out + (g < G ? kvh * G + g : a.heads + kvh) * hd;
+      const float xa = ldcg_bf(x + i), xb = ldcg_bf(x + i + half);
+      const float angle = static_cast<float>(pos) * a.inv_freq[i];
+      double sn, cs;
+      sincos(static_cast<double>(angle), &sn, &cs);
+      const float c = static_cast<float>(cs) * a.rope_scaling, s = static_cast<float>(sn) * a.rope_scaling;
+      const bf16 ra = __float2bfloat16_rn(xa * c - xb * s), rb = __float2bfloat16_rn(xb * c + xa * s);
+      if (g < G) {
+        qs[g * hd + i] = __bfloat162float(ra);
+        qs[g * hd + i + half] = __bfloat162float(rb);
+      } else {
+        const bf16* v = a.qkv_out + (a.heads + a.kv_heads + kvh) * hd;
+        const float va = ldcg_bf(v + i), vb = ldcg_bf(v + i + half);
+        kn[i] = __bfloat162float(ra);
+        kn[i + half] = __bfloat162float(rb);
+        vn[i] = va;
+        vn[i + half] = vb;
+        if (sp == S - 1) {  // the split holding the last key stores the new key and value
+          const std::size_t slot = static_cast<std::size_t>(a.slots[0]) * a.kv_heads + kvh;
+          bf16* kd = L.k_cache + slot * hd;
+          bf16* vd = L.v_cache + slot * hd;
+          kd[i] = ra;
+          kd[i + half] = rb;
+          vd[i] = __float2bfloat16_rn(va);
+          vd[i + half] = __float2bfloat16_rn(vb);
+        }
+      }
+    }
+    consumer_sync();
+    float q[max_group][max_dpl], acc[max_group][max_dpl], m[max_group], l[max_group];
+#pragma unroll
+    for (int g = 0; g < max_group; ++g) {
+      m[g] = -INFINITY;
+      l[g] = 0.0f;
+#pragma unroll
+      for (int j = 0; j < max_dpl; ++j) {
+        const int d = lane + 32 * j;
+        q[g][j] = (g < G && j < dpl && d < hd) ? qs[g * hd + d] : 0.0f;
+        acc[g][j] = 0.0f;
+      }
+    }
+    // Keys p0 + warp, + 8, ...: four at a time, loads first.
+    for (int pb = p0 + warp; pb < p1; pb += 4 * consumer_warps) {
+      float kd[4][max_dpl], vd[4][max_dpl];
+#pragma unroll
+      for (int t = 0; t < 4; ++t) {
+        const int p = pb + t * consumer_warps;
+        const bool new_key = p == ctx - 1;
+        const bf16* kr = nullptr;
+        const bf16* vr = nullptr;
+        if (p < p1 && !new_key) {
+          const std::size_t slot =
+              static_cast<std::size_t>(a.block_table[p / a.block_size]) * a.block_size + p % a.block_size;
+          kr = L.k_cache + (slot * a.kv_heads + kvh) * hd;
+          vr = L.v_cache + (slot * a.kv_heads + kvh) * hd;
+        }
+#pragma unroll
+        for (int j = 0; j < max_dpl; ++j) {
+          const int d = lane + 32 * j;
+          const bool in = p < p1 && j < dpl && d < hd;
+          kd[t][j] = !in ? 0.0f : (new_key ? kn[d] : __bfloat162float(kr[d]));
+          vd[t][j] = !in ? 0.0f : (new_key ? vn[d] : __bfloat162float(vr[d]));
+        }
+      }
+#pragma unroll
+      for (int t = 0; t < 4; ++t) {
+        if (pb + t * consumer_warps >= p1) break;
+#pragma unroll
+        for (int g = 0; g < max_group; ++g) {
+          if (g >= G) break;
+          float s = 0.0f;
+#pragma unroll
+          for (int j = 0; j < max_dpl; ++j) s = fmaf(q[g][j], kd[t][j], s);
+          s = warp_sum(s) * a.scale;
+          const float mn = fmaxf(m[g], s);
+          const float corr = expf(m[g] - mn), pe = expf(s - mn);
+          l[g] = l[g] * corr + pe;
+#pragma unroll
+          for (int j = 0; j < max_dpl; ++j) acc[g][j] = fmaf(pe, vd[t][j], acc[g][j] * corr);
+          m[g] = mn;
+        }
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < max_group; ++g) {
+      if (g >= G) break;
+      if (lane == 0) {
+        ml[(warp * G + g) * 2] = m[g];
+        ml[(warp * G + g) * 2 + 1] = l[g];
+      }
+#pragma unroll
+      for (int j = 0; j < max_dpl; ++j) {
+        const int d = lane + 32 * j;
+        if (j < dpl && d < hd) accs[(warp * G + g) * hd + d] = acc[g][j];
+      }
+    }
+    consumer_sync();
+    for (int idx = threadIdx.x; idx < G * hd; idx += consumers) {
+      const int g = idx / hd, d = idx % hd;
+      float mx = -INFINITY;
+      for (int w = 0; w < consumer_warps; ++w) mx = fmaxf(mx, ml[(w * G + g) * 2]);
+      float A = 0.0f, Ls = 0.0f;
+      for (int w = 0; w < consumer_warps; ++w) {
+        const float mw = ml[(w * G + g) * 2];
+        if (mw == -INFINITY) continue;  // a warp without keys
+        const float e = expf(mw - mx);
+        A += accs[(w * G + g) * hd + d] * e;
+        Ls += ml[(w * G + g) * 2 + 1] * e;
+      }
+      float* P = a.partials + (static_cast<std::size_t>(kvh * G + g) * S + sp) * (hd + 2);
+      P[d] = A;
+      if (d == 0) {
+        P[hd] = mx;
+        P[hd + 1] = Ls;
+      }
+    }
+    consumer_sync();  // the scratch is reused by the next unit
+  }
+}
+
+// xs = the attention output (every head, bf16) from the units' partials.
+__device__ void combine_into(const fused_decode_args& a, const fused_layer& L, bf16* xs) {
+  const int hd = a.head_dim;
+  const int ctx = a.ctx_len[0];
+  const int start = L.window > 0 ? max(0, ctx - L.window) : 0;
+  const int S = splits_for(ctx - start, gridDim.x, a.kv_heads);
+  for (int idx = threadIdx.x; idx < a.heads * hd; idx += consumers) {
+    const int h = idx / hd, d = idx % hd;
+    const float* P = a.partials + static_cast<std::size_t>(h) * S * (hd + 2);
+    float mx = -INFINITY;
+    for (int s = 0; s < S; ++s) mx = fmaxf(mx, __ldcg(P + s * (hd + 2) + hd));
+    float A = 0.0f, Ls = 0.0f;
+    for (int s = 0; s < S; ++s) {
+      const float e = expf(__ldcg(P + s * (hd + 2) + hd) - mx);
+      A += __ldcg(P + s * (hd + 2) + d) * e;
+      Ls += __ldcg(P + s * (hd + 2) + hd + 1) * e;
+    }
+    xs[idx] = __float2bfloat16_rn(A / Ls);
+  }
+  consumer_sync();
+}
+
+__device__ __forceinline__ float bias_at(const float* b, int i) { return b != nullptr ? b[i] : 0.0f; }
+
+__global__ void __launch_bounds__(block_threads, 1) fused_decode_kernel(const __grid_constant__ fused_decode_args a) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ double red[consumer_warps];
+  const int nstages = a.ring_stages;
+  std::uint64_t* full = reinterpret_cast<std::uint64_t*>(smem);
+  std::uint64_t* empty = full + max_stages;
+  unsigned char* ring = smem + barrier_bytes;
+  const int xs_width = max(max(a.hidden, a.ffn), a.heads * a.head_dim);
+  bf16* xs = reinterpret_cast<bf16*>(ring + static_cast<std::size_t>(nstages) * stage_bytes);
+  bf16* res = xs + ((xs_width + 63) / 64) * 64;
+  float* att = reinterpret_cast<float*>(res + ((a.hidden + 63) / 64) * 64);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < nstages; ++i) {
+      mbar_init(full + i, 1);
+      mbar_init(empty + i, 1);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  if (warp == consumer_warps) {
+    // Weights never depend on the previous kernel: no griddepcontrol.wait before streaming them.
+    if (lane == 0) produce(a, ring, full, empty, nstages);
+    return;
+  }
+  grid_dep_wait();
+  grid_dep_trigger();
+
+  for (int c = threadIdx.x; c < a.hidden / 8; c += consumers) {
+    reinterpret_cast<uint4*>(res)[c] = __ldcg(reinterpret_cast<const uint4*>(a.residual) + c);
+  }
+  consumer_sync();
+  unsigned seq = 0, barriers = 0;
+  auto sync_grid = [&] {
+    ++barriers;
+    grid_sync(a.sync, barriers * gridDim.x);
+  };
+  for (int l = 0; l < a.num_layers; ++l) {
+    const fused_layer& L = a.layer[l];
+    norm_into(res, (l > 0 || a.first_adds_delta) ? a.delta : nullptr, a.hidden, L.input_norm, a.eps, xs, red);
+    consume(matrix_of(a, L, 0), xs, seq, ring, full, empty, nstages, warp, lane, [&](int r, float s, float) {
+      a.qkv_out[r] = __float2bfloat16_rn(s + bias_at(L.qkv_bias, r));
+    });
+    sync_grid();
+    attention_units(a, L, att, warp, lane);
+    sync_grid();
+    combine_into(a, L, xs);
+    consume(matrix_of(a, L, 1), xs, seq, ring, full, empty, nstages, warp, lane, [&](int r, float s, float) {
+      a.o_out[r] = __float2bfloat16_rn(s + bias_at(L.o_bias, r));
+    });
+    sync_grid();
+    norm_into(res, a.o_out, a.hidden, L.post_norm, a.eps, xs, red);
+    consume(matrix_of(a, L, 2), xs, seq, ring, full, empty, nstages, warp, lane, [&](int u, float sg, float su) {
+      const float g = __bfloat162float(__float2bfloat16_rn(sg + bias_at(L.gate_up_bias, u)));
+      const float up = __bfloat162float(__float2bfloat16_rn(su + bias_at(L.gate_up_bias, a.ffn + u)));
+      a.act[u] = __float2bfloat16_rn(g / (1.0f + expf(-g)) * up);
+    });
+    sync_grid();
+    for (int c = threadIdx.x; c < a.ffn / 8; c += consumers) {
+      reinterpret_cast<uint4*>(xs)[c] = __ldcg(reinterpret_cast<const uint4*>(a.act) + c);
+    }
+    consumer_sync();
+    consume(matrix_of(a, L, 3), xs, seq, ring, full, empty, nstages, warp, lane, [&](int r, float s, float) {
+      a.delta[r] = __float2bfloat16_rn(s + bias_at(L.down_bias, r));
+    });
+    if (l + 1 < a.num_layers) sync_grid();
+  }
+  if (blockIdx.x == 0) {
+    for (int c = threadIdx.x; c < a.hidden / 8; c += consumers) {
+      reinterpret_cast<uint4*>(a.residual)[c] = reinterpret_cast<const uint4*>(res)[c];
+    }
+  }
+  consumer_sync();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(a.sync + 1, 1u) == gridDim.x - 1) {  // every block is past its last barrier
+      a.sync[0] = 0;
+      a.sync[1] = 0;
+      __threadfence();
+    }
+  }
+}
+
+std::size_t dynamic_smem(const fused_decode_args& a, int nstages) {
+  const int xs_width = std::max(std::max(a.hidden, a.ffn), a.heads * a.head_dim);
+  return barrier_bytes + static_cast<std::size_t>(nstages) * stage_bytes + ((xs_width + 63) / 64) * 64 * 2 +
+         ((a.hidden + 63) / 64) * 64 * 2 + attention_floats(a.heads / a.kv_heads, a.head_dim) * sizeof(float);
+}
+
+int max_dynamic_smem() {
+  static const int bytes = [] {
+    int dev = 0, optin = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    cudaFuncAttributes fa{};
+    cudaFuncGetAttributes(&fa, fused_decode_kernel);
+    const int limit = optin - static_cast<int>(fa.sharedSizeBytes);
+    cudaFuncSetAttribute(fused_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, limit);
+    return limit;
+  }();
+  return bytes;
+}
+
+}  // namespace
+
+bool fused_decode_supported(int hidden, int ffn, int heads, int kv_heads, int head_dim) {
+  if (hidden <= 0 || ffn <= 0 || heads <= 0 || kv_heads <= 0 || head_dim <= 0) return false;
+  if (hidden % 8 != 0 || ffn % 8 != 0 || (heads * head_dim) % 8 != 0) return false;
+  // A stage holds at least one unit: a gate/up pair of hidden-wide rows, an o row, a down row.
+  if (hidden * 4 > stage_bytes || ffn * 2 > stage_bytes || heads * head_dim * 2 > stage_bytes) return false;
+  if (heads % kv_heads != 0 || heads / kv_heads > max_group) return false;
+  if (head_dim % 2 != 0 || head_dim > max_head_dim) return false;
+  fused_decode_args probe;
+  probe.hidden = hidden;
+  probe.ffn = ffn;
+  probe.heads = heads;
+  probe.kv_heads = kv_heads;
+  probe.head_dim = head_dim;
+  return static_cast<int>(dynamic_smem(probe, 4)) <= max_dynamic_smem();
+}
+
+std::size_t fused_decode_partial_floats(int heads, int kv_heads, int head_dim, int blocks) {
+  const int max_splits = std::max(1, blocks / kv_heads);
+  return static_cast<std::size_t>(heads) * max_splits * (head_dim + 2);
+}
+
+int fused_decode_blocks(int sms) {
+  int per_sm = 0;
+  // The largest launch leaves room for no second block an SM; any launch needs one to fit.
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fused_decode_kernel, block_threads,
+                                                    barrier_bytes + 4 * stage_bytes) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return per_sm >= 1 ? sms : 0;
+}
+
+void launch_fused_decode(const fused_decode_args& args, int blocks, cudaStream_t s) {
+  fused_decode_args a = args;
+  const int limit = max_dynamic_smem();
+  a.ring_stages = max_stages;
+  while (a.ring_stages > 4 && static_cast<int>(dynamic_smem(a, a.ring_stages)) > limit) --a.ring_stages;
+  launch_kx(launch_extras{true}, fused_decode_kernel, dim3(blocks), dim3(block_threads), dynamic_smem(a, a.ring_stages),
+            s, a);
+  CONVEYOR_CUDA_LAUNCHED("fused decode");
+}
+
+}  // namespace conveyor::kernels::cuda

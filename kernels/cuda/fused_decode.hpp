@@ -1,0 +1,64 @@
+#pragma once
+// The decoder layers of a one-token decode step as one persistent kernel (fused_decode.cu), callable
+// from host C++. Everything is bf16 except the norm weights, biases and inv_freq (float32).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace conveyor::kernels::cuda {
+
+/// One layer's device pointers (biases may be nullptr).
+struct fused_layer {
+  const float* input_norm = nullptr;
+  const __nv_bfloat16* qkv = nullptr;
+  const float* qkv_bias = nullptr;
+  const __nv_bfloat16* o = nullptr;
+  const float* o_bias = nullptr;
+  const float* post_norm = nullptr;
+  const __nv_bfloat16* gate_up = nullptr;
+  const float* gate_up_bias = nullptr;
+  const __nv_bfloat16* down = nullptr;
+  const float* down_bias = nullptr;
+  __nv_bfloat16* k_cache = nullptr;
+  __nv_bfloat16* v_cache = nullptr;
+  int window = 0;  ///< sliding window (0: whole context)
+};
+
+/// Layers one launch takes (the kernel's parameters stay under 4 KB); more are launched in chunks.
+constexpr int fused_max_layers = 24;
+
+struct fused_decode_args {
+  fused_layer layer[fused_max_layers];
+  int num_layers = 0;
+  /// 1: the first layer starts with residual += delta (the previous chunk's last down output)
+  int first_adds_delta = 0;
+  int hidden = 0, ffn = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  float scale = 1.0f, eps = 0.0f;
+  int block_size = 0;  ///< KV cache block size (keys a block)
+  const std::int32_t* positions = nullptr;   ///< [1]
+  const std::int32_t* slots = nullptr;       ///< [1]
+  const std::int32_t* ctx_len = nullptr;     ///< [1] keys after this step's write
+  const std::int32_t* block_table = nullptr; ///< the sequence's row
+  const float* inv_freq = nullptr;
+  float rope_scaling = 1.0f;
+  __nv_bfloat16* residual = nullptr;  ///< [hidden] in: the stream; out: as the op-by-op path leaves it
+  __nv_bfloat16* delta = nullptr;     ///< [hidden] in (first_adds_delta) and out: the last down output
+  // Scratch in device memory.
+  __nv_bfloat16* qkv_out = nullptr;   ///< [(heads + 2 kv_heads) head_dim]
+  __nv_bfloat16* o_out = nullptr;     ///< [hidden]
+  __nv_bfloat16* act = nullptr;       ///< [ffn]
+  float* partials = nullptr;          ///< fused_decode_partial_floats()
+  unsigned* sync = nullptr;           ///< two zeroed words; the kernel leaves them zero
+  int ring_stages = 0;                ///< set by launch_fused_decode (what shared memory allows)
+};
+
+/// Shapes the fused kernel takes (bf16 everywhere, one token).
+bool fused_decode_supported(int hidden, int ffn, int heads, int kv_heads, int head_dim);
+/// Scratch floats of the attention partials for a grid of `blocks`.
+std::size_t fused_decode_partial_floats(int heads, int kv_heads, int head_dim, int blocks);
+/// Blocks of the launch (one per SM), 0 when the kernel cannot be resident on every SM at once.
+int fused_decode_blocks(int sms);
+void launch_fused_decode(const fused_decode_args& a, int blocks, cudaStream_t s);
+
+}  // namespace conveyor::kernels::cuda
