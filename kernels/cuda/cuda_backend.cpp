@@ -322,7 +322,7 @@ class cuda_backend final : public backend {
       const layer_ref& l = c.layers[i];
       if (!bf16_matrix(l.qkv) || !bf16_matrix(l.o) || !bf16_matrix(l.gate_up) || !bf16_matrix(l.down)) return false;
     }
-    if (!aligned(c.residual) || !aligned(c.delta) || !aligned(c.act) || !aligned(c.o)) return false;
+    if (!aligned(c.residual) || !aligned(c.delta) || !aligned(c.act) || !aligned(c.o) || !aligned(c.attn)) return false;
     flush();
     set_device();
     using bf = __nv_bfloat16;
@@ -357,8 +357,10 @@ class cuda_backend final : public backend {
       a.qkv_out = static_cast<bf*>(c.qkv);
       a.o_out = static_cast<bf*>(c.o);
       a.act = static_cast<bf*>(c.act);
+      a.attn_out = static_cast<bf*>(c.attn);
       a.partials = partials_;
       a.sync = counter_ + fused_sync_word;
+      a.head_sync = counter_ + fused_head_sync_word;
       launch_fused_decode(a, fused_blocks_, stream_);
     }
     return true;
@@ -798,6 +800,9 @@ class cuda_backend final : public backend {
   unsigned* counter_ = nullptr;
   /// counter_[fused_sync_word ..+1]: the fused decode kernel's barrier words (the GEMV uses word 0)
   static constexpr int fused_sync_word = 16;
+  /// counter_[fused_head_sync_word ..+fused_max_kv_heads]: its per-KV-head arrival words
+  static constexpr int fused_head_sync_word = 32;
+  static_assert(fused_head_sync_word + fused_max_kv_heads <= 64, "counter_ holds 64 words");
   bool fused_decode_ = false;
   int fused_blocks_ = 0;  ///< the fused decode kernel's grid (one block an SM); 0: it cannot run here
   std::array<staging_slot, 2> staging_{};

@@ -261,14 +261,17 @@ __device__ __forceinline__ int splits_for(int span, int blocks, int kv_heads) {
 
 // Shared-memory floats of the attention scratch.
 __host__ __device__ constexpr int attention_floats(int group, int hd) {
-  return group * hd + 2 * hd + consumer_warps * group * 2 + consumer_warps * group * hd;
+  return hd + group * hd + 2 * hd + consumer_warps * group * 2 + consumer_warps * group * hd;
 }
 
 // The attention units of this block (unit = (KV head, split of the keys)): each writes, per query head
-// of its group, the unnormalised (max, sum, acc[hd]) of its keys to partials[head][split].
-__device__ void attention_units(const fused_decode_args& a, const fused_layer& L, float* att, int warp, int lane) {
+// of its group, the unnormalised (max, sum, acc[hd]) of its keys to partials[head][split]; the last
+// unit of a KV head to finish (an arrival count a head) combines its group's splits into attn_out.
+// cs: (cos, sin) × rope scaling per pair of dims at this step's position (shared memory).
+__device__ void attention_units(const fused_decode_args& a, const fused_layer& L, const float2* cs, float* att,
+                                int* flag, int warp, int lane) {
   const int hd = a.head_dim, half = hd / 2, G = a.heads / a.kv_heads;
-  const int ctx = a.ctx_len[0], pos = a.positions[0];
+  const int ctx = a.ctx_len[0];
   const int start = L.window > 0 ? max(0, ctx - L.window) : 0;
   const int span = ctx - start;
   const int S = splits_for(span, gridDim.x, a.kv_heads);
@@ -282,16 +285,13 @@ __device__ void attention_units(const fused_decode_args& a, const fused_layer& L
     const int kvh = unit / S, sp = unit % S;
     const int p0 = start + static_cast<int>(static_cast<long long>(sp) * span / S);
     const int p1 = start + static_cast<int>(static_cast<long long>(sp + 1) * span / S);
-    // rope_kv's work for this KV head and its query heads (same angle, sincos and rounding).
+    // rope_kv's work for this KV head and its query heads (same angles and rounding).
     for (int idx = threadIdx.x; idx < (G + 1) * half; idx += consumers) {
       const int g = idx / half, i = idx % half;
       const bf16* x = a.qkv_out + (g < G ? kvh * G + g : a.heads + kvh) * hd;
       const float xa = ldcg_bf(x + i), xb = ldcg_bf(x + i + half);
-      const float angle = static_cast<float>(pos) * a.inv_freq[i];
-      double sn, cs;
-      sincos(static_cast<double>(angle), &sn, &cs);
-      const float c = static_cast<float>(cs) * a.rope_scaling, s = static_cast<float>(sn) * a.rope_scaling;
-      const bf16 ra = __float2bfloat16_rn(xa * c - xb * s), rb = __float2bfloat16_rn(xb * c + xa * s);
+      const float2 c = cs[i];
+      const bf16 ra = __float2bfloat16_rn(xa * c.x - xb * c.y), rb = __float2bfloat16_rn(xb * c.x + xa * c.y);
       if (g < G) {
         qs[g * hd + i] = __bfloat162float(ra);
         qs[g * hd + i + half] = __bfloat162float(rb);
@@ -401,37 +401,69 @@ __device__ void attention_units(const fused_decode_args& a, const fused_layer& L
         P[hd + 1] = Ls;
       }
     }
-    consumer_sync();  // the scratch is reused by the next unit
+    consumer_sync();
+    if (threadIdx.x == 0) {
+      __threadfence();
+      const unsigned before = atomicAdd(a.head_sync + kvh, 1u);
+      *flag = before == static_cast<unsigned>(S - 1);
+      if (*flag) {
+        a.head_sync[kvh] = 0;  // every split of this head has arrived; the next layer counts again
+        __threadfence();
+      }
+    }
+    consumer_sync();
+    if (*flag) {  // the last split of this KV head: its group's output
+      for (int idx = threadIdx.x; idx < G * hd; idx += consumers) {
+        const int g = idx / hd, d = idx % hd;
+        const float* P = a.partials + static_cast<std::size_t>(kvh * G + g) * S * (hd + 2);
+        float mx = -INFINITY;
+        for (int s = 0; s < S; ++s) mx = fmaxf(mx, __ldcg(P + s * (hd + 2) + hd));
+        float A = 0.0f, Ls = 0.0f;
+        for (int s = 0; s < S; ++s) {
+          const float e = expf(__ldcg(P + s * (hd + 2) + hd) - mx);
+          A += __ldcg(P + s * (hd + 2) + d) * e;
+          Ls += __ldcg(P + s * (hd + 2) + hd + 1) * e;
+        }
+        a.attn_out[(kvh * G + g) * hd + d] = __float2bfloat16_rn(A / Ls);
+      }
+    }
+    consumer_sync();  // the scratch and the flag are reused by the next unit
   }
 }
 
-// xs = the attention output (every head, bf16) from the units' partials.
-__device__ void combine_into(const fused_decode_args& a, const fused_layer& L, bf16* xs) {
-  const int hd = a.head_dim;
-  const int ctx = a.ctx_len[0];
-  const int start = L.window > 0 ? max(0, ctx - L.window) : 0;
-  const int S = splits_for(ctx - start, gridDim.x, a.kv_heads);
-  for (int idx = threadIdx.x; idx < a.heads * hd; idx += consumers) {
-    const int h = idx / hd, d = idx % hd;
-    const float* P = a.partials + static_cast<std::size_t>(h) * S * (hd + 2);
-    float mx = -INFINITY;
-    for (int s = 0; s < S; ++s) mx = fmaxf(mx, __ldcg(P + s * (hd + 2) + hd));
-    float A = 0.0f, Ls = 0.0f;
-    for (int s = 0; s < S; ++s) {
-      const float e = expf(__ldcg(P + s * (hd + 2) + hd) - mx);
-      A += __ldcg(P + s * (hd + 2) + d) * e;
-      Ls += __ldcg(P + s * (hd + 2) + hd + 1) * e;
+// dst (shared) = src (global, written by other blocks before the last barrier), `count` bf16
+// (a multiple of 8): every thread's loads first, then its stores.
+__device__ void load_vector(bf16* dst, const bf16* src, int count) {
+  constexpr int U = 4;
+  const int chunks = count / 8;
+  for (int base = threadIdx.x; base < chunks; base += U * consumers) {
+    uint4 v[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int c = base + u * consumers;
+      if (c < chunks) v[u] = __ldcg(reinterpret_cast<const uint4*>(src) + c);
     }
-    xs[idx] = __float2bfloat16_rn(A / Ls);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int c = base + u * consumers;
+      if (c < chunks) reinterpret_cast<uint4*>(dst)[c] = v[u];
+    }
   }
   consumer_sync();
 }
 
 __device__ __forceinline__ float bias_at(const float* b, int i) { return b != nullptr ? b[i] : 0.0f; }
 
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
 __global__ void __launch_bounds__(block_threads, 1) fused_decode_kernel(const __grid_constant__ fused_decode_args a) {
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ double red[consumer_warps];
+  __shared__ int flag;
   const int nstages = a.ring_stages;
   std::uint64_t* full = reinterpret_cast<std::uint64_t*>(smem);
   std::uint64_t* empty = full + max_stages;
@@ -439,7 +471,8 @@ __global__ void __launch_bounds__(block_threads, 1) fused_decode_kernel(const __
   const int xs_width = max(max(a.hidden, a.ffn), a.heads * a.head_dim);
   bf16* xs = reinterpret_cast<bf16*>(ring + static_cast<std::size_t>(nstages) * stage_bytes);
   bf16* res = xs + ((xs_width + 63) / 64) * 64;
-  float* att = reinterpret_cast<float*>(res + ((a.hidden + 63) / 64) * 64);
+  float2* cs = reinterpret_cast<float2*>(res + ((a.hidden + 63) / 64) * 64);  // [head_dim / 2]
+  float* att = reinterpret_cast<float*>(cs + a.head_dim / 2);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (threadIdx.x == 0) {
     for (int i = 0; i < nstages; ++i) {
@@ -457,8 +490,13 @@ __global__ void __launch_bounds__(block_threads, 1) fused_decode_kernel(const __
   grid_dep_wait();
   grid_dep_trigger();
 
-  for (int c = threadIdx.x; c < a.hidden / 8; c += consumers) {
-    reinterpret_cast<uint4*>(res)[c] = __ldcg(reinterpret_cast<const uint4*>(a.residual) + c);
+  load_vector(res, a.residual, a.hidden);
+  // Every layer rotates by the same angles: (cos, sin) once, as rope_kv computes them.
+  for (int i = threadIdx.x; i < a.head_dim / 2; i += consumers) {
+    const float angle = static_cast<float>(a.positions[0]) * a.inv_freq[i];
+    double sn, cn;
+    sincos(static_cast<double>(angle), &sn, &cn);
+    cs[i] = make_float2(static_cast<float>(cn) * a.rope_scaling, static_cast<float>(sn) * a.rope_scaling);
   }
   consumer_sync();
   unsigned seq = 0, barriers = 0;
@@ -468,33 +506,53 @@ __global__ void __launch_bounds__(block_threads, 1) fused_decode_kernel(const __
   };
   for (int l = 0; l < a.num_layers; ++l) {
     const fused_layer& L = a.layer[l];
+    unsigned long long* tr =
+        a.trace != nullptr ? a.trace + (static_cast<std::size_t>(blockIdx.x) * a.num_layers + l) * fused_trace_points
+                           : nullptr;
+    int point = 0;
+    auto stamp = [&] {
+      if (tr != nullptr && threadIdx.x == 0) tr[point] = global_ns();
+      ++point;
+    };
+    stamp();
     norm_into(res, (l > 0 || a.first_adds_delta) ? a.delta : nullptr, a.hidden, L.input_norm, a.eps, xs, red);
+    stamp();
     consume(matrix_of(a, L, 0), xs, seq, ring, full, empty, nstages, warp, lane, [&](int r, float s, float) {
       a.qkv_out[r] = __float2bfloat16_rn(s + bias_at(L.qkv_bias, r));
     });
+    stamp();
     sync_grid();
-    attention_units(a, L, att, warp, lane);
+    stamp();
+    attention_units(a, L, cs, att, &flag, warp, lane);
+    stamp();
     sync_grid();
-    combine_into(a, L, xs);
+    stamp();
+    load_vector(xs, a.attn_out, a.heads * a.head_dim);
+    stamp();
     consume(matrix_of(a, L, 1), xs, seq, ring, full, empty, nstages, warp, lane, [&](int r, float s, float) {
       a.o_out[r] = __float2bfloat16_rn(s + bias_at(L.o_bias, r));
     });
+    stamp();
     sync_grid();
+    stamp();
     norm_into(res, a.o_out, a.hidden, L.post_norm, a.eps, xs, red);
+    stamp();
     consume(matrix_of(a, L, 2), xs, seq, ring, full, empty, nstages, warp, lane, [&](int u, float sg, float su) {
       const float g = __bfloat162float(__float2bfloat16_rn(sg + bias_at(L.gate_up_bias, u)));
       const float up = __bfloat162float(__float2bfloat16_rn(su + bias_at(L.gate_up_bias, a.ffn + u)));
       a.act[u] = __float2bfloat16_rn(g / (1.0f + expf(-g)) * up);
     });
+    stamp();
     sync_grid();
-    for (int c = threadIdx.x; c < a.ffn / 8; c += consumers) {
-      reinterpret_cast<uint4*>(xs)[c] = __ldcg(reinterpret_cast<const uint4*>(a.act) + c);
-    }
-    consumer_sync();
+    stamp();
+    load_vector(xs, a.act, a.ffn);
+    stamp();
     consume(matrix_of(a, L, 3), xs, seq, ring, full, empty, nstages, warp, lane, [&](int r, float s, float) {
       a.delta[r] = __float2bfloat16_rn(s + bias_at(L.down_bias, r));
     });
+    stamp();
     if (l + 1 < a.num_layers) sync_grid();
+    stamp();
   }
   if (blockIdx.x == 0) {
     for (int c = threadIdx.x; c < a.hidden / 8; c += consumers) {
@@ -516,6 +574,7 @@ std::size_t dynamic_smem(const fused_decode_args& a, int nstages) {
   const int xs_width = std::max(std::max(a.hidden, a.ffn), a.heads * a.head_dim);
   return barrier_bytes + static_cast<std::size_t>(nstages) * stage_bytes + ((xs_width + 63) / 64) * 64 * 2 +
          ((a.hidden + 63) / 64) * 64 * 2 + attention_floats(a.heads / a.kv_heads, a.head_dim) * sizeof(float);
+  // (attention_floats counts the (cos, sin) table's head_dim floats)
 }
 
 int max_dynamic_smem() {
@@ -539,7 +598,7 @@ bool fused_decode_supported(int hidden, int ffn, int heads, int kv_heads, int he
   if (hidden % 8 != 0 || ffn % 8 != 0 || (heads * head_dim) % 8 != 0) return false;
   // A stage holds at least one unit: a gate/up pair of hidden-wide rows, an o row, a down row.
   if (hidden * 4 > stage_bytes || ffn * 2 > stage_bytes || heads * head_dim * 2 > stage_bytes) return false;
-  if (heads % kv_heads != 0 || heads / kv_heads > max_group) return false;
+  if (heads % kv_heads != 0 || heads / kv_heads > max_group || kv_heads > fused_max_kv_heads) return false;
   if (head_dim % 2 != 0 || head_dim > max_head_dim) return false;
   fused_decode_args probe;
   probe.hidden = hidden;
@@ -556,6 +615,7 @@ std::size_t fused_decode_partial_floats(int heads, int kv_heads, int head_dim, i
 }
 
 int fused_decode_blocks(int sms) {
+  max_dynamic_smem();  // raises the kernel's shared-memory limit, without which no launch fits
   int per_sm = 0;
   // The largest launch leaves room for no second block an SM; any launch needs one to fit.
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fused_decode_kernel, block_threads,

@@ -48,10 +48,21 @@ struct fused_decode_args {
   __nv_bfloat16* qkv_out = nullptr;   ///< [(heads + 2 kv_heads) head_dim]
   __nv_bfloat16* o_out = nullptr;     ///< [hidden]
   __nv_bfloat16* act = nullptr;       ///< [ffn]
+  __nv_bfloat16* attn_out = nullptr;  ///< [heads head_dim]
   float* partials = nullptr;          ///< fused_decode_partial_floats()
   unsigned* sync = nullptr;           ///< two zeroed words; the kernel leaves them zero
+  unsigned* head_sync = nullptr;      ///< kv_heads zeroed words; the kernel leaves them zero
+  /// nullptr, or [blocks][num_layers][fused_trace_points] %globaltimer stamps (ns) of each block's
+  /// computing warps at the end of each phase (bench: where a layer's time goes)
+  unsigned long long* trace = nullptr;
   int ring_stages = 0;                ///< set by launch_fused_decode (what shared memory allows)
 };
+
+/// Stamps a layer: its start, then the ends of norm, qkv, barrier, attention, barrier, attention
+/// output load, o, barrier, norm, gate_up, barrier, act load, down, barrier.
+constexpr int fused_trace_points = 15;
+/// KV heads the per-head arrival words allow.
+constexpr int fused_max_kv_heads = 32;
 
 /// Shapes the fused kernel takes (bf16 everywhere, one token).
 bool fused_decode_supported(int hidden, int ffn, int heads, int kv_heads, int head_dim);

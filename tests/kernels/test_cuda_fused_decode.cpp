@@ -12,6 +12,7 @@
 #include <cmath>
 #include <numeric>
 #include <random>
+#include <tuple>
 
 #include "cuda_test_util.hpp"
 
@@ -111,7 +112,7 @@ TEST_P(fused_decode, matches_the_op_by_op_layers) {
   testing::dev_bytes q_start_d(b, std::vector<std::int32_t>{0, 1});
 
   const int ffn = sc.ffn;
-  testing::dev_acts res_f(b, h), delta_f(b, h), qkv_f(b, qkv_w), o_f(b, h), act_f(b, ffn);
+  testing::dev_acts res_f(b, h), delta_f(b, h), qkv_f(b, qkv_w), attn_f(b, sc.heads * hd), o_f(b, h), act_f(b, ffn);
   testing::dev_acts res_o(b, h), delta_o(b, h), normed(b, h), qkv_o(b, qkv_w), attn(b, sc.heads * hd),
       gate_up(b, 2 * ffn), act_o(b, ffn);
   const float eps = 1e-5f;
@@ -127,7 +128,7 @@ TEST_P(fused_decode, matches_the_op_by_op_layers) {
     const auto residual = testing::random_values(rng, h, dtype::bf16);
     res_f.set(residual);
     res_o.set(residual);
-    for (auto* p : {&delta_f, &qkv_f, &o_f, &act_f}) p->poison();
+    for (auto* p : {&delta_f, &qkv_f, &attn_f, &o_f, &act_f}) p->poison();
 
     kernels::decode_layers_call c;
     c.layers = fused_layers.data();
@@ -144,6 +145,7 @@ TEST_P(fused_decode, matches_the_op_by_op_layers) {
     c.residual = res_f.get_ptr();
     c.delta = delta_f.get_ptr();
     c.qkv = qkv_f.get_ptr();
+    c.attn = attn_f.get_ptr();
     c.o = o_f.get_ptr();
     c.act = act_f.get_ptr();
     ASSERT_TRUE(b.decode_layers(c)) << what << ": the CUDA backend declined a supported shape";
@@ -167,8 +169,16 @@ TEST_P(fused_decode, matches_the_op_by_op_layers) {
       b.silu_mul(gate_up.get_ptr(), 1, ffn, act_o.get_ptr());
       b.linear(act_o.get_ptr(), 1, w.down, w.down_bias, delta_o.get_ptr());
     }
-    EXPECT_CLOSE(res_f.get(), res_o.get(), dtype::bf16, what + " residual");
-    EXPECT_CLOSE(delta_f.get(), delta_o.get(), dtype::bf16, what + " last down output");
+    // Each path rounds its sums (in a different order) to bf16 where the other does: single flips of
+    // the last bit compound over the layers, so the layers' outputs get the whole-model tolerance
+    // test_cuda_model uses (2e-2); a wrong index or a missed term is far above it.
+    for (const auto& [got, want, name] : {std::tuple{res_f.get(), res_o.get(), " residual"},
+                                          std::tuple{delta_f.get(), delta_o.get(), " last down output"}}) {
+      const auto e = testing::compare(got, want);
+      testing::record_error(what + name, e);
+      EXPECT_EQ(e.non_finite, 0u) << what << name;
+      EXPECT_LE(e.rel, 2e-2) << what << name << ": max |diff| " << e.max_abs << ", seed " << testing::test_seed();
+    }
     for (int l = 0; l < sc.layers; ++l) {
       for (int kv = 0; kv < 2; ++kv) {
         const auto got = caches[4 * l + kv]->get(), want = caches[4 * l + 2 + kv]->get();

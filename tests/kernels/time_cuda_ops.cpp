@@ -17,6 +17,7 @@
 #include <tuple>
 #include <vector>
 
+#include "../../kernels/cuda/fused_decode.hpp"
 #include "cuda_test_util.hpp"
 
 namespace {
@@ -296,6 +297,141 @@ void decode_attention_chain_table() {
 
 }  // namespace
 
+
+/// The fused decode kernel (kernels/cuda/fused_decode.cu) on the 1B's 16 layers at one context: its
+/// time a launch, the bandwidth that implies, and where a layer's time goes (%globaltimer stamps of
+/// each block's computing warps at the end of each phase, averaged over layers and blocks).
+/// Weights are constant bytes: the timing does not depend on their values.
+void time_fused_decode(kernels::backend& b, int ctx) {
+  const int hidden = 2048, ffn = 8192, heads = 32, kv_heads = 8, hd = 64, layers = 16, block_size = 16;
+  int dev = 0, sms = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  const int blocks = kernels::cuda::fused_decode_blocks(sms);
+  if (blocks == 0 || !kernels::cuda::fused_decode_supported(hidden, ffn, heads, kv_heads, hd)) {
+    std::printf("fused decode: not supported here\n");
+    return;
+  }
+  std::vector<void*> owned;
+  auto dev_alloc = [&](std::size_t bytes, int byte) {
+    void* p = b.alloc(bytes);
+    if (p == nullptr) {
+      std::printf("fused decode: out of device memory\n");
+      std::exit(1);
+    }
+    b.fill_bytes(p, static_cast<std::uint8_t>(byte), bytes);
+    owned.push_back(p);
+    return p;
+  };
+  using bf = __nv_bfloat16;
+  const int qkv_rows = (heads + 2 * kv_heads) * hd;
+  const int kv_blocks = (ctx + block_size - 1) / block_size + 1;
+  kernels::cuda::fused_decode_args a;
+  a.num_layers = layers;
+  for (int l = 0; l < layers; ++l) {
+    auto& L = a.layer[l];
+    L.input_norm = static_cast<const float*>(dev_alloc(hidden * 4, 0x3c));
+    L.post_norm = static_cast<const float*>(dev_alloc(hidden * 4, 0x3c));
+    L.qkv = static_cast<const bf*>(dev_alloc(std::size_t(qkv_rows) * hidden * 2, 0x3c));
+    L.o = static_cast<const bf*>(dev_alloc(std::size_t(hidden) * heads * hd * 2, 0x3c));
+    L.gate_up = static_cast<const bf*>(dev_alloc(std::size_t(2 * ffn) * hidden * 2, 0x3c));
+    L.down = static_cast<const bf*>(dev_alloc(std::size_t(hidden) * ffn * 2, 0x3c));
+    L.k_cache = static_cast<bf*>(dev_alloc(std::size_t(kv_blocks) * block_size * kv_heads * hd * 2, 0x3c));
+    L.v_cache = static_cast<bf*>(dev_alloc(std::size_t(kv_blocks) * block_size * kv_heads * hd * 2, 0x3c));
+  }
+  a.hidden = hidden;
+  a.ffn = ffn;
+  a.heads = heads;
+  a.kv_heads = kv_heads;
+  a.head_dim = hd;
+  a.scale = 0.125f;
+  a.eps = 1e-5f;
+  a.block_size = block_size;
+  std::vector<std::int32_t> table(kv_blocks);
+  std::iota(table.begin(), table.end(), 0);
+  auto ints = [&](const std::vector<std::int32_t>& v) {
+    void* p = dev_alloc(v.size() * 4, 0);
+    b.upload(p, v.data(), v.size() * 4);
+    return static_cast<const std::int32_t*>(p);
+  };
+  a.positions = ints({ctx - 1});
+  a.slots = ints({ctx - 1});
+  a.ctx_len = ints({ctx});
+  a.block_table = ints(table);
+  std::vector<float> inv(hd / 2);
+  for (int i = 0; i < hd / 2; ++i) inv[i] = std::pow(500000.0f, -2.0f * i / hd);
+  void* inv_d = dev_alloc(inv.size() * 4, 0);
+  b.upload(inv_d, inv.data(), inv.size() * 4);
+  a.inv_freq = static_cast<const float*>(inv_d);
+  a.residual = static_cast<bf*>(dev_alloc(hidden * 2, 0x3c));
+  a.delta = static_cast<bf*>(dev_alloc(hidden * 2, 0));
+  a.qkv_out = static_cast<bf*>(dev_alloc(qkv_rows * 2, 0));
+  a.o_out = static_cast<bf*>(dev_alloc(hidden * 2, 0));
+  a.act = static_cast<bf*>(dev_alloc(ffn * 2, 0));
+  a.attn_out = static_cast<bf*>(dev_alloc(heads * hd * 2, 0));
+  a.partials = static_cast<float*>(dev_alloc(kernels::cuda::fused_decode_partial_floats(heads, kv_heads, hd, blocks) * 4, 0));
+  a.sync = static_cast<unsigned*>(dev_alloc(256, 0));
+  a.head_sync = a.sync + 32;
+  b.synchronize();
+  cudaStream_t s = nullptr;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  std::vector<float> ms;
+  for (int i = 0; i < 25; ++i) {
+    cudaEventRecord(e0, s);
+    kernels::cuda::launch_fused_decode(a, blocks, s);
+    cudaEventRecord(e1, s);
+    cudaEventSynchronize(e1);
+    float t = 0.0f;
+    cudaEventElapsedTime(&t, e0, e1);
+    if (i >= 5) ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  const double us = ms[ms.size() / 2] * 1e3;
+  const double bytes = double(layers) * 2.0 * (double(qkv_rows) * hidden + double(hidden) * heads * hd +
+                                               2.0 * ffn * hidden + double(hidden) * ffn);
+  std::printf("fused decode, 16 layers of the 1B, ctx %d, %d blocks: %.1f us a launch (%.1f a layer), %.2f TB/s of weights\n",
+              ctx, blocks, us, us / layers, bytes / (us * 1e-6) / 1e12);
+  const std::size_t n = std::size_t(blocks) * layers * kernels::cuda::fused_trace_points;
+  void* tr = dev_alloc(n * 8, 0);
+  a.trace = static_cast<unsigned long long*>(tr);
+  kernels::cuda::launch_fused_decode(a, blocks, s);
+  cudaStreamSynchronize(s);
+  std::vector<unsigned long long> t(n);
+  b.download(t.data(), tr, n * 8);
+  static const char* names[] = {"norm", "qkv", "barrier1", "attention", "barrier2", "attn load", "o_proj", "barrier3",
+                                "norm2", "gate_up", "barrier4", "act load", "down", "barrier5"};
+  const int P = kernels::cuda::fused_trace_points;
+  std::printf("  phase       mean us (all blocks)  block 0   max over blocks\n");
+  for (int k = 1; k < P; ++k) {
+    double sum = 0.0, b0 = 0.0, mx = 0.0;
+    for (int l = 0; l < layers; ++l) {
+      double lmax = 0.0;
+      for (int blk = 0; blk < blocks; ++blk) {
+        const unsigned long long* r = t.data() + (std::size_t(blk) * layers + l) * P;
+        const double d = double(r[k] - r[k - 1]) * 1e-3;
+        sum += d;
+        lmax = std::max(lmax, d);
+        if (blk == 0) b0 += d;
+      }
+      mx += lmax;
+    }
+    std::printf("  %-12s %8.2f %18.2f %12.2f\n", names[k - 1], sum / (double(blocks) * layers), b0 / layers, mx / layers);
+  }
+  unsigned long long first = ~0ull, last = 0;
+  for (int blk = 0; blk < blocks; ++blk) {
+    first = std::min(first, t[std::size_t(blk) * layers * P]);
+    last = std::max(last, t[(std::size_t(blk) * layers + layers - 1) * P + P - 1]);
+  }
+  std::printf("  traced launch: %.1f us from the first block's start to the last block's end\n", double(last - first) * 1e-3);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaStreamDestroy(s);
+  for (void* p : owned) b.release(p);
+}
+
 int main(int argc, char** argv) {
   // `time_cuda_ops attention`: the attention rows only.
   const bool attention_only = argc > 1 && std::string(argv[1]) == "attention";
@@ -318,6 +454,10 @@ int main(int argc, char** argv) {
   }
   if (linears_only) {  // opt-in: the skinny GEMM is off by default, and this adds ~10 s
     time_decode_linears(rng, {32, 64, 128});
+    return 0;
+  }
+  if (argc > 1 && std::string(argv[1]) == "fused") {  // the fused decode kernel only
+    for (int ctx : {200, 1000}) time_fused_decode(b, ctx);
     return 0;
   }
   const int hidden = 2048, ffn = 8192, heads = 32, kv_heads = 8, hd = 64, vocab = 128256;

@@ -307,6 +307,7 @@ bool stage_executor::run_fused_layers(int n) {
   c.residual = residual_.get();
   c.delta = delta_.get();
   c.qkv = qkv_.get();
+  c.attn = attn_.get();
   c.o = normed_.get();
   c.act = act_.get();
   return backend_.decode_layers(c);

@@ -110,9 +110,10 @@ struct decode_layers_call {
   attention_batch batch;  ///< one sequence of one query row
   void* residual = nullptr;  ///< [hidden]: in and out
   void* delta = nullptr;     ///< [hidden]: in (first_adds_delta) and out (the last down output)
-  /// Scratch the op-by-op path would use (qkv [qkv width], o [hidden], act [ffn]); their contents
-  /// after the call are unspecified.
+  /// Scratch the op-by-op path would use (qkv [qkv width], attn [heads head_dim], o [hidden],
+  /// act [ffn]); their contents after the call are unspecified.
   void* qkv = nullptr;
+  void* attn = nullptr;
   void* o = nullptr;
   void* act = nullptr;
 };
