@@ -71,16 +71,45 @@ __device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
+__device__ __forceinline__ unsigned load_relaxed(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void fence_acq_rel() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 
 // All computing threads of all blocks: every global write before it is visible to every read after.
-__device__ void grid_sync(unsigned* counter, unsigned target) {
+// `index`: this launch's barrier number (1, 2, ...). sync[0] counts arrivals. Modes (the fastest
+// is chosen by measurement, time_cuda_ops fused):
+// 0: atomicAdd, then poll the count with ld.acquire until it reaches index × grid;
+// 1: fence + red.add (no return), poll the count with relaxed loads and a short back-off, fence;
+// 2: the last block to arrive (atom.add's return) publishes `index` in sync[2]; the others poll
+//    that word, which no atomic touches while they poll.
+__device__ void grid_sync(unsigned* sync, unsigned index, int mode) {
   consumer_sync();
   if (threadIdx.x == 0) {
-    __threadfence();
-    atomicAdd(counter, 1u);
-    while (load_acquire(counter) < target) {
+    const unsigned target = index * gridDim.x;
+    if (mode == 0) {
+      __threadfence();
+      atomicAdd(sync, 1u);
+      while (load_acquire(sync) < target) {
+      }
+      __threadfence();
+    } else if (mode == 1) {
+      fence_acq_rel();
+      asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(sync) : "memory");
+      while (load_relaxed(sync) < target) __nanosleep(32);
+      fence_acq_rel();
+    } else {
+      fence_acq_rel();
+      if (atomicAdd(sync, 1u) == target - 1) {
+        asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(sync + 2), "r"(index) : "memory");
+      } else {
+        while (load_relaxed(sync + 2) < index) {
+        }
+      }
+      fence_acq_rel();
     }
-    __threadfence();
   }
   consumer_sync();
 }
@@ -254,9 +283,55 @@ __device__ void norm_into(bf16* res, const bf16* delta, int hidden, const float*
   consumer_sync();  // xs complete; red may be reused
 }
 
-// Key splits of the attention: about 64 keys a unit, at most the blocks a KV head gets.
-__device__ __forceinline__ int splits_for(int span, int blocks, int kv_heads) {
-  return max(1, min((span + 63) / 64, blocks / kv_heads));
+// Shared memory for the K and V rows a unit prefetches (cp.async) while qkv streams.
+constexpr int kv_prefetch_bytes = 16 * 1024;
+// Keys a unit prefetches: 64, or what kv_prefetch_bytes holds (K and V rows).
+__host__ __device__ constexpr int prefetch_keys(int hd) {
+  return kv_prefetch_bytes / (4 * hd) < 64 ? kv_prefetch_bytes / (4 * hd) : 64;
+}
+// Key splits of the attention: at most prefetch_keys a unit where the blocks a KV head gets allow.
+__device__ __forceinline__ int splits_for(int span, int blocks, int kv_heads, int hd) {
+  const int cap = prefetch_keys(hd);
+  return max(1, min((span + cap - 1) / cap, blocks / kv_heads));
+}
+
+// The keys of attention unit `unit` at this step (window and splits as attention_units uses them).
+struct unit_keys {
+  int units, kvh, sp, S, p0, p1, ctx;
+};
+__device__ __forceinline__ unit_keys keys_of(const fused_decode_args& a, const fused_layer& L, int unit) {
+  unit_keys k;
+  k.ctx = a.ctx_len[0];
+  const int start = L.window > 0 ? max(0, k.ctx - L.window) : 0;
+  const int span = k.ctx - start;
+  k.S = splits_for(span, gridDim.x, a.kv_heads, a.head_dim);
+  k.units = a.kv_heads * k.S;
+  k.kvh = unit / k.S;
+  k.sp = unit % k.S;
+  k.p0 = start + static_cast<int>(static_cast<long long>(k.sp) * span / k.S);
+  k.p1 = start + static_cast<int>(static_cast<long long>(k.sp + 1) * span / k.S);
+  return k;
+}
+__device__ __forceinline__ std::size_t key_row(const fused_decode_args& a, int p, int kvh) {
+  const std::size_t slot = static_cast<std::size_t>(a.block_table[p / a.block_size]) * a.block_size + p % a.block_size;
+  return (slot * a.kv_heads + kvh) * a.head_dim;
+}
+
+// This block's first attention unit of layer L: its cached keys' K and V rows (not the new key's,
+// which this launch writes) into kvp (K rows, then V rows, prefetch_keys(hd) apart), by cp.async. The
+// weights of qkv stream meanwhile; attention_units waits for them.
+__device__ void prefetch_kv(const fused_decode_args& a, const fused_layer& L, bf16* kvp) {
+  const unit_keys k = keys_of(a, L, blockIdx.x);
+  if (blockIdx.x >= k.units) return;
+  const int hd = a.head_dim, cap = prefetch_keys(hd), cpr = hd / 8;
+  const int n = min(k.p1 - k.p0, cap) - (k.p0 + min(k.p1 - k.p0, cap) > k.ctx - 1 ? 1 : 0);
+  for (int c = threadIdx.x; c < n * 2 * cpr; c += consumers) {
+    const int i = c / (2 * cpr), r = c % (2 * cpr), kv = r / cpr, ch = r % cpr;
+    const bf16* src = (kv ? L.v_cache : L.k_cache) + key_row(a, k.p0 + i, k.kvh) + ch * 8;
+    bf16* dst = kvp + (static_cast<std::size_t>(kv) * cap + i) * hd + ch * 8;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src) : "memory");
+  }
+  asm volatile("cp.async.commit_group;" ::: "memory");
 }
 
 // Shared-memory floats of the attention scratch.
@@ -269,12 +344,10 @@ __host__ __device__ constexpr int attention_floats(int group, int hd) {
 // unit of a KV head to finish (an arrival count a head) combines its group's splits into attn_out.
 // cs: (cos, sin) × rope scaling per pair of dims at this step's position (shared memory).
 __device__ void attention_units(const fused_decode_args& a, const fused_layer& L, const float2* cs, float* att,
-                                int* flag, int warp, int lane) {
-  const int hd = a.head_dim, half = hd / 2, G = a.heads / a.kv_heads;
-  const int ctx = a.ctx_len[0];
-  const int start = L.window > 0 ? max(0, ctx - L.window) : 0;
-  const int span = ctx - start;
-  const int S = splits_for(span, gridDim.x, a.kv_heads);
+                                const bf16* kvp, int* flag, int warp, int lane) {
+  const int hd = a.head_dim, half = hd / 2, G = a.heads / a.kv_heads, cap = prefetch_keys(hd);
+  const int S = keys_of(a, L, 0).S, ctx = a.ctx_len[0];
+  asm volatile("cp.async.wait_all;" ::: "memory");  // this thread's prefetched rows (prefetch_kv)
   float* qs = att;                                // [G][hd]
   float* kn = qs + G * hd;                        // [hd] the new key, roped
   float* vn = kn + hd;                            // [hd]
@@ -282,9 +355,9 @@ __device__ void attention_units(const fused_decode_args& a, const fused_layer& L
   float* accs = ml + consumer_warps * G * 2;      // [warp][G][hd]
   const int dpl = (hd + 31) / 32;
   for (int unit = blockIdx.x; unit < a.kv_heads * S; unit += gridDim.x) {
-    const int kvh = unit / S, sp = unit % S;
-    const int p0 = start + static_cast<int>(static_cast<long long>(sp) * span / S);
-    const int p1 = start + static_cast<int>(static_cast<long long>(sp + 1) * span / S);
+    const unit_keys uk = keys_of(a, L, unit);
+    const int kvh = uk.kvh, sp = uk.sp, p0 = uk.p0, p1 = uk.p1;
+    const bool prefetched = unit == static_cast<int>(blockIdx.x);  // prefetch_kv's unit
     // rope_kv's work for this KV head and its query heads (same angles and rounding).
     for (int idx = threadIdx.x; idx < (G + 1) * half; idx += consumers) {
       const int g = idx / half, i = idx % half;
@@ -336,10 +409,13 @@ __device__ void attention_units(const fused_decode_args& a, const fused_layer& L
         const bf16* kr = nullptr;
         const bf16* vr = nullptr;
         if (p < p1 && !new_key) {
-          const std::size_t slot =
-              static_cast<std::size_t>(a.block_table[p / a.block_size]) * a.block_size + p % a.block_size;
-          kr = L.k_cache + (slot * a.kv_heads + kvh) * hd;
-          vr = L.v_cache + (slot * a.kv_heads + kvh) * hd;
+          if (prefetched && p - p0 < cap) {
+            kr = kvp + static_cast<std::size_t>(p - p0) * hd;
+            vr = kvp + static_cast<std::size_t>(cap + p - p0) * hd;
+          } else {
+            kr = L.k_cache + key_row(a, p, kvh);
+            vr = L.v_cache + key_row(a, p, kvh);
+          }
         }
 #pragma unroll
         for (int j = 0; j < max_dpl; ++j) {
@@ -404,7 +480,7 @@ __device__ void attention_units(const fused_decode_args& a, const fused_layer& L
     consumer_sync();
     if (threadIdx.x == 0) {
       __threadfence();
-      const unsigned before = atomicAdd(a.head_sync + kvh, 1u);
+      const unsigned before = atomicAdd(a.head_sync + kvh, 1u);  // after the fence: a release
       *flag = before == static_cast<unsigned>(S - 1);
       if (*flag) {
         a.head_sync[kvh] = 0;  // every split of this head has arrived; the next layer counts again
@@ -416,13 +492,29 @@ __device__ void attention_units(const fused_decode_args& a, const fused_layer& L
       for (int idx = threadIdx.x; idx < G * hd; idx += consumers) {
         const int g = idx / hd, d = idx % hd;
         const float* P = a.partials + static_cast<std::size_t>(kvh * G + g) * S * (hd + 2);
-        float mx = -INFINITY;
-        for (int s = 0; s < S; ++s) mx = fmaxf(mx, __ldcg(P + s * (hd + 2) + hd));
-        float A = 0.0f, Ls = 0.0f;
-        for (int s = 0; s < S; ++s) {
-          const float e = expf(__ldcg(P + s * (hd + 2) + hd) - mx);
-          A += __ldcg(P + s * (hd + 2) + d) * e;
-          Ls += __ldcg(P + s * (hd + 2) + hd + 1) * e;
+        float mx = -INFINITY, A = 0.0f, Ls = 0.0f;
+        for (int s0 = 0; s0 < S; s0 += 16) {  // all of a chunk's loads at once
+          float mv[16], lv[16], av[16];
+#pragma unroll
+          for (int s = 0; s < 16; ++s) {
+            const float* q = P + (s0 + s) * (hd + 2);
+            mv[s] = s0 + s < S ? __ldcg(q + hd) : -INFINITY;
+            lv[s] = s0 + s < S ? __ldcg(q + hd + 1) : 0.0f;
+            av[s] = s0 + s < S ? __ldcg(q + d) : 0.0f;
+          }
+          float cm = mx;
+#pragma unroll
+          for (int s = 0; s < 16; ++s) cm = fmaxf(cm, mv[s]);
+          const float r = mx == -INFINITY ? 0.0f : expf(mx - cm);
+          A *= r;
+          Ls *= r;
+#pragma unroll
+          for (int s = 0; s < 16; ++s) {
+            const float e = mv[s] == -INFINITY ? 0.0f : expf(mv[s] - cm);
+            A += av[s] * e;
+            Ls += lv[s] * e;
+          }
+          mx = cm;
         }
         a.attn_out[(kvh * G + g) * hd + d] = __float2bfloat16_rn(A / Ls);
       }
@@ -473,6 +565,7 @@ __global__ void __launch_bounds__(block_threads, 1) fused_decode_kernel(const __
   bf16* res = xs + ((xs_width + 63) / 64) * 64;
   float2* cs = reinterpret_cast<float2*>(res + ((a.hidden + 63) / 64) * 64);  // [head_dim / 2]
   float* att = reinterpret_cast<float*>(cs + a.head_dim / 2);
+  bf16* kvp = reinterpret_cast<bf16*>(att + attention_floats(a.heads / a.kv_heads, a.head_dim) - a.head_dim);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (threadIdx.x == 0) {
     for (int i = 0; i < nstages; ++i) {
@@ -502,7 +595,7 @@ __global__ void __launch_bounds__(block_threads, 1) fused_decode_kernel(const __
   unsigned seq = 0, barriers = 0;
   auto sync_grid = [&] {
     ++barriers;
-    grid_sync(a.sync, barriers * gridDim.x);
+    grid_sync(a.sync, barriers, a.barrier_mode);
   };
   for (int l = 0; l < a.num_layers; ++l) {
     const fused_layer& L = a.layer[l];
@@ -515,6 +608,7 @@ __global__ void __launch_bounds__(block_threads, 1) fused_decode_kernel(const __
       ++point;
     };
     stamp();
+    prefetch_kv(a, L, kvp);
     norm_into(res, (l > 0 || a.first_adds_delta) ? a.delta : nullptr, a.hidden, L.input_norm, a.eps, xs, red);
     stamp();
     consume(matrix_of(a, L, 0), xs, seq, ring, full, empty, nstages, warp, lane, [&](int r, float s, float) {
@@ -523,7 +617,7 @@ __global__ void __launch_bounds__(block_threads, 1) fused_decode_kernel(const __
     stamp();
     sync_grid();
     stamp();
-    attention_units(a, L, cs, att, &flag, warp, lane);
+    attention_units(a, L, cs, att, kvp, &flag, warp, lane);
     stamp();
     sync_grid();
     stamp();
@@ -565,6 +659,7 @@ __global__ void __launch_bounds__(block_threads, 1) fused_decode_kernel(const __
     if (atomicAdd(a.sync + 1, 1u) == gridDim.x - 1) {  // every block is past its last barrier
       a.sync[0] = 0;
       a.sync[1] = 0;
+      a.sync[2] = 0;
       __threadfence();
     }
   }
@@ -573,7 +668,8 @@ __global__ void __launch_bounds__(block_threads, 1) fused_decode_kernel(const __
 std::size_t dynamic_smem(const fused_decode_args& a, int nstages) {
   const int xs_width = std::max(std::max(a.hidden, a.ffn), a.heads * a.head_dim);
   return barrier_bytes + static_cast<std::size_t>(nstages) * stage_bytes + ((xs_width + 63) / 64) * 64 * 2 +
-         ((a.hidden + 63) / 64) * 64 * 2 + attention_floats(a.heads / a.kv_heads, a.head_dim) * sizeof(float);
+         ((a.hidden + 63) / 64) * 64 * 2 + attention_floats(a.heads / a.kv_heads, a.head_dim) * sizeof(float) +
+         kv_prefetch_bytes;
   // (attention_floats counts the (cos, sin) table's head_dim floats)
 }
 
@@ -599,7 +695,7 @@ bool fused_decode_supported(int hidden, int ffn, int heads, int kv_heads, int he
   // A stage holds at least one unit: a gate/up pair of hidden-wide rows, an o row, a down row.
   if (hidden * 4 > stage_bytes || ffn * 2 > stage_bytes || heads * head_dim * 2 > stage_bytes) return false;
   if (heads % kv_heads != 0 || heads / kv_heads > max_group || kv_heads > fused_max_kv_heads) return false;
-  if (head_dim % 2 != 0 || head_dim > max_head_dim) return false;
+  if (head_dim % 8 != 0 || head_dim > max_head_dim) return false;  // 16-byte rows for cp.async
   fused_decode_args probe;
   probe.hidden = hidden;
   probe.ffn = ffn;

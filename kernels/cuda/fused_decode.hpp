@@ -50,12 +50,14 @@ struct fused_decode_args {
   __nv_bfloat16* act = nullptr;       ///< [ffn]
   __nv_bfloat16* attn_out = nullptr;  ///< [heads head_dim]
   float* partials = nullptr;          ///< fused_decode_partial_floats()
-  unsigned* sync = nullptr;           ///< two zeroed words; the kernel leaves them zero
+  unsigned* sync = nullptr;           ///< three zeroed words; the kernel leaves them zero
   unsigned* head_sync = nullptr;      ///< kv_heads zeroed words; the kernel leaves them zero
   /// nullptr, or [blocks][num_layers][fused_trace_points] %globaltimer stamps (ns) of each block's
   /// computing warps at the end of each phase (bench: where a layer's time goes)
   unsigned long long* trace = nullptr;
   int ring_stages = 0;                ///< set by launch_fused_decode (what shared memory allows)
+  /// grid barrier variant (fused_decode.cu, grid_sync); the default is the fastest measured
+  int barrier_mode = 2;
 };
 
 /// Stamps a layer: its start, then the ends of norm, qkv, barrier, attention, barrier, attention

@@ -302,7 +302,7 @@ void decode_attention_chain_table() {
 /// time a launch, the bandwidth that implies, and where a layer's time goes (%globaltimer stamps of
 /// each block's computing warps at the end of each phase, averaged over layers and blocks).
 /// Weights are constant bytes: the timing does not depend on their values.
-void time_fused_decode(kernels::backend& b, int ctx) {
+void time_fused_decode(kernels::backend& b, int ctx, int barrier_mode) {
   const int hidden = 2048, ffn = 8192, heads = 32, kv_heads = 8, hd = 64, layers = 16, block_size = 16;
   int dev = 0, sms = 0;
   cudaGetDevice(&dev);
@@ -328,6 +328,7 @@ void time_fused_decode(kernels::backend& b, int ctx) {
   const int kv_blocks = (ctx + block_size - 1) / block_size + 1;
   kernels::cuda::fused_decode_args a;
   a.num_layers = layers;
+  a.barrier_mode = barrier_mode;
   for (int l = 0; l < layers; ++l) {
     auto& L = a.layer[l];
     L.input_norm = static_cast<const float*>(dev_alloc(hidden * 4, 0x3c));
@@ -392,8 +393,8 @@ void time_fused_decode(kernels::backend& b, int ctx) {
   const double us = ms[ms.size() / 2] * 1e3;
   const double bytes = double(layers) * 2.0 * (double(qkv_rows) * hidden + double(hidden) * heads * hd +
                                                2.0 * ffn * hidden + double(hidden) * ffn);
-  std::printf("fused decode, 16 layers of the 1B, ctx %d, %d blocks: %.1f us a launch (%.1f a layer), %.2f TB/s of weights\n",
-              ctx, blocks, us, us / layers, bytes / (us * 1e-6) / 1e12);
+  std::printf("fused decode, 16 layers of the 1B, ctx %d, %d blocks, barrier mode %d: %.1f us a launch (%.1f a layer), %.2f TB/s of weights\n",
+              ctx, blocks, barrier_mode, us, us / layers, bytes / (us * 1e-6) / 1e12);
   const std::size_t n = std::size_t(blocks) * layers * kernels::cuda::fused_trace_points;
   void* tr = dev_alloc(n * 8, 0);
   a.trace = static_cast<unsigned long long*>(tr);
@@ -457,7 +458,8 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (argc > 1 && std::string(argv[1]) == "fused") {  // the fused decode kernel only
-    for (int ctx : {200, 1000}) time_fused_decode(b, ctx);
+    for (int mode : {0, 1, 2}) time_fused_decode(b, 200, mode);
+    time_fused_decode(b, 1000, kernels::cuda::fused_decode_args{}.barrier_mode);
     return 0;
   }
   const int hidden = 2048, ffn = 8192, heads = 32, kv_heads = 8, hd = 64, vocab = 128256;
