@@ -387,61 +387,54 @@ __device__ void attention_units(const fused_decode_args& a, const fused_layer& L
       }
     }
     consumer_sync();
-    float q[max_group][max_dpl], acc[max_group][max_dpl], m[max_group], l[max_group];
+    // One key at a time (K and V come from shared memory, prefetched): the query stays in shared
+    // memory too, so the registers hold only the accumulators (with every key batched and q in
+    // registers the kernel spilled, and its local memory had almost no L1 left to live in).
+    float acc[max_group][max_dpl], m[max_group], l[max_group];
 #pragma unroll
     for (int g = 0; g < max_group; ++g) {
       m[g] = -INFINITY;
       l[g] = 0.0f;
 #pragma unroll
+      for (int j = 0; j < max_dpl; ++j) acc[g][j] = 0.0f;
+    }
+    for (int p = p0 + warp; p < p1; p += consumer_warps) {
+      const bool new_key = p == ctx - 1;
+      const bf16* kr = nullptr;
+      const bf16* vr = nullptr;
+      if (!new_key) {
+        if (prefetched && p - p0 < cap) {
+          kr = kvp + static_cast<std::size_t>(p - p0) * hd;
+          vr = kvp + static_cast<std::size_t>(cap + p - p0) * hd;
+        } else {
+          kr = L.k_cache + key_row(a, p, kvh);
+          vr = L.v_cache + key_row(a, p, kvh);
+        }
+      }
+      float kd[max_dpl], vd[max_dpl];
+#pragma unroll
       for (int j = 0; j < max_dpl; ++j) {
         const int d = lane + 32 * j;
-        q[g][j] = (g < G && j < dpl && d < hd) ? qs[g * hd + d] : 0.0f;
-        acc[g][j] = 0.0f;
+        const bool in = j < dpl && d < hd;
+        kd[j] = !in ? 0.0f : (new_key ? kn[d] : __bfloat162float(kr[d]));
+        vd[j] = !in ? 0.0f : (new_key ? vn[d] : __bfloat162float(vr[d]));
       }
-    }
-    // Keys p0 + warp, + 8, ...: four at a time, loads first.
-    for (int pb = p0 + warp; pb < p1; pb += 4 * consumer_warps) {
-      float kd[4][max_dpl], vd[4][max_dpl];
 #pragma unroll
-      for (int t = 0; t < 4; ++t) {
-        const int p = pb + t * consumer_warps;
-        const bool new_key = p == ctx - 1;
-        const bf16* kr = nullptr;
-        const bf16* vr = nullptr;
-        if (p < p1 && !new_key) {
-          if (prefetched && p - p0 < cap) {
-            kr = kvp + static_cast<std::size_t>(p - p0) * hd;
-            vr = kvp + static_cast<std::size_t>(cap + p - p0) * hd;
-          } else {
-            kr = L.k_cache + key_row(a, p, kvh);
-            vr = L.v_cache + key_row(a, p, kvh);
-          }
-        }
+      for (int g = 0; g < max_group; ++g) {
+        if (g >= G) break;
+        float sc = 0.0f;
 #pragma unroll
         for (int j = 0; j < max_dpl; ++j) {
           const int d = lane + 32 * j;
-          const bool in = p < p1 && j < dpl && d < hd;
-          kd[t][j] = !in ? 0.0f : (new_key ? kn[d] : __bfloat162float(kr[d]));
-          vd[t][j] = !in ? 0.0f : (new_key ? vn[d] : __bfloat162float(vr[d]));
+          if (j < dpl && d < hd) sc = fmaf(qs[g * hd + d], kd[j], sc);
         }
-      }
+        sc = warp_sum(sc) * a.scale;
+        const float mn = fmaxf(m[g], sc);
+        const float corr = expf(m[g] - mn), pe = expf(sc - mn);
+        l[g] = l[g] * corr + pe;
 #pragma unroll
-      for (int t = 0; t < 4; ++t) {
-        if (pb + t * consumer_warps >= p1) break;
-#pragma unroll
-        for (int g = 0; g < max_group; ++g) {
-          if (g >= G) break;
-          float s = 0.0f;
-#pragma unroll
-          for (int j = 0; j < max_dpl; ++j) s = fmaf(q[g][j], kd[t][j], s);
-          s = warp_sum(s) * a.scale;
-          const float mn = fmaxf(m[g], s);
-          const float corr = expf(m[g] - mn), pe = expf(s - mn);
-          l[g] = l[g] * corr + pe;
-#pragma unroll
-          for (int j = 0; j < max_dpl; ++j) acc[g][j] = fmaf(pe, vd[t][j], acc[g][j] * corr);
-          m[g] = mn;
-        }
+        for (int j = 0; j < max_dpl; ++j) acc[g][j] = fmaf(pe, vd[j], acc[g][j] * corr);
+        m[g] = mn;
       }
     }
 #pragma unroll
