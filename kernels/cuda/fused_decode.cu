@@ -64,7 +64,13 @@ __device__ __forceinline__ float ldcg_bf(const bf16* p) {
   return __uint_as_float(static_cast<std::uint32_t>(__ldcg(reinterpret_cast<const unsigned short*>(p))) << 16);
 }
 
-__device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, %0;" ::"n"(consumers) : "memory"); }
+// The computing warps' barrier. Non-aligned `barrier.sync` after a __syncwarp: in grid_sync and
+// attention_units, thread 0 spins alone inside an `if` before it, and `bar.sync` (= barrier.sync
+// .aligned) is undefined for a warp whose threads reach it apart (the launches failed now and then).
+__device__ __forceinline__ void consumer_sync() {
+  __syncwarp();
+  asm volatile("barrier.sync 1, %0;" ::"n"(consumers) : "memory");
+}
 
 __device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
   unsigned v;
@@ -322,7 +328,7 @@ __device__ __forceinline__ std::size_t key_row(const fused_decode_args& a, int p
 // weights of qkv stream meanwhile; attention_units waits for them.
 __device__ void prefetch_kv(const fused_decode_args& a, const fused_layer& L, bf16* kvp) {
   const unit_keys k = keys_of(a, L, blockIdx.x);
-  if (blockIdx.x >= k.units) return;
+  if (!a.prefetch || blockIdx.x >= k.units) return;
   const int hd = a.head_dim, cap = prefetch_keys(hd), cpr = hd / 8;
   const int n = min(k.p1 - k.p0, cap) - (k.p0 + min(k.p1 - k.p0, cap) > k.ctx - 1 ? 1 : 0);
   for (int c = threadIdx.x; c < n * 2 * cpr; c += consumers) {
@@ -357,7 +363,7 @@ __device__ void attention_units(const fused_decode_args& a, const fused_layer& L
   for (int unit = blockIdx.x; unit < a.kv_heads * S; unit += gridDim.x) {
     const unit_keys uk = keys_of(a, L, unit);
     const int kvh = uk.kvh, sp = uk.sp, p0 = uk.p0, p1 = uk.p1;
-    const bool prefetched = unit == static_cast<int>(blockIdx.x);  // prefetch_kv's unit
+    const bool prefetched = a.prefetch && unit == static_cast<int>(blockIdx.x);  // prefetch_kv's unit
     // rope_kv's work for this KV head and its query heads (same angles and rounding).
     for (int idx = threadIdx.x; idx < (G + 1) * half; idx += consumers) {
       const int g = idx / half, i = idx % half;
@@ -715,12 +721,12 @@ int fused_decode_blocks(int sms) {
   return per_sm >= 1 ? sms : 0;
 }
 
-void launch_fused_decode(const fused_decode_args& args, int blocks, cudaStream_t s) {
+void launch_fused_decode(const fused_decode_args& args, int blocks, cudaStream_t s, bool pdl) {
   fused_decode_args a = args;
   const int limit = max_dynamic_smem();
   a.ring_stages = max_stages;
   while (a.ring_stages > 4 && static_cast<int>(dynamic_smem(a, a.ring_stages)) > limit) --a.ring_stages;
-  launch_kx(launch_extras{true}, fused_decode_kernel, dim3(blocks), dim3(block_threads), dynamic_smem(a, a.ring_stages),
+  launch_kx(launch_extras{pdl}, fused_decode_kernel, dim3(blocks), dim3(block_threads), dynamic_smem(a, a.ring_stages),
             s, a);
   CONVEYOR_CUDA_LAUNCHED("fused decode");
 }

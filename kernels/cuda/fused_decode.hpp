@@ -58,6 +58,8 @@ struct fused_decode_args {
   int ring_stages = 0;                ///< set by launch_fused_decode (what shared memory allows)
   /// grid barrier variant (fused_decode.cu, grid_sync); the default is the fastest measured
   int barrier_mode = 2;
+  /// 1: attention units prefetch their cached keys' K/V rows while qkv streams (0: read them in place)
+  int prefetch = 1;
 };
 
 /// Stamps a layer: its start, then the ends of norm, qkv, barrier, attention, barrier, attention
@@ -72,6 +74,7 @@ bool fused_decode_supported(int hidden, int ffn, int heads, int kv_heads, int he
 std::size_t fused_decode_partial_floats(int heads, int kv_heads, int head_dim, int blocks);
 /// Blocks of the launch (one per SM), 0 when the kernel cannot be resident on every SM at once.
 int fused_decode_blocks(int sms);
-void launch_fused_decode(const fused_decode_args& a, int blocks, cudaStream_t s);
+/// `pdl`: a programmatic dependent of the previous kernel (its producer streams weights early).
+void launch_fused_decode(const fused_decode_args& a, int blocks, cudaStream_t s, bool pdl = true);
 
 }  // namespace conveyor::kernels::cuda

@@ -32,6 +32,7 @@ struct shape_case {
 std::vector<shape_case> cases() {
   return {
       {"llama1b", 2048, 8192, 32, 8, 64, 2, false, 0, {1, 37, 200, 700}},
+      {"llama1b_16_layers", 2048, 8192, 32, 8, 64, 16, false, 0, {129, 200}},
       {"tiny_bias", 64, 200, 4, 2, 16, 3, true, 0, {1, 5, 70}},
       {"group8", 96, 256, 8, 1, 16, 2, false, 0, {3, 129}},
       {"window", 128, 352, 4, 2, 32, 2, false, 24, {10, 100}},
@@ -171,13 +172,15 @@ TEST_P(fused_decode, matches_the_op_by_op_layers) {
     }
     // Each path rounds its sums (in a different order) to bf16 where the other does: single flips of
     // the last bit compound over the layers, so the layers' outputs get the whole-model tolerance
-    // test_cuda_model uses (2e-2); a wrong index or a missed term is far above it.
+    // test_cuda_model uses (2e-2) for two layers, growing as sqrt(layers / 2) (16 layers: 5.7e-2);
+    // a wrong index or a missed term is far above it.
     for (const auto& [got, want, name] : {std::tuple{res_f.get(), res_o.get(), " residual"},
                                           std::tuple{delta_f.get(), delta_o.get(), " last down output"}}) {
       const auto e = testing::compare(got, want);
       testing::record_error(what + name, e);
       EXPECT_EQ(e.non_finite, 0u) << what << name;
-      EXPECT_LE(e.rel, 2e-2) << what << name << ": max |diff| " << e.max_abs << ", seed " << testing::test_seed();
+      EXPECT_LE(e.rel, 2e-2 * std::sqrt(sc.layers / 2.0))
+          << what << name << ": max |diff| " << e.max_abs << ", seed " << testing::test_seed();
     }
     for (int l = 0; l < sc.layers; ++l) {
       for (int kv = 0; kv < 2; ++kv) {
@@ -188,7 +191,12 @@ TEST_P(fused_decode, matches_the_op_by_op_layers) {
         for (std::size_t i = 0; i < got.size(); ++i) changed += (i < row0 || i >= row1) && got[i] != want[i];
         EXPECT_EQ(changed, 0u) << what << " layer " << l << (kv ? " V" : " K") << ": cache outside the new slot";
         const std::vector<float> g(got.begin() + row0, got.begin() + row1), r(want.begin() + row0, want.begin() + row1);
-        EXPECT_CLOSE(g, r, dtype::bf16, what + " layer " + std::to_string(l) + (kv ? " new V" : " new K"));
+        // Layer l's key and value carry the flips of the l layers before it (1e-2 × sqrt(l + 1)).
+        const auto e = testing::compare(g, r);
+        const std::string name = what + " layer " + std::to_string(l) + (kv ? " new V" : " new K");
+        testing::record_error(name, e);
+        EXPECT_EQ(e.non_finite, 0u) << name;
+        EXPECT_LE(e.rel, 1e-2 * std::sqrt(l + 1.0)) << name << ", seed " << testing::test_seed();
         caches[4 * l + kv]->set(want);  // the next context starts from equal caches
       }
     }

@@ -302,7 +302,7 @@ void decode_attention_chain_table() {
 /// time a launch, the bandwidth that implies, and where a layer's time goes (%globaltimer stamps of
 /// each block's computing warps at the end of each phase, averaged over layers and blocks).
 /// Weights are constant bytes: the timing does not depend on their values.
-void time_fused_decode(kernels::backend& b, int ctx, int barrier_mode) {
+void time_fused_decode(kernels::backend& b, int ctx, int barrier_mode, int reps = 25) {
   const int hidden = 2048, ffn = 8192, heads = 32, kv_heads = 8, hd = 64, layers = 16, block_size = 16;
   int dev = 0, sms = 0;
   cudaGetDevice(&dev);
@@ -329,6 +329,8 @@ void time_fused_decode(kernels::backend& b, int ctx, int barrier_mode) {
   kernels::cuda::fused_decode_args a;
   a.num_layers = layers;
   a.barrier_mode = barrier_mode;
+  if (const char* e = std::getenv("FUSED_PREFETCH")) a.prefetch = std::atoi(e);
+  const bool pdl = std::getenv("FUSED_PDL") == nullptr || std::atoi(std::getenv("FUSED_PDL")) != 0;
   for (int l = 0; l < layers; ++l) {
     auto& L = a.layer[l];
     L.input_norm = static_cast<const float*>(dev_alloc(hidden * 4, 0x3c));
@@ -380,14 +382,14 @@ void time_fused_decode(kernels::backend& b, int ctx, int barrier_mode) {
   cudaEventCreate(&e0);
   cudaEventCreate(&e1);
   std::vector<float> ms;
-  for (int i = 0; i < 25; ++i) {
+  for (int i = 0; i < reps; ++i) {
     cudaEventRecord(e0, s);
-    kernels::cuda::launch_fused_decode(a, blocks, s);
+    kernels::cuda::launch_fused_decode(a, blocks, s, pdl);
     cudaEventRecord(e1, s);
     cudaEventSynchronize(e1);
     float t = 0.0f;
     cudaEventElapsedTime(&t, e0, e1);
-    if (i >= 5) ms.push_back(t);
+    if (i >= 5 || reps <= 5) ms.push_back(t);
   }
   std::sort(ms.begin(), ms.end());
   const double us = ms[ms.size() / 2] * 1e3;
@@ -398,7 +400,7 @@ void time_fused_decode(kernels::backend& b, int ctx, int barrier_mode) {
   const std::size_t n = std::size_t(blocks) * layers * kernels::cuda::fused_trace_points;
   void* tr = dev_alloc(n * 8, 0);
   a.trace = static_cast<unsigned long long*>(tr);
-  kernels::cuda::launch_fused_decode(a, blocks, s);
+  kernels::cuda::launch_fused_decode(a, blocks, s, pdl);
   cudaStreamSynchronize(s);
   std::vector<unsigned long long> t(n);
   b.download(t.data(), tr, n * 8);
@@ -455,6 +457,10 @@ int main(int argc, char** argv) {
   }
   if (linears_only) {  // opt-in: the skinny GEMM is off by default, and this adds ~10 s
     time_decode_linears(rng, {32, 64, 128});
+    return 0;
+  }
+  if (argc > 2 && std::string(argv[1]) == "fused-once") {  // one launch at ctx argv[2] (compute-sanitizer)
+    time_fused_decode(b, std::atoi(argv[2]), kernels::cuda::fused_decode_args{}.barrier_mode, 1);
     return 0;
   }
   if (argc > 1 && std::string(argv[1]) == "fused") {  // the fused decode kernel only
