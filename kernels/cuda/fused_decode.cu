@@ -109,6 +109,7 @@ __device__ void grid_sync(unsigned* sync, unsigned index, int mode) {
     } else {
       fence_acq_rel();
       if (atomicAdd(sync, 1u) == target - 1) {
+        fence_acq_rel();  // acquire the others' writes before releasing them to the waiters
         asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(sync + 2), "r"(index) : "memory");
       } else {
         while (load_relaxed(sync + 2) < index) {
@@ -551,34 +552,33 @@ __device__ __forceinline__ unsigned long long global_ns() {
   return t;
 }
 
-__global__ void __launch_bounds__(block_threads, 1) fused_decode_kernel(const __grid_constant__ fused_decode_args a) {
-  extern __shared__ __align__(128) unsigned char smem[];
-  __shared__ double red[consumer_warps];
-  __shared__ int flag;
-  const int nstages = a.ring_stages;
-  std::uint64_t* full = reinterpret_cast<std::uint64_t*>(smem);
-  std::uint64_t* empty = full + max_stages;
-  unsigned char* ring = smem + barrier_bytes;
-  const int xs_width = max(max(a.hidden, a.ffn), a.heads * a.head_dim);
-  bf16* xs = reinterpret_cast<bf16*>(ring + static_cast<std::size_t>(nstages) * stage_bytes);
-  bf16* res = xs + ((xs_width + 63) / 64) * 64;
-  float2* cs = reinterpret_cast<float2*>(res + ((a.hidden + 63) / 64) * 64);  // [head_dim / 2]
-  float* att = reinterpret_cast<float*>(cs + a.head_dim / 2);
-  bf16* kvp = reinterpret_cast<bf16*>(att + attention_floats(a.heads / a.kv_heads, a.head_dim) - a.head_dim);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (threadIdx.x == 0) {
-    for (int i = 0; i < nstages; ++i) {
-      mbar_init(full + i, 1);
-      mbar_init(empty + i, 1);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
-  if (warp == consumer_warps) {
-    // Weights never depend on the previous kernel: no griddepcontrol.wait before streaming them.
-    if (lane == 0) produce(a, ring, full, empty, nstages);
-    return;
-  }
+// A block's shared memory, as fused_decode_kernel lays it out.
+struct block_smem {
+  std::uint64_t* full;
+  std::uint64_t* empty;
+  unsigned char* ring;
+  int nstages;
+  bf16* xs;
+  bf16* res;
+  float2* cs;
+  float* att;
+  bf16* kvp;
+  double* red;
+  int* flag;
+};
+
+// The computing warps: every layer, phase by phase.
+__device__ void compute_layers(const fused_decode_args& a, const block_smem& sm, int warp, int lane) {
+  std::uint64_t* full = sm.full;
+  std::uint64_t* empty = sm.empty;
+  const unsigned char* ring = sm.ring;
+  const int nstages = sm.nstages;
+  bf16* xs = sm.xs;
+  bf16* res = sm.res;
+  float2* cs = sm.cs;
+  float* att = sm.att;
+  bf16* kvp = sm.kvp;
+  double* red = sm.red;
   grid_dep_wait();
   grid_dep_trigger();
 
@@ -616,7 +616,7 @@ __global__ void __launch_bounds__(block_threads, 1) fused_decode_kernel(const __
     stamp();
     sync_grid();
     stamp();
-    attention_units(a, L, cs, att, kvp, &flag, warp, lane);
+    attention_units(a, L, cs, att, kvp, sm.flag, warp, lane);
     stamp();
     sync_grid();
     stamp();
@@ -660,6 +660,47 @@ __global__ void __launch_bounds__(block_threads, 1) fused_decode_kernel(const __
       a.sync[1] = 0;
       a.sync[2] = 0;
       __threadfence();
+    }
+  }
+}
+
+__global__ void __launch_bounds__(block_threads, 1) fused_decode_kernel(const __grid_constant__ fused_decode_args a) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ double red[consumer_warps];
+  __shared__ int flag;
+  const int nstages = a.ring_stages;
+  std::uint64_t* full = reinterpret_cast<std::uint64_t*>(smem);
+  std::uint64_t* empty = full + max_stages;
+  unsigned char* ring = smem + barrier_bytes;
+  const int xs_width = max(max(a.hidden, a.ffn), a.heads * a.head_dim);
+  bf16* xs = reinterpret_cast<bf16*>(ring + static_cast<std::size_t>(nstages) * stage_bytes);
+  bf16* res = xs + ((xs_width + 63) / 64) * 64;
+  float2* cs = reinterpret_cast<float2*>(res + ((a.hidden + 63) / 64) * 64);  // [head_dim / 2]
+  float* att = reinterpret_cast<float*>(cs + a.head_dim / 2);
+  bf16* kvp = reinterpret_cast<bf16*>(att + attention_floats(a.heads / a.kv_heads, a.head_dim) - a.head_dim);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < nstages; ++i) {
+      mbar_init(full + i, 1);
+      mbar_init(empty + i, 1);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  if (warp == consumer_warps) {
+    // Weights never depend on the previous kernel: no griddepcontrol.wait before streaming them.
+    if (lane == 0) produce(a, ring, full, empty, nstages);
+    __syncwarp();
+  } else {
+    compute_layers(a, block_smem{full, empty, ring, nstages, xs, res, cs, att, kvp, red, &flag}, warp, lane);
+  }
+  // Every stage has been consumed and every copy has landed: the barriers are retired before the
+  // shared memory goes to the next block on this SM.
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < nstages; ++i) {
+      asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(smem_addr(full + i)) : "memory");
+      asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(smem_addr(empty + i)) : "memory");
     }
   }
 }
