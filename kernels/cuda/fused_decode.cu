@@ -1,5 +1,7 @@
 // The decoder layers of a one-token decode step as one persistent kernel: one block an SM, all of a
-// step's layers in one launch.
+// step's layers in one launch. EXPERIMENTAL (cuda_backend_options::fused_decode, off): correct in
+// its tests, slower than the op-by-op step so far, and repeated launches fail now and then for a
+// reason not found yet (bench/NOTES.md, session 7, has the measurements and what to try next).
 //
 // Why: at batch 1 every weight byte is read once, and the op-by-op step (6 launches a layer) lost
 // ~20 µs a layer to kernel boundaries and to the short GEMVs' ramp-up and tail (bench/NOTES.md,
@@ -7,27 +9,28 @@
 // a block copies the block's rows of every matrix of every layer, in order, into a ring of
 // shared-memory stages with bulk copies (TMA), and never waits for anything but a free slot: weights
 // do not depend on activations. The 8 computing warps follow the same schedule; between matrices
-// they wait at a grid-wide barrier (a counter in global memory) for the activations the next matrix
-// reads, while the producer keeps filling the ring with that matrix's rows.
+// they wait at a grid-wide barrier (global memory) for the activations the next matrix reads, while
+// the producer keeps filling the ring with that matrix's rows.
 //
 // A layer, as the op-by-op path computes it (each intermediate rounded to bf16 where that path
 // stores it, sums of squares in double as rmsnorm_bf16x8_kernel does):
 //   every block: residual += delta; xs = rmsnorm(residual) * input_norm  (the residual lives in each
-//                block's shared memory: every block computes the same values)
+//                block's shared memory: every block computes the same values); attention blocks
+//                start their cached keys' K/V loads (cp.async)
 //   qkv rows of this block -> qkv_out                                    | barrier
-//   attention units (kv head, key split): rope of q and the new k (the unit holding the last key
-//   writes k and v to the cache), flash-decoding partials -> partials    | barrier
-//   every block: combine the partials -> xs (the attention output); o rows -> o_out | barrier
+//   attention units (kv head, split of <= 64 keys): rope of q and the new k (the unit holding the
+//   last key writes k and v to the cache), flash-decoding partials; the last split of a KV head
+//   to finish combines its group's heads -> attn_out                     | barrier
+//   every block: xs = attn_out; o rows -> o_out                          | barrier
 //   every block: residual += o_out; xs = rmsnorm(residual) * post_norm
 //   (gate, up) row pairs -> act = silu(gate) * up                        | barrier
 //   every block: xs = act; down rows -> delta                            | barrier (not after the last)
 // A block's rows of a matrix are a contiguous range (rows × blocks / grid), copied a stage (16 KB) at
 // a time; each stage is consumed by one warp (stage number mod 8).
 //
-// The barrier counter (sync[0]) counts arrivals; a block passes barrier k when it reads k × grid. The
-// blocks count their exits in sync[1]; the last one zeroes both, so the next launch starts at zero.
-// Every block must be resident at once: one block an SM (its shared memory allows no second), grid =
-// SM count; a block waits only for blocks that have started.
+// sync[0] counts barrier arrivals (grid_sync has the variants); the blocks count their exits in
+// sync[1]; the last one zeroes the words, so the next launch starts at zero. Every block must be
+// resident at once: one block an SM (its shared memory allows no second), grid = SM count.
 #include "fused_decode.hpp"
 
 #include <cuda_bf16.h>
