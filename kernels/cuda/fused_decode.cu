@@ -165,6 +165,11 @@ __device__ __forceinline__ matrix matrix_of(const fused_decode_args& a, const fu
 }
 __device__ __forceinline__ int unit_bytes(const matrix& m) { return m.cols * 2 * (m.pair ? 2 : 1); }
 
+// A word of host-mapped memory the host reads while the kernel runs (fused_decode_args::progress).
+__device__ __forceinline__ void publish(unsigned* p, unsigned v) {
+  asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
 // The producer (one thread): every stage of every matrix of every layer, as soon as its slot is free.
 __device__ void produce(const fused_decode_args& a, unsigned char* ring, std::uint64_t* full, std::uint64_t* empty,
                         int nstages) {
@@ -175,6 +180,7 @@ __device__ void produce(const fused_decode_args& a, unsigned char* ring, std::ui
       const share s = share_of(m.units, unit_bytes(m));
       const unsigned row_bytes = static_cast<unsigned>(m.cols) * 2;
       for (int k = 0; k < s.stages; ++k, ++seq) {
+        if (a.progress != nullptr) publish(a.progress + gridDim.x + blockIdx.x, seq);
         const int slot = static_cast<int>(seq % nstages);
         const unsigned use = seq / nstages;
         if (use > 0) mbar_wait(empty + slot, (use - 1) & 1);
@@ -607,6 +613,9 @@ __device__ void compute_layers(const fused_decode_args& a, const block_smem& sm,
     int point = 0;
     auto stamp = [&] {
       if (tr != nullptr && threadIdx.x == 0) tr[point] = global_ns();
+      if (a.progress != nullptr && threadIdx.x == 0) {
+        publish(a.progress + blockIdx.x, static_cast<unsigned>(l * fused_trace_points + point + 1));
+      }
       ++point;
     };
     stamp();

@@ -55,6 +55,10 @@ struct fused_decode_args {
   /// nullptr, or [blocks][num_layers][fused_trace_points] %globaltimer stamps (ns) of each block's
   /// computing warps at the end of each phase (bench: where a layer's time goes)
   unsigned long long* trace = nullptr;
+  /// nullptr, or host-mapped [2 × blocks] words the launch keeps current for a watchdog on the host:
+  /// [b] = block b's computing warps' last stamp (layer × fused_trace_points + point + 1), [blocks + b]
+  /// = stages its producer has issued. They show where every block stands when a launch hangs.
+  unsigned* progress = nullptr;
   int ring_stages = 0;                ///< set by launch_fused_decode (what shared memory allows)
   /// grid barrier variant (fused_decode.cu, grid_sync); the default is the fastest measured
   int barrier_mode = 2;

@@ -6,6 +6,9 @@
 #include <algorithm>
 #include <cmath>
 #include <chrono>
+#include <cstring>
+#include <map>
+#include <thread>
 #include <cstdlib>
 #include <memory>
 #include <cstdio>
@@ -302,7 +305,66 @@ void decode_attention_chain_table() {
 /// time a launch, the bandwidth that implies, and where a layer's time goes (%globaltimer stamps of
 /// each block's computing warps at the end of each phase, averaged over layers and blocks).
 /// Weights are constant bytes: the timing does not depend on their values.
-void time_fused_decode(kernels::backend& b, int ctx, int barrier_mode, int reps = 25) {
+
+/// Launches `a` `launches` times back to back (as graph replays run it), each with its own host-mapped
+/// progress words (fused_decode_args::progress), then waits up to 5 s. On a failure or a launch still
+/// running, prints where every block of each unfinished launch stands: the histogram of the computing
+/// warps' last stamps (layer, phase) and the range of stages the producers have issued.
+bool watch_fused(kernels::cuda::fused_decode_args a, int blocks, cudaStream_t s, int launches, bool pdl) {
+  static const char* points[] = {"start", "norm", "qkv", "barrier1", "attention", "barrier2", "attn load", "o_proj",
+                                 "barrier3", "norm2", "gate_up", "barrier4", "act load", "down", "barrier5"};
+  const int P = kernels::cuda::fused_trace_points;
+  const std::size_t per = 2 * static_cast<std::size_t>(blocks);
+  unsigned* host = nullptr;
+  if (cudaHostAlloc(reinterpret_cast<void**>(&host), per * launches * sizeof(unsigned), cudaHostAllocMapped) != cudaSuccess) {
+    std::printf("fused watch: no mapped host memory\n");
+    return false;
+  }
+  std::memset(host, 0, per * launches * sizeof(unsigned));
+  unsigned* dev = nullptr;
+  cudaHostGetDevicePointer(reinterpret_cast<void**>(&dev), host, 0);
+  for (int i = 0; i < launches; ++i) {
+    a.progress = dev + per * i;
+    kernels::cuda::launch_fused_decode(a, blocks, s, pdl);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  cudaError_t st = cudaErrorNotReady;
+  while ((st = cudaStreamQuery(s)) == cudaErrorNotReady &&
+         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (st == cudaSuccess) {
+    std::printf("fused watch: %d back-to-back launches finished\n", launches);
+    cudaFreeHost(host);
+    return true;
+  }
+  std::printf("fused watch: %s after %d back-to-back launches\n",
+              st == cudaErrorNotReady ? "still running 5 s" : cudaGetErrorString(st), launches);
+  const unsigned done = static_cast<unsigned>((a.num_layers - 1) * P + P);
+  for (int i = 0; i < launches; ++i) {
+    const volatile unsigned* w = host + per * i;
+    std::map<unsigned, int> hist;
+    unsigned pmin = ~0u, pmax = 0;
+    for (int bl = 0; bl < blocks; ++bl) {
+      ++hist[static_cast<unsigned>(w[bl])];
+      pmin = std::min(pmin, static_cast<unsigned>(w[blocks + bl]));
+      pmax = std::max(pmax, static_cast<unsigned>(w[blocks + bl]));
+    }
+    if (hist.size() == 1 && hist.begin()->first == done) continue;  // this launch finished
+    std::printf("  launch %d: producers issued stages %u..%u; computing warps' last stamp:\n", i, pmin, pmax);
+    for (const auto& [code, n] : hist) {
+      if (code == 0) {
+        std::printf("    %3d blocks: no stamp (not started, or before the first layer)\n", n);
+      } else {
+        std::printf("    %3d blocks: layer %u, after %s\n", n, (code - 1) / P, points[(code - 1) % P]);
+      }
+    }
+  }
+  std::fflush(stdout);
+  return false;
+}
+
+void time_fused_decode(kernels::backend& b, int ctx, int barrier_mode, int reps = 25, int watch = 0) {
   const int hidden = 2048, ffn = 8192, heads = 32, kv_heads = 8, hd = 64, layers = 16, block_size = 16;
   int dev = 0, sms = 0;
   cudaGetDevice(&dev);
@@ -378,6 +440,13 @@ void time_fused_decode(kernels::backend& b, int ctx, int barrier_mode, int reps 
   b.synchronize();
   cudaStream_t s = nullptr;
   cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  if (watch > 0) {
+    // A hung launch cannot be cancelled: report and leave without cleaning up.
+    if (!watch_fused(a, blocks, s, watch, pdl)) std::_Exit(3);
+    cudaStreamDestroy(s);
+    for (void* p : owned) b.release(p);
+    return;
+  }
   cudaEvent_t e0, e1;
   cudaEventCreate(&e0);
   cudaEventCreate(&e1);
@@ -457,6 +526,10 @@ int main(int argc, char** argv) {
   }
   if (linears_only) {  // opt-in: the skinny GEMM is off by default, and this adds ~10 s
     time_decode_linears(rng, {32, 64, 128});
+    return 0;
+  }
+  if (argc > 3 && std::string(argv[1]) == "fused-watch") {  // argv[3] back-to-back launches at ctx argv[2]
+    time_fused_decode(b, std::atoi(argv[2]), kernels::cuda::fused_decode_args{}.barrier_mode, 0, std::atoi(argv[3]));
     return 0;
   }
   if (argc > 2 && std::string(argv[1]) == "fused-once") {  // one launch at ctx argv[2] (compute-sanitizer)
