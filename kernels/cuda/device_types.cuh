@@ -49,6 +49,9 @@ struct launch_extras {
   bool pdl = false;
   int carveout = -1;
   int cluster_x = 1;
+  /// a cooperative launch: the driver starts it only when every block can be resident at once (for
+  /// kernels whose blocks wait for each other)
+  bool cooperative = false;
 };
 
 /// kernel<<<grid, block, smem, s>>>(args...) with the attributes `x` asks for.
@@ -60,7 +63,7 @@ void launch_kx(const launch_extras& x, void (*kernel)(P...), dim3 grid, dim3 blo
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = s;
-  cudaLaunchAttribute attr[3];
+  cudaLaunchAttribute attr[4];
   unsigned n = 0;
   if (x.pdl) {
     attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -75,6 +78,10 @@ void launch_kx(const launch_extras& x, void (*kernel)(P...), dim3 grid, dim3 blo
     attr[n].val.clusterDim.x = static_cast<unsigned>(x.cluster_x);
     attr[n].val.clusterDim.y = 1;
     attr[n++].val.clusterDim.z = 1;
+  }
+  if (x.cooperative) {
+    attr[n].id = cudaLaunchAttributeCooperative;
+    attr[n++].val.cooperative = 1;
   }
   cfg.attrs = attr;
   cfg.numAttrs = n;

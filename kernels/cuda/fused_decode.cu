@@ -774,12 +774,15 @@ int fused_decode_blocks(int sms) {
   return per_sm >= 1 ? sms : 0;
 }
 
-void launch_fused_decode(const fused_decode_args& args, int blocks, cudaStream_t s, bool pdl) {
+void launch_fused_decode(const fused_decode_args& args, int blocks, cudaStream_t s, bool pdl, bool cooperative) {
   fused_decode_args a = args;
   const int limit = max_dynamic_smem();
   a.ring_stages = max_stages;
   while (a.ring_stages > 4 && static_cast<int>(dynamic_smem(a, a.ring_stages)) > limit) --a.ring_stages;
-  launch_kx(launch_extras{pdl}, fused_decode_kernel, dim3(blocks), dim3(block_threads), dynamic_smem(a, a.ring_stages),
+  launch_extras x;
+  x.pdl = pdl && !cooperative;
+  x.cooperative = cooperative;
+  launch_kx(x, fused_decode_kernel, dim3(blocks), dim3(block_threads), dynamic_smem(a, a.ring_stages),
             s, a);
   CONVEYOR_CUDA_LAUNCHED("fused decode");
 }

@@ -79,6 +79,8 @@ std::size_t fused_decode_partial_floats(int heads, int kv_heads, int head_dim, i
 /// Blocks of the launch (one per SM), 0 when the kernel cannot be resident on every SM at once.
 int fused_decode_blocks(int sms);
 /// `pdl`: a programmatic dependent of the previous kernel (its producer streams weights early).
-void launch_fused_decode(const fused_decode_args& a, int blocks, cudaStream_t s, bool pdl = true);
+/// `cooperative`: a cooperative launch instead (every block resident before any starts; not with pdl).
+void launch_fused_decode(const fused_decode_args& a, int blocks, cudaStream_t s, bool pdl = true,
+                         bool cooperative = false);
 
 }  // namespace conveyor::kernels::cuda

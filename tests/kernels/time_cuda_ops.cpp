@@ -310,7 +310,8 @@ void decode_attention_chain_table() {
 /// progress words (fused_decode_args::progress), then waits up to 5 s. On a failure or a launch still
 /// running, prints where every block of each unfinished launch stands: the histogram of the computing
 /// warps' last stamps (layer, phase) and the range of stages the producers have issued.
-bool watch_fused(kernels::cuda::fused_decode_args a, int blocks, cudaStream_t s, int launches, bool pdl) {
+bool watch_fused(kernels::cuda::fused_decode_args a, int blocks, cudaStream_t s, int launches, bool pdl,
+                 bool coop) {
   static const char* points[] = {"start", "norm", "qkv", "barrier1", "attention", "barrier2", "attn load", "o_proj",
                                  "barrier3", "norm2", "gate_up", "barrier4", "act load", "down", "barrier5"};
   const int P = kernels::cuda::fused_trace_points;
@@ -325,7 +326,7 @@ bool watch_fused(kernels::cuda::fused_decode_args a, int blocks, cudaStream_t s,
   cudaHostGetDevicePointer(reinterpret_cast<void**>(&dev), host, 0);
   for (int i = 0; i < launches; ++i) {
     a.progress = dev + per * i;
-    kernels::cuda::launch_fused_decode(a, blocks, s, pdl);
+    kernels::cuda::launch_fused_decode(a, blocks, s, pdl, coop);
   }
   const auto t0 = std::chrono::steady_clock::now();
   cudaError_t st = cudaErrorNotReady;
@@ -393,6 +394,7 @@ void time_fused_decode(kernels::backend& b, int ctx, int barrier_mode, int reps 
   a.barrier_mode = barrier_mode;
   if (const char* e = std::getenv("FUSED_PREFETCH")) a.prefetch = std::atoi(e);
   const bool pdl = std::getenv("FUSED_PDL") == nullptr || std::atoi(std::getenv("FUSED_PDL")) != 0;
+  const bool coop = std::getenv("FUSED_COOP") != nullptr && std::atoi(std::getenv("FUSED_COOP")) != 0;
   for (int l = 0; l < layers; ++l) {
     auto& L = a.layer[l];
     L.input_norm = static_cast<const float*>(dev_alloc(hidden * 4, 0x3c));
@@ -442,7 +444,7 @@ void time_fused_decode(kernels::backend& b, int ctx, int barrier_mode, int reps 
   cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
   if (watch > 0) {
     // A hung launch cannot be cancelled: report and leave without cleaning up.
-    if (!watch_fused(a, blocks, s, watch, pdl)) std::_Exit(3);
+    if (!watch_fused(a, blocks, s, watch, pdl, coop)) std::_Exit(3);
     cudaStreamDestroy(s);
     for (void* p : owned) b.release(p);
     return;
@@ -453,7 +455,7 @@ void time_fused_decode(kernels::backend& b, int ctx, int barrier_mode, int reps 
   std::vector<float> ms;
   for (int i = 0; i < reps; ++i) {
     cudaEventRecord(e0, s);
-    kernels::cuda::launch_fused_decode(a, blocks, s, pdl);
+    kernels::cuda::launch_fused_decode(a, blocks, s, pdl, coop);
     cudaEventRecord(e1, s);
     cudaEventSynchronize(e1);
     float t = 0.0f;
@@ -469,7 +471,7 @@ void time_fused_decode(kernels::backend& b, int ctx, int barrier_mode, int reps 
   const std::size_t n = std::size_t(blocks) * layers * kernels::cuda::fused_trace_points;
   void* tr = dev_alloc(n * 8, 0);
   a.trace = static_cast<unsigned long long*>(tr);
-  kernels::cuda::launch_fused_decode(a, blocks, s, pdl);
+  kernels::cuda::launch_fused_decode(a, blocks, s, pdl, coop);
   cudaStreamSynchronize(s);
   std::vector<unsigned long long> t(n);
   b.download(t.data(), tr, n * 8);
