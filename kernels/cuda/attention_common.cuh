@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "device_types.cuh"
 #include "launch.hpp"
 
 namespace conveyor::kernels::cuda::attention_detail {
@@ -21,10 +22,6 @@ __device__ __forceinline__ std::size_t cache_index(const std::int32_t* table, in
   return (slot * kv_heads + kvh) * head_dim;
 }
 
-__device__ __forceinline__ std::uint32_t pack_bf16x2(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const std::uint32_t*>(&v);
-}
 __device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], const void* smem_row) {
   const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(smem_row));
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"

@@ -41,6 +41,21 @@ __device__ __forceinline__ void grid_dep_trigger() {
 #endif
 }
 
+/// The low and the high bf16 of a packed pair as floats, and two floats rounded into such a pair:
+/// how the 16-byte kernels read and write eight bf16 at a time.
+__device__ __forceinline__ float bf_lo(std::uint32_t u) { return __uint_as_float(u << 16); }
+__device__ __forceinline__ float bf_hi(std::uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
+__device__ __forceinline__ std::uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const std::uint32_t*>(&v);
+}
+
+/// The sum of `v` over the 32 lanes of a warp, in every lane.
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
 /// What a launch asks for besides its shape: to start as a programmatic dependent of the previous
 /// kernel on the stream (`pdl`), a preferred shared-memory carveout (`carveout` percent, a hint the
 /// driver may override; -1: the driver's choice) and thread-block clusters of `cluster_x` blocks

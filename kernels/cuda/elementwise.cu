@@ -188,12 +188,6 @@ __global__ void from_f32_kernel(const float* src, std::size_t count, T* dst) {
 
 // --- 16-byte (8 × bf16) versions of the memory-bound kernels, used where widths allow ---
 using bf16 = __nv_bfloat16;
-__device__ __forceinline__ float lo_f(std::uint32_t u) { return __uint_as_float(u << 16); }
-__device__ __forceinline__ float hi_f(std::uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
-__device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const std::uint32_t*>(&v);
-}
 
 // One block per row, each thread up to 4 chunks of 8 held in registers between the two passes.
 constexpr int norm_chunks_per_thread = 4;
@@ -216,12 +210,12 @@ __global__ void rmsnorm_bf16x8_kernel(bf16* residual, const bf16* x, int width, 
       const uint4 r = reinterpret_cast<const uint4*>(residual + base)[c];
       const std::uint32_t* rp = reinterpret_cast<const std::uint32_t*>(&r);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) p[e] = pack2(lo_f(rp[e]) + lo_f(p[e]), hi_f(rp[e]) + hi_f(p[e]));
+      for (int e = 0; e < 4; ++e) p[e] = pack_bf16x2(bf_lo(rp[e]) + bf_lo(p[e]), bf_hi(rp[e]) + bf_hi(p[e]));
       reinterpret_cast<uint4*>(residual + base)[c] = v[j];
     }
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const double a = lo_f(p[e]), b = hi_f(p[e]);
+      const double a = bf_lo(p[e]), b = bf_hi(p[e]);
       ss += a * a + b * b;
     }
   }
@@ -235,7 +229,7 @@ __global__ void rmsnorm_bf16x8_kernel(bf16* residual, const bf16* x, int width, 
     const float wv[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
     std::uint32_t* p = reinterpret_cast<std::uint32_t*>(&v[j]);
 #pragma unroll
-    for (int e = 0; e < 4; ++e) p[e] = pack2(wv[2 * e] * (lo_f(p[e]) * inv), wv[2 * e + 1] * (hi_f(p[e]) * inv));
+    for (int e = 0; e < 4; ++e) p[e] = pack_bf16x2(wv[2 * e] * (bf_lo(p[e]) * inv), wv[2 * e + 1] * (bf_hi(p[e]) * inv));
     reinterpret_cast<uint4*>(out + base)[c] = v[j];
   }
 }
@@ -257,8 +251,8 @@ __global__ void silu_mul_bf16x8_kernel(const bf16* gate_up, int n, int ffn, bf16
     std::uint32_t* rp = reinterpret_cast<std::uint32_t*>(&r);
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const float g0 = lo_f(gp[e]), g1 = hi_f(gp[e]);
-      rp[e] = pack2(g0 / (1.0f + expf(-g0)) * lo_f(up[e]), g1 / (1.0f + expf(-g1)) * hi_f(up[e]));
+      const float g0 = bf_lo(gp[e]), g1 = bf_hi(gp[e]);
+      rp[e] = pack_bf16x2(g0 / (1.0f + expf(-g0)) * bf_lo(up[e]), g1 / (1.0f + expf(-g1)) * bf_hi(up[e]));
     }
     reinterpret_cast<uint4*>(out + row * ffn)[c] = r;
   }
@@ -272,7 +266,7 @@ __global__ void add_bf16x8_kernel(bf16* acc, const bf16* x, std::size_t chunks) 
     std::uint32_t* ap = reinterpret_cast<std::uint32_t*>(&a);
     const std::uint32_t* bp = reinterpret_cast<const std::uint32_t*>(&b);
 #pragma unroll
-    for (int e = 0; e < 4; ++e) ap[e] = pack2(lo_f(ap[e]) + lo_f(bp[e]), hi_f(ap[e]) + hi_f(bp[e]));
+    for (int e = 0; e < 4; ++e) ap[e] = pack_bf16x2(bf_lo(ap[e]) + bf_lo(bp[e]), bf_hi(ap[e]) + bf_hi(bp[e]));
     reinterpret_cast<uint4*>(acc)[i] = a;
   }
 }

@@ -57,12 +57,6 @@ constexpr int max_head_dim = 128;
 constexpr int max_dpl = max_head_dim / 32;  // head dims a lane holds in attention
 constexpr int barrier_bytes = 2 * max_stages * 8;
 
-__device__ __forceinline__ float bf_lo(std::uint32_t u) { return __uint_as_float(u << 16); }
-__device__ __forceinline__ float bf_hi(std::uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
-__device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const std::uint32_t*>(&v);
-}
 __device__ __forceinline__ float ldcg_bf(const bf16* p) {
   return __uint_as_float(static_cast<std::uint32_t>(__ldcg(reinterpret_cast<const unsigned short*>(p))) << 16);
 }
@@ -124,11 +118,6 @@ __device__ void grid_sync(unsigned* sync, unsigned index, int mode) {
   consumer_sync();
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 
 /// This block's share of a matrix: units [u0, u1) (a unit is a row, or a gate/up pair of rows),
 /// `per_stage` units a 16 KB stage.
@@ -270,7 +259,7 @@ __device__ void norm_into(bf16* res, const bf16* delta, int hidden, const float*
       const uint4 d = __ldcg(reinterpret_cast<const uint4*>(delta) + c);
       const std::uint32_t* dp = reinterpret_cast<const std::uint32_t*>(&d);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) p[e] = pack2(bf_lo(p[e]) + bf_lo(dp[e]), bf_hi(p[e]) + bf_hi(dp[e]));
+      for (int e = 0; e < 4; ++e) p[e] = pack_bf16x2(bf_lo(p[e]) + bf_lo(dp[e]), bf_hi(p[e]) + bf_hi(dp[e]));
       reinterpret_cast<uint4*>(res)[c] = v;
     }
 #pragma unroll
@@ -293,7 +282,7 @@ __device__ void norm_into(bf16* res, const bf16* delta, int hidden, const float*
     const float4 w0 = reinterpret_cast<const float4*>(w)[2 * c], w1 = reinterpret_cast<const float4*>(w)[2 * c + 1];
     const float wv[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
 #pragma unroll
-    for (int e = 0; e < 4; ++e) p[e] = pack2(wv[2 * e] * (bf_lo(p[e]) * inv), wv[2 * e + 1] * (bf_hi(p[e]) * inv));
+    for (int e = 0; e < 4; ++e) p[e] = pack_bf16x2(wv[2 * e] * (bf_lo(p[e]) * inv), wv[2 * e + 1] * (bf_hi(p[e]) * inv));
     reinterpret_cast<uint4*>(xs)[c] = v;
   }
   consumer_sync();  // xs complete; red may be reused

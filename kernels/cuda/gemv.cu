@@ -51,17 +51,11 @@ using bf16 = __nv_bfloat16;
 // Weights are read once per step: stream them past L1 (which keeps x).
 __device__ __forceinline__ uint4 load_stream(const uint4* p) { return __ldcs(p); }
 
-__device__ __forceinline__ float bf_lo(std::uint32_t u) { return __uint_as_float(u << 16); }
-__device__ __forceinline__ float bf_hi(std::uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
-__device__ __forceinline__ std::uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const std::uint32_t*>(&v);
-}
 
 // silu(g) * u for two packed pairs, as silu_mul_kernel computes it.
 __device__ __forceinline__ std::uint32_t silu_pair(std::uint32_t g, std::uint32_t u) {
   const float g0 = bf_lo(g), g1 = bf_hi(g);
-  return pack_bf16(g0 / (1.0f + expf(-g0)) * bf_lo(u), g1 / (1.0f + expf(-g1)) * bf_hi(u));
+  return pack_bf16x2(g0 / (1.0f + expf(-g0)) * bf_lo(u), g1 / (1.0f + expf(-g1)) * bf_hi(u));
 }
 
 constexpr int max_tokens = 16;
@@ -222,7 +216,7 @@ __global__ void __launch_bounds__(WARPS * 32 + (TMA ? 32 : 0)) gemv_kernel(gemv_
           std::uint32_t* vp = reinterpret_cast<std::uint32_t*>(&v);
           const std::uint32_t* dp = reinterpret_cast<const std::uint32_t*>(&d);
 #pragma unroll
-          for (int e = 0; e < 4; ++e) vp[e] = pack_bf16(bf_lo(vp[e]) + bf_lo(dp[e]), bf_hi(vp[e]) + bf_hi(dp[e]));
+          for (int e = 0; e < 4; ++e) vp[e] = pack_bf16x2(bf_lo(vp[e]) + bf_lo(dp[e]), bf_hi(vp[e]) + bf_hi(dp[e]));
         }
         const std::uint32_t* vp = reinterpret_cast<const std::uint32_t*>(&v);
 #pragma unroll
@@ -258,7 +252,7 @@ __global__ void __launch_bounds__(WARPS * 32 + (TMA ? 32 : 0)) gemv_kernel(gemv_
         std::uint32_t* vp = reinterpret_cast<std::uint32_t*>(&v);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          vp[e] = pack_bf16(wv[2 * e] * (bf_lo(vp[e]) * inv), wv[2 * e + 1] * (bf_hi(vp[e]) * inv));
+          vp[e] = pack_bf16x2(wv[2 * e] * (bf_lo(vp[e]) * inv), wv[2 * e + 1] * (bf_hi(vp[e]) * inv));
         }
         *p = v;
       }
@@ -284,7 +278,7 @@ __global__ void __launch_bounds__(WARPS * 32 + (TMA ? 32 : 0)) gemv_kernel(gemv_
             std::uint32_t* vp = reinterpret_cast<std::uint32_t*>(&v);
             const std::uint32_t* dp = reinterpret_cast<const std::uint32_t*>(&d);
 #pragma unroll
-            for (int e = 0; e < 4; ++e) vp[e] = pack_bf16(bf_lo(vp[e]) + bf_lo(dp[e]), bf_hi(vp[e]) + bf_hi(dp[e]));
+            for (int e = 0; e < 4; ++e) vp[e] = pack_bf16x2(bf_lo(vp[e]) + bf_lo(dp[e]), bf_hi(vp[e]) + bf_hi(dp[e]));
             r4[i] = v;
           }
           o4[i] = *reinterpret_cast<const uint4*>(xs + static_cast<std::size_t>(t) * stride + i * 8);
