@@ -128,16 +128,19 @@ inline double tolerance(kernels::dtype t) { return t == kernels::dtype::bf16 ? 1
 
 }  // namespace conveyor::testing
 
-/// Expects out ≈ ref within the dtype's tolerance, with no unwritten (NaN) elements.
-#define EXPECT_CLOSE(out, ref, t, what)                                                                \
+/// Expects out ≈ ref within relative error `bound`, with no unwritten (NaN) elements.
+#define EXPECT_CLOSE_WITHIN(out, ref, bound, what)                                                     \
   do {                                                                                                 \
     ASSERT_EQ((out).size(), (ref).size()) << what;                                                     \
     const auto stats_ = ::conveyor::testing::compare(out, ref);                                        \
     EXPECT_EQ(stats_.non_finite, 0u) << what << ": unwritten or non-finite outputs";                   \
-    EXPECT_LE(stats_.rel, ::conveyor::testing::tolerance(t))                                           \
+    EXPECT_LE(stats_.rel, bound)                                                                       \
         << what << ": max |diff| " << stats_.max_abs << ", seed " << ::conveyor::testing::test_seed(); \
     ::conveyor::testing::record_error(what, stats_);                                                   \
   } while (0)
+
+/// Expects out ≈ ref within the dtype's tolerance, with no unwritten (NaN) elements.
+#define EXPECT_CLOSE(out, ref, t, what) EXPECT_CLOSE_WITHIN(out, ref, ::conveyor::testing::tolerance(t), what)
 
 namespace conveyor::testing {
 /// One line per comparison, "[parity] what rel max_abs", for scripts/gpu-suite's summary.

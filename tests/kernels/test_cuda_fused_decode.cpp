@@ -12,7 +12,6 @@
 #include <cmath>
 #include <numeric>
 #include <random>
-#include <tuple>
 
 #include "cuda_test_util.hpp"
 
@@ -174,14 +173,9 @@ TEST_P(fused_decode, matches_the_op_by_op_layers) {
     // the last bit compound over the layers, so the layers' outputs get the whole-model tolerance
     // test_cuda_model uses (2e-2) for two layers, growing as sqrt(layers / 2) (16 layers: 5.7e-2);
     // a wrong index or a missed term is far above it.
-    for (const auto& [got, want, name] : {std::tuple{res_f.get(), res_o.get(), " residual"},
-                                          std::tuple{delta_f.get(), delta_o.get(), " last down output"}}) {
-      const auto e = testing::compare(got, want);
-      testing::record_error(what + name, e);
-      EXPECT_EQ(e.non_finite, 0u) << what << name;
-      EXPECT_LE(e.rel, 2e-2 * std::sqrt(sc.layers / 2.0))
-          << what << name << ": max |diff| " << e.max_abs << ", seed " << testing::test_seed();
-    }
+    const double layers_bound = 2e-2 * std::sqrt(sc.layers / 2.0);
+    EXPECT_CLOSE_WITHIN(res_f.get(), res_o.get(), layers_bound, what + " residual");
+    EXPECT_CLOSE_WITHIN(delta_f.get(), delta_o.get(), layers_bound, what + " last down output");
     for (int l = 0; l < sc.layers; ++l) {
       for (int kv = 0; kv < 2; ++kv) {
         const auto got = caches[4 * l + kv]->get(), want = caches[4 * l + 2 + kv]->get();
@@ -192,11 +186,8 @@ TEST_P(fused_decode, matches_the_op_by_op_layers) {
         EXPECT_EQ(changed, 0u) << what << " layer " << l << (kv ? " V" : " K") << ": cache outside the new slot";
         const std::vector<float> g(got.begin() + row0, got.begin() + row1), r(want.begin() + row0, want.begin() + row1);
         // Layer l's key and value carry the flips of the l layers before it (1e-2 × sqrt(l + 1)).
-        const auto e = testing::compare(g, r);
-        const std::string name = what + " layer " + std::to_string(l) + (kv ? " new V" : " new K");
-        testing::record_error(name, e);
-        EXPECT_EQ(e.non_finite, 0u) << name;
-        EXPECT_LE(e.rel, 1e-2 * std::sqrt(l + 1.0)) << name << ", seed " << testing::test_seed();
+        EXPECT_CLOSE_WITHIN(g, r, 1e-2 * std::sqrt(l + 1.0),
+                            what + " layer " + std::to_string(l) + (kv ? " new V" : " new K"));
         caches[4 * l + kv]->set(want);  // the next context starts from equal caches
       }
     }
