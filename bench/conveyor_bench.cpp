@@ -9,7 +9,10 @@
 //   conveyor_bench --model DIR [--batches 1,8,64,256] [--prompt 128] [--new 128]
 //                  [--prefill 512,2048] [--variants all,base,...] [--ablate 1,8] [--ceilings 0|1]
 //                  [--json FILE] [--profile decode1|decode64|prefill2048] [--profile-variant NAME]
+//                  [--timeline 1,64] [--timeline-variants all,...]
 // --profile runs one step of that kind inside cudaProfilerStart/Stop (for ncu --profile-from-start off).
+// --timeline records decode steps at those batch sizes with CUPTI (kernel_timeline.hpp): each kernel's
+// start, length and share of the step's critical path inside the step's graph, as the GPU ran them.
 // Variants "all" (every speed path, the default) and "base" (none) get the whole sweep; the
 // ablations (one path off or on) only the --ablate batch sizes (0: none), a prefill ablation
 // (variant::prefill, e.g. nogqapf) the prefill sizes too.
@@ -33,6 +36,7 @@
 #include "conveyor/engine/local_pipeline.hpp"
 #include "conveyor/kernels/cuda_backend.hpp"
 #include "graph_timer.hpp"
+#include "kernel_timeline.hpp"
 
 namespace {
 
@@ -345,6 +349,29 @@ class engine_bench {
     }
   }
 
+  /// Decode at `batch` with steps 8-11 of 16 recorded by CUPTI: one launch's table and their summary,
+  /// and the same steps' wall time untraced and traced (what the recording itself costs).
+  void timeline(int batch) {
+    load_pipeline();
+    c_.new_tokens = 16;
+    generate_once(batch, 1);  // records the step graphs
+    const double plain = generate_once(batch, 1).decode_s;
+    timeline_steps_ = {8, 12};  // 12 < new_tokens: a step follows the traced ones
+    generate_once(batch, 1);
+    const double traced = timed_decode_s_;
+    timeline_steps_ = {-1, -1};
+    const std::string label = v_.name + " b=" + std::to_string(batch);
+    const auto launches = bench::graph_launches(spans_);
+    if (launches.size() >= 2) bench::print_launch(stdout, label, spans_, launches[launches.size() / 2]);
+    bench::print_summary(stdout, label, spans_, launches);
+    std::printf("timeline %s: untraced step %.3f ms (mean of 15), traced steps %.3f ms (mean of 4)\n", label.c_str(),
+                plain * 1e3 / 15, traced * 1e3 / 4);
+    std::fflush(stdout);
+    pipe_.reset();
+    timer_.reset();
+    backend_.reset();
+  }
+
   void run(bool full, const std::vector<int>& ablate_batches, double bw, double gemm,
            std::map<std::string, std::vector<std::int32_t>>& first_tokens) {
     const std::size_t free0 = load_pipeline();
@@ -487,8 +514,15 @@ class engine_bench {
       if (!out) die("decode step: " + out.err().message);
       record(*out);
     };
+    clock_type::time_point traced_from{};
     for (int step = 1; step < c_.new_tokens; ++step) {
       if (step == profile_step_) cudaProfilerStart();
+      if (step == timeline_steps_.first) {
+        // The queued step before is still in flight: let it finish outside the recording.
+        check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+        if (std::string why = timeline_.start(); !why.empty()) die("timeline: " + why);
+        traced_from = clock_type::now();
+      }
       engine::step_plan plan;
       for (int i = 0; i < batch; ++i) plan.seqs.push_back(seq_step(ids[i], {last[i]}, c_.prompt + step - 1, true));
       if (queue) {
@@ -500,6 +534,17 @@ class engine_bench {
         record(*out);
       }
       if (step == profile_step_) cudaProfilerStop();
+      if (step + 1 == timeline_steps_.second) {
+        if (queue) end_one();  // the last traced step's tokens (end_one waits for it)
+        timed_decode_s_ = seconds_since(traced_from);
+        spans_ = timeline_.stop();
+        if (queue) {  // the loop expects one step in flight: queue the next one, unchained
+          ++step;
+          engine::step_plan next;
+          for (int i = 0; i < batch; ++i) next.seqs.push_back(seq_step(ids[i], {last[i]}, c_.prompt + step - 1, true));
+          if (auto st = pipe_->begin_step(next, false); !st) die("decode step: " + st.err().message);
+        }
+      }
     }
     if (queue && c_.new_tokens > 1) end_one();
     r.decode_s = seconds_since(t1);
@@ -609,6 +654,10 @@ class engine_bench {
   double step_weight_bytes_ = 0, kv_bytes_per_token_ = 0, kv_pool_bytes_ = 0, linear_params_ = 0;
   std::int64_t next_id_ = 1;
   int profile_step_ = -1;
+  std::pair<int, int> timeline_steps_{-1, -1};  // [first, last) decode steps CUPTI records
+  bench::kernel_timeline timeline_;
+  std::vector<bench::gpu_span> spans_;
+  double timed_decode_s_ = 0;
   double load_s_ = 0;
   std::mt19937_64 prefill_rng_{9};
 };
@@ -622,6 +671,8 @@ int main(int argc, char** argv) {
   std::string json_path;
   bool ceilings = true;
   std::string profile, profile_variant = "all";
+  std::vector<int> timeline_batches;
+  std::vector<std::string> timeline_variants{"all"};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -639,6 +690,8 @@ int main(int argc, char** argv) {
     else if (a == "--ceilings") ceilings = next() != "0";
     else if (a == "--profile") profile = next();
     else if (a == "--profile-variant") profile_variant = next();
+    else if (a == "--timeline") timeline_batches = parse_ints(next());
+    else if (a == "--timeline-variants") timeline_variants = parse_words(next());
     else die("unknown flag " + a + " (see the comment at the top of bench/conveyor_bench.cpp)");
   }
   if (c.model.empty()) die("--model DIR is required");
@@ -650,6 +703,15 @@ int main(int argc, char** argv) {
         std::find_if(known.begin(), known.end(), [&](const variant& v) { return v.name == profile_variant; });
     if (it == known.end()) die("unknown variant " + profile_variant);
     engine_bench(c, *it).profile(profile);
+    return 0;
+  }
+  if (!timeline_batches.empty()) {
+    const auto known = all_variants();
+    for (const auto& name : timeline_variants) {
+      const auto it = std::find_if(known.begin(), known.end(), [&](const variant& v) { return v.name == name; });
+      if (it == known.end()) die("unknown variant " + name);
+      for (int b : timeline_batches) engine_bench(c, *it).timeline(b);
+    }
     return 0;
   }
   cudaDeviceProp prop{};
