@@ -250,6 +250,9 @@ std::vector<variant> all_variants() {
     v.push_back({"ring" + std::to_string(ring), r});
     r.decode_carveout = 100;  // ... with the most shared memory an SM can have
     v.push_back({"ring" + std::to_string(ring) + "c", r});
+    r.decode_carveout = o.decode_carveout;
+    r.ring_decode_max_seqs = 1;  // ... at batch 1 only, as the default's ring
+    v.push_back({"ring" + std::to_string(ring) + "-b1", r});
   }
   kernels::cuda_backend_options skinny_ring = o;  // ring1 after a qkv GEMM that triggers its dependents early
   skinny_ring.skinny_gemm = true;
@@ -305,7 +308,7 @@ std::vector<variant> all_variants() {
   kernels::cuda_backend_options s3 = o;  // session 3's defaults
   s3.gemv_tma = s3.gemv_stage_capped = false;
   v.push_back({"s3", s3});
-  for (int kb : {96, 128, 192, 224}) {  // 192: the default, by name
+  for (int kb : {48, 64, 80, 96, 128, 192, 224}) {  // 96: the default, by name
     kernels::cuda_backend_options r = o;
     r.gemv_tma_ring_kb = kb;
     v.push_back({"tma" + std::to_string(kb), r});

@@ -82,8 +82,9 @@ struct cuda_backend_options {
   /// graph of back-to-back attention calls (b=64, 192 keys), but no faster in a b=64 step, where the
   /// cuBLAS qkv GEMM before it does not release it early; at batch 1 the qkv GEMV before it does:
   /// 0.941 / 0.951 ms a step against 0.961 / 0.972 with it off (bench/NOTES.md, session 6), hence on
-  /// for batch 1 only (ring_decode_max_seqs).
-  int ring_decode = 1;
+  /// for batch 1 only (ring_decode_max_seqs). Two chunks a warp (session 8): at batch 1 a warp's
+  /// second chunk (contexts of 129-256 keys on 4 warps) is requested before the wait too.
+  int ring_decode = 2;
   /// ring_decode only for steps of at most this many sequences (1: the steps whose qkv runs on the
   /// GEMV, small_gemm_max_n, which releases the attention kernel early); 1 << 30: every step
   int ring_decode_max_seqs = 1;
