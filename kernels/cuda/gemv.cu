@@ -397,6 +397,10 @@ void launch_one(const gemv_args& a, std::size_t smem, bool pdl, int sms, cudaStr
     CONVEYOR_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_kernel<NT, WARPS, PRO, TMA>, threads, smem));
     grid = std::min(tiles, std::max(1, per_sm) * sms);
   }
+  // One block an SM for a grid between one and two waves: each block is resident (and streaming)
+  // from the start, instead of a second block on 60 SMs that waits for room. Tiles keep their
+  // arithmetic (one block computes a tile whole), so the bits are the same.
+  if (TMA && a.partial_wave_one_block != 0 && tiles > sms && tiles < 2 * sms) grid = sms;
   launch_k(pdl, gemv_kernel<NT, WARPS, PRO, TMA>, dim3(static_cast<unsigned>(grid)), dim3(threads), smem, s, a);
 }
 

@@ -68,6 +68,8 @@ struct gemv_args {
   /// with tma, > 0: the ring of a grid whose tiles fit one block per SM, no larger than the block's
   /// one tile (its stages all in flight at once)
   int tma_ring_one_wave_bytes = 0;
+  /// with tma: a grid of sms < tiles < 2 sms runs on `sms` blocks that loop over tiles
+  int partial_wave_one_block = 0;
   // Set by launch_gemv for the tma kernel: columns of a stage, stages, ring offset in dynamic smem.
   int tma_cols = 0, tma_stages = 0, tma_ring_offset = 0;
 };

@@ -103,11 +103,12 @@ class cuda_ops : public ::testing::TestWithParam<dtype> {
   /// GEMV configurations the GEMV tests run under: the defaults (TMA stages), the register loads
   /// without the capped-grid staging (session 3's kernel), TMA with a small ring (more stages per
   /// tile, two blocks an SM), and TMA except for grids of one to two waves (qkv_proj's shape on the
-  /// register kernel), and TMA with the ring of one-block-an-SM grids at 192 KB, capped at a tile.
+  /// register kernel), and TMA with the ring of one-block-an-SM grids at 192 KB, capped at a tile,
+  /// and grids of one to two waves on one block an SM.
   static constexpr int gemv_configs = 5;
   static const char* gemv_config_name(int c) {
     return c == 0 ? "" : c == 1 ? " [legacy]" : c == 2 ? " [tma ring 40k]" : c == 3 ? " [tma, register partial waves]"
-                                                                                     : " [tma, one-wave ring 192k]";
+                                                                                     : " [tma, one-wave ring 192k, partial wave on a block an SM]";
   }
   /// Re-creates the backend with the opt-in speed paths on (the small-batch GEMV and its fusions),
   /// in GEMV configuration `config`.
@@ -121,7 +122,10 @@ class cuda_ops : public ::testing::TestWithParam<dtype> {
     if (config == 1) o.gemv_tma = o.gemv_stage_capped = false;
     if (config == 2) o.gemv_tma_ring_kb = 40;
     if (config == 3) o.gemv_tma_partial_wave = false;
-    if (config == 4) o.gemv_tma_ring_one_wave_kb = 192;
+    if (config == 4) {
+      o.gemv_tma_ring_one_wave_kb = 192;
+      o.gemv_partial_wave_one_block = true;
+    }
     auto b = kernels::make_cuda_backend(o);
     ASSERT_TRUE(b.ok()) << b.err().message;
     b_ = std::move(b).value();

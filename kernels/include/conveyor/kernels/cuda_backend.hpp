@@ -58,6 +58,11 @@ struct cuda_backend_options {
   /// grid has no second block an SM to keep bytes in flight: at 96 KB down_proj streamed at ~2.3 TB/s
   /// in a batch-1 step against gate_up's ~4 TB/s with two blocks an SM (bench/NOTES.md, session 8).
   int gemv_tma_ring_one_wave_kb = 0;
+  /// with gemv_tma: a grid of more tiles than SMs but fewer than two a SM (qkv_proj's 192 tiles on
+  /// 132 SMs) runs as one block an SM, the blocks with two tiles streaming both through their ring;
+  /// off: a block a tile, 60 of which find no room until the kernel before them ends (session 8's
+  /// timeline: qkv 7 µs a layer after down_proj ends, for 12.6 MB).
+  bool gemv_partial_wave_one_block = false;
   /// with gemv_tma: also grids of more than one and fewer than two waves of 16-row tiles (qkv_proj's
   /// 192 tiles on 132 SMs, 4.4 → 5.0 µs with TMA in session 4); off: those run on the register
   /// kernel, whose 8-warp grids compute the same bits (batch_invariant unchanged). Not yet measured
