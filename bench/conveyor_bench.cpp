@@ -313,18 +313,6 @@ std::vector<variant> all_variants() {
     r.gemv_tma_ring_kb = kb;
     v.push_back({"tma" + std::to_string(kb), r});
   }
-  // Session 8: the ring of one-block-an-SM GEMVs (o_proj, down_proj at batch 1), capped at a tile.
-  for (int kb : {96, 128, 160, 192}) {
-    kernels::cuda_backend_options r = o;
-    r.gemv_tma_ring_one_wave_kb = kb;
-    v.push_back({"owr" + std::to_string(kb), r});
-  }
-  kernels::cuda_backend_options pw1 = o;  // qkv_proj's 192 tiles on one block an SM (session 8)
-  pw1.gemv_partial_wave_one_block = true;
-  v.push_back({"pw1", pw1});
-  kernels::cuda_backend_options pw1r1 = pw1;  // ... with last session's ring 1 decode, to separate the two
-  pw1r1.ring_decode = 1;
-  v.push_back({"pw1-ring1", pw1r1});
   // Quantized weights on the default paths (issue 12): the linear layers, then the LM head too.
   for (auto k : {kernels::weight_quant::int8, kernels::weight_quant::fp8}) {
     const std::string name(kernels::weight_quant_name(k));

@@ -505,8 +505,6 @@ class cuda_backend final : public backend {
     const bool partial_wave = tiles > num_sms_ && tiles < 2 * num_sms_;
     a.tma = gemv_tma_ && (gemv_tma_partial_wave_ || !partial_wave) ? 1 : 0;
     a.tma_ring_bytes = gemv_tma_ring_kb_ * 1024;
-    a.tma_ring_one_wave_bytes = gemv_tma_ring_one_wave_kb_ * 1024;
-    a.partial_wave_one_block = gemv_partial_wave_one_block_ ? 1 : 0;
     if (h.kind == held_kind::norm && consumes && fuse_norm_ && gemv_one_wave(a, num_sms_) &&
         gemv_norm_smem_bytes(n, a.cols) <= gemv_max_norm_smem && aligned(h.a) && aligned(h.b) && aligned(h.w)) {
       pro = gemv_prologue::norm;
@@ -560,7 +558,7 @@ class cuda_backend final : public backend {
       : device_(o.device), t_(o.compute_dtype), rows_per_pass_(o.sample_rows_per_pass), graphs_(o.graphs),
         small_gemm_(o.small_gemm), small_gemm_max_n_(o.small_gemm_max_n), fuse_(o.fuse), fuse_norm_(o.fuse_norm), pdl_(o.pdl),
         gemv_cap_grid_(o.gemv_cap_grid), gemv_stage_capped_(o.gemv_stage_capped), gemv_tma_(o.gemv_tma),
-        gemv_tma_partial_wave_(o.gemv_tma_partial_wave), gemv_tma_ring_kb_(o.gemv_tma_ring_kb), gemv_tma_ring_one_wave_kb_(o.gemv_tma_ring_one_wave_kb), gemv_partial_wave_one_block_(o.gemv_partial_wave_one_block), gemm_tune_(o.gemm_tune), fuse_attention_(o.fuse && o.fuse_attention),
+        gemv_tma_partial_wave_(o.gemv_tma_partial_wave), gemv_tma_ring_kb_(o.gemv_tma_ring_kb), gemm_tune_(o.gemm_tune), fuse_attention_(o.fuse && o.fuse_attention),
         skinny_gemm_(o.skinny_gemm), skinny_wgmma_(o.skinny_wgmma), skinny_min_n_(o.skinny_gemm_min_n),
         skinny_max_n_(o.skinny_gemm_max_n) {
     tune_.gqa_decode = o.gqa_decode;
@@ -787,8 +785,6 @@ class cuda_backend final : public backend {
   int small_gemm_max_n_;
   bool fuse_, fuse_norm_, pdl_, gemv_cap_grid_, gemv_stage_capped_, gemv_tma_, gemv_tma_partial_wave_;
   int gemv_tma_ring_kb_;
-  int gemv_tma_ring_one_wave_kb_;
-  bool gemv_partial_wave_one_block_;
   bool gemm_tune_, fuse_attention_;
   bool skinny_gemm_;
   bool skinny_wgmma_;

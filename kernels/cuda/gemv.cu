@@ -397,10 +397,6 @@ void launch_one(const gemv_args& a, std::size_t smem, bool pdl, int sms, cudaStr
     CONVEYOR_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_kernel<NT, WARPS, PRO, TMA>, threads, smem));
     grid = std::min(tiles, std::max(1, per_sm) * sms);
   }
-  // One block an SM for a grid between one and two waves: each block is resident (and streaming)
-  // from the start, instead of a second block on 60 SMs that waits for room. Tiles keep their
-  // arithmetic (one block computes a tile whole), so the bits are the same.
-  if (TMA && a.partial_wave_one_block != 0 && tiles > sms && tiles < 2 * sms) grid = sms;
   launch_k(pdl, gemv_kernel<NT, WARPS, PRO, TMA>, dim3(static_cast<unsigned>(grid)), dim3(threads), smem, s, a);
 }
 
@@ -438,19 +434,12 @@ std::size_t round_up(std::size_t v, std::size_t m) { return (v + m - 1) / m * m;
 
 /// Stage width, stage count and shared memory of a TMA launch; false where two stages do not fit.
 /// The stage width is a multiple of 32 × tma_warps so the arithmetic never depends on it (nor on n).
-/// `one_wave`: every block has one tile (tiles <= SMs); with tma_ring_one_wave_bytes its ring is that
-/// size, and never more stages than the tile's slices (the rest would be shared memory for nothing,
-/// kept from the next kernel's blocks).
 template <int NT>
-bool plan_tma(gemv_args& a, gemv_prologue pro, bool one_wave, std::size_t& smem) {
-  const bool own_ring = one_wave && a.tma_ring_one_wave_bytes > 0;
-  const std::size_t ring =
-      static_cast<std::size_t>(std::max(own_ring ? a.tma_ring_one_wave_bytes : a.tma_ring_bytes, 2 * 16 * 256 * 2));
+bool plan_tma(gemv_args& a, gemv_prologue pro, std::size_t& smem) {
+  const std::size_t ring = static_cast<std::size_t>(std::max(a.tma_ring_bytes, 2 * 16 * 256 * 2));
   constexpr std::size_t unit = 32 * tma_warps;  // columns
   std::size_t kslice = std::min(round_up(static_cast<std::size_t>(a.cols), unit),
                                 std::max(unit, ring / 3 / 32 / unit * unit));  // a stage is 32 bytes a column
-  // A block's one tile in at least two slices, so its first one is read while the second lands.
-  if (own_ring) kslice = std::min(kslice, std::max(unit, round_up(static_cast<std::size_t>(a.cols) / 2, unit)));
   for (int pass = 0; pass < 2; ++pass) {
     const bool staged = pro == gemv_prologue::norm || a.stage_x != 0;
     const std::size_t xs = staged ? round_up(gemv_norm_smem_bytes(a.n, a.cols), 128) : 0;
@@ -460,8 +449,7 @@ bool plan_tma(gemv_args& a, gemv_prologue pro, bool one_wave, std::size_t& smem)
       while (kslice > unit && avail / (32 * kslice) < 2) kslice -= unit;
       const std::size_t stages = std::min<std::size_t>(8, std::min(ring, avail) / (32 * kslice));
       const std::size_t fit = std::min<std::size_t>(8, avail / (32 * kslice));
-      std::size_t ns = stages >= 2 ? stages : fit;
-      if (own_ring) ns = std::min(ns, std::max<std::size_t>(2, (a.cols + kslice - 1) / kslice));
+      const std::size_t ns = stages >= 2 ? stages : fit;
       if (ns >= 2) {
         a.tma_cols = static_cast<int>(kslice);
         a.tma_stages = static_cast<int>(ns);
@@ -512,8 +500,7 @@ void launch_gemv(const gemv_args& args, gemv_prologue pro, bool pdl, int sms, cu
   // tma: weights through shared-memory stages, 8 computing warps, whatever the shape and n (one
   // arithmetic for every n: batch_invariant). 16-byte aligned rows are needed for the bulk copies.
   if (a.tma != 0 && (reinterpret_cast<std::uintptr_t>(a.w) % 16) == 0 &&
-      (a.n <= 8 ? plan_tma<1>(a, pro, gemv_tiles(a.rows) <= sms, smem)
-                : plan_tma<2>(a, pro, gemv_tiles(a.rows) <= sms, smem))) {
+      (a.n <= 8 ? plan_tma<1>(a, pro, smem) : plan_tma<2>(a, pro, smem))) {
     return a.n <= 8 ? launch_nt<1, tma_warps, true>(a, pro, smem, pdl, sms, s)
                     : launch_nt<2, tma_warps, true>(a, pro, smem, pdl, sms, s);
   }

@@ -65,11 +65,6 @@ struct gemv_args {
   /// that starts before griddepcontrol.wait, 8 computing warps (0: register loads, as before).
   int tma = 1;
   int tma_ring_bytes = 96 * 1024;  ///< with tma: the ring's target size (bytes in flight per block)
-  /// with tma, > 0: the ring of a grid whose tiles fit one block per SM, no larger than the block's
-  /// one tile (its stages all in flight at once)
-  int tma_ring_one_wave_bytes = 0;
-  /// with tma: a grid of sms < tiles < 2 sms runs on `sms` blocks that loop over tiles
-  int partial_wave_one_block = 0;
   // Set by launch_gemv for the tma kernel: columns of a stage, stages, ring offset in dynamic smem.
   int tma_cols = 0, tma_stages = 0, tma_ring_offset = 0;
 };

@@ -53,16 +53,6 @@ struct cuda_backend_options {
   /// with gemv_tma: the ring's size a block. 96 KB (two blocks an SM) measured fastest at batch 1
   /// (bench/NOTES.md, session 4, against 128, 192 and 224).
   int gemv_tma_ring_kb = 96;
-  /// with gemv_tma: the ring of a GEMV whose tiles fit one block per SM (o_proj, down_proj of the 1B:
-  /// 128 tiles), capped at the block's whole share; 0: gemv_tma_ring_kb, uncapped, as before. Such a
-  /// grid has no second block an SM to keep bytes in flight: at 96 KB down_proj streamed at ~2.3 TB/s
-  /// in a batch-1 step against gate_up's ~4 TB/s with two blocks an SM (bench/NOTES.md, session 8).
-  int gemv_tma_ring_one_wave_kb = 0;
-  /// with gemv_tma: a grid of more tiles than SMs but fewer than two a SM (qkv_proj's 192 tiles on
-  /// 132 SMs) runs as one block an SM, the blocks with two tiles streaming both through their ring;
-  /// off: a block a tile, 60 of which find no room until the kernel before them ends (session 8's
-  /// timeline: qkv 7 µs a layer after down_proj ends, for 12.6 MB).
-  bool gemv_partial_wave_one_block = false;
   /// with gemv_tma: also grids of more than one and fewer than two waves of 16-row tiles (qkv_proj's
   /// 192 tiles on 132 SMs, 4.4 → 5.0 µs with TMA in session 4); off: those run on the register
   /// kernel, whose 8-warp grids compute the same bits (batch_invariant unchanged). Not yet measured
