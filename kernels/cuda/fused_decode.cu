@@ -1,7 +1,7 @@
 // The decoder layers of a one-token decode step as one persistent kernel: one block an SM, all of a
 // step's layers in one launch. EXPERIMENTAL (cuda_backend_options::fused_decode, off): correct in
-// its tests, slower than the op-by-op step so far, and repeated launches fail now and then for a
-// reason not found yet (bench/NOTES.md, session 7, has the measurements and what to try next).
+// its tests, slower than the op-by-op step so far (bench/NOTES.md, sessions 7 and 8, has the
+// measurements, the launch failure consume()'s waits had and what to try next).
 //
 // Why: at batch 1 every weight byte is read once, and the op-by-op step (6 launches a layer) lost
 // ~20 µs a layer to kernel boundaries and to the short GEMVs' ramp-up and tail (bench/NOTES.md,
@@ -219,7 +219,14 @@ __device__ void consume(const matrix& m, const bf16* xs, unsigned& seq, const un
   for (int k = 0; k < s.stages; ++k, ++seq) {
     if (static_cast<int>(seq % consumer_warps) != warp) continue;
     const int slot = static_cast<int>(seq % nstages);
-    mbar_wait(full + slot, (seq / nstages) & 1);
+    const unsigned use = seq / nstages;
+    // The slot's previous use (seq - nstages) belongs to another warp (11 stages, 8 warps), and its
+    // bytes may still be landing (bulk copies complete out of order): full is then one phase behind,
+    // where a wait for parity use & 1 passes at once. Waiting first until that use's warp has released
+    // the slot (empty is at most one phase behind: the producer issued seq - 8, which this warp read,
+    // after seq - nstages) makes full this use's phase or the next, never the one before.
+    if (use > 0) mbar_wait(empty + slot, (use - 1) & 1);
+    mbar_wait(full + slot, use & 1);
     const int u = s.u0 + k * s.per_stage, cnt = min(s.per_stage, s.u1 - u);
     const bf16* st = reinterpret_cast<const bf16*>(ring + static_cast<std::size_t>(slot) * stage_bytes);
     if (m.pair) {
@@ -743,7 +750,7 @@ bool fused_decode_supported(int hidden, int ffn, int heads, int kv_heads, int he
   probe.heads = heads;
   probe.kv_heads = kv_heads;
   probe.head_dim = head_dim;
-  return static_cast<int>(dynamic_smem(probe, 4)) <= max_dynamic_smem();
+  return static_cast<int>(dynamic_smem(probe, consumer_warps)) <= max_dynamic_smem();
 }
 
 std::size_t fused_decode_partial_floats(int heads, int kv_heads, int head_dim, int blocks) {
@@ -767,7 +774,11 @@ void launch_fused_decode(const fused_decode_args& args, int blocks, cudaStream_t
   fused_decode_args a = args;
   const int limit = max_dynamic_smem();
   a.ring_stages = max_stages;
-  while (a.ring_stages > 4 && static_cast<int>(dynamic_smem(a, a.ring_stages)) > limit) --a.ring_stages;
+  // At least consumer_warps stages: consume()'s waits are exact only while a warp's previous stage
+  // (seq - 8) is issued after the slot's previous use (seq - nstages).
+  while (a.ring_stages > consumer_warps && static_cast<int>(dynamic_smem(a, a.ring_stages)) > limit) {
+    --a.ring_stages;
+  }
   launch_extras x;
   x.pdl = pdl && !cooperative;
   x.cooperative = cooperative;

@@ -118,8 +118,8 @@ struct cuda_backend_options {
   /// shared-memory ring, the layers' ops meet at grid-wide barriers) instead of ~6 launches a layer.
   /// Not under batch_invariant. Experimental, off: it matches the op-by-op layers in the parity
   /// tests and HF's goldens, but a step measured slower (1.37-1.45 ms against 0.91-0.92 at batch
-  /// 1), and repeated launches (graph replays, back-to-back timing) failed now and then with an
-  /// unspecified launch failure whose cause is not found yet (bench/NOTES.md, session 7).
+  /// 1). Its repeated launches failed now and then until session 8 found the cause (a ring slot's
+  /// full-barrier parity wait passed a phase early; bench/NOTES.md, session 8).
   bool fused_decode = false;
 
   /// Row-invariant numerics (bf16; speculative decoding turns it on): a step of up to 16 tokens
