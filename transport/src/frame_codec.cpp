@@ -244,7 +244,24 @@ result<std::uint64_t> payload_bytes(const tensor_desc& tensor) {
   return n;
 }
 
+namespace {
+
+/// check_payload_size's usual answer, without a result (a variant holding an error and its string)
+/// per frame: the shape is valid and its bytes are `size`.
+bool payload_size_matches(const tensor_desc& tensor, std::uint64_t size) {
+  if (tensor.shape.empty()) return size == 0;
+  std::uint64_t n = kernels::dtype_size(tensor.type);
+  for (auto d : tensor.shape) {
+    if (d < 0 || __builtin_mul_overflow(n, static_cast<std::uint64_t>(d), &n)) return false;
+  }
+  return n == size;
+}
+
+}  // namespace
+
 status check_payload_size(const frame_header& header, std::uint64_t size) {
+  // Checked on every send and every receive; the error (and payload_bytes' reason) only when it fails.
+  if (payload_size_matches(header.tensor, size)) return ok_status();
   CONVEYOR_TRY_ASSIGN(want, payload_bytes(header.tensor));
   if (want != size) {
     std::string shape;
@@ -330,6 +347,9 @@ status decode_header_into(std::span<const std::byte> bytes, frame_header& out, c
                                               " bytes, over the limit of " + std::to_string(limits.max_header_bytes));
     }
     // Into `out`'s own vectors: a small frame's header then allocates nothing once they have grown.
+    // The one-pass check first (no error values built); only a header it refuses goes through the
+    // strict decode and validate, which say why.
+    if (compact::decode_checked(bytes, limits.max_seqs, limits.max_dims, out)) return ok_status();
     CONVEYOR_TRY(compact::decode(bytes, limits.max_seqs, limits.max_dims, out));
     return validate(out, limits);
   }
