@@ -661,11 +661,15 @@ void channel_core::start_send(const std::shared_ptr<send_handle::state>& s) {
     // header-only message, which UCX 1.13 can send inline ("short"); with both a header and data
     // it always takes the buffered-copy path.
     assert(s->header_offset == sizeof p);
-    p.header_bytes = static_cast<std::uint32_t>(s->separate_header.size() - sizeof p - s->payload.size);
+    // The whole frame is in the state's inline buffer (send_inline) or, else, in separate_header.
+    const bool in_buffer = s->inline_frame_size != 0;
+    std::byte* frame = in_buffer ? s->inline_frame : s->separate_header.data();
+    const std::size_t size = in_buffer ? s->inline_frame_size : s->separate_header.size();
+    p.header_bytes = static_cast<std::uint32_t>(size - sizeof p - s->payload.size);
     p.flags = wire::flag_payload_inline;
-    std::memcpy(s->separate_header.data(), &p, sizeof p);
+    std::memcpy(frame, &p, sizeof p);
     s->expect(1);
-    post_am(ep, wire::am_frame, s->separate_header.data(), s->separate_header.size(), nullptr, 0, s);
+    post_am(ep, wire::am_frame, frame, size, nullptr, 0, s);
     return;
   }
   const std::size_t header_size = s->separate_header.size() - s->header_offset;
