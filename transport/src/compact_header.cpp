@@ -90,8 +90,10 @@ std::size_t worst_case_bytes(const frame_header& h) {
 class reader {
  public:
   explicit reader(std::span<const std::byte> b) : p_(b.data()), end_(b.data() + b.size()) {}
-  std::size_t left() const { return static_cast<std::size_t>(end_ - p_); }
-  bool u8(std::uint8_t& v) {
+  // Every member inline: one call out of line with `this` would keep the position in memory
+  // (a load and a store per field) through the whole decode.
+  [[gnu::always_inline]] std::size_t left() const { return static_cast<std::size_t>(end_ - p_); }
+  [[gnu::always_inline]] bool u8(std::uint8_t& v) {
     if (p_ == end_) return false;
     v = static_cast<std::uint8_t>(*p_++);
     return true;
@@ -104,19 +106,29 @@ class reader {
       v = static_cast<std::uint8_t>(*p_++);
       return true;
     }
-    return varint_long(v);
+    // Position and value in and out by value: a reference to them (or to this reader) would keep
+    // them in memory across every varint of the caller (~4 loads and stores each, callgrind).
+    const long_varint r = varint_long(p_, end_);
+    if (r.p == nullptr) return false;
+    p_ = r.p;
+    v = r.v;
+    return true;
   }
-  [[gnu::noinline]] bool varint_long(std::uint64_t& v) {
-    v = 0;
+  struct long_varint {
+    const std::byte* p;  // past the varint; nullptr: truncated or over 64 bits
+    std::uint64_t v;
+  };
+  [[gnu::noinline]] static long_varint varint_long(const std::byte* p, const std::byte* end) {
+    std::uint64_t v = 0;
     for (int shift = 0; shift < 64; shift += 7) {
-      std::uint8_t b;
-      if (!u8(b)) return false;
+      if (p == end) return {nullptr, 0};
+      const auto b = static_cast<std::uint8_t>(*p++);
       // The tenth byte may only hold the top bit of a 64-bit value.
-      if (shift == 63 && b > 1) return false;
+      if (shift == 63 && b > 1) return {nullptr, 0};
       v |= static_cast<std::uint64_t>(b & 0x7f) << shift;
-      if ((b & 0x80) == 0) return true;
+      if ((b & 0x80) == 0) return {p, v};
     }
-    return false;
+    return {nullptr, 0};
   }
   [[gnu::always_inline]] bool zigzag(std::int64_t& v) {
     std::uint64_t u;
@@ -138,8 +150,8 @@ class reader {
     v = static_cast<std::int32_t>(u >> 1);
     return true;
   }
-  void skip(std::size_t n) { p_ += n; }
-  bool f32(float& v) {
+  [[gnu::always_inline]] void skip(std::size_t n) { p_ += n; }
+  [[gnu::always_inline]] bool f32(float& v) {
     if (left() < 4) return false;
     std::uint32_t bits = 0;
     for (int i = 0; i < 4; ++i) bits |= static_cast<std::uint32_t>(static_cast<std::uint8_t>(p_[i])) << (8 * i);
