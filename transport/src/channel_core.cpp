@@ -74,7 +74,7 @@ void channel_core::update_deliverable() {
   deliverable_.store(next_ready() || failure_.has_value(), std::memory_order_release);
 }
 
-void channel_core::spin(const std::function<bool()>& done, wait_limit& limit) {
+void channel_core::spin(spin_until done, wait_limit& limit) {
   {
     ucx_worker::spin_scope spinning(*worker_);
     if (worker_->spin_progress(done, limit, worker_->config().busy_poll)) return;
@@ -106,7 +106,8 @@ status channel_core::receive_into(frame& f, wait_limit limit) {
         offered = true;
       }
     }
-    spin([this] { return frame_ready() || filled_.load(std::memory_order_acquire); }, limit);
+    auto arrived = [this] { return frame_ready() || filled_.load(std::memory_order_acquire); };
+    spin(spin_until(arrived), limit);
   }
   std::unique_lock lock(mu_, std::defer_lock);
   if (offered) {
