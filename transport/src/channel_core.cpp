@@ -17,6 +17,12 @@ constexpr std::size_t bulk_min_payload = std::size_t{256} << 10;
 
 std::string name(std::uint64_t id) { return "channel " + std::to_string(id); }
 
+/// A bad frame's error, named (out of line: the strings made every caller save and restore
+/// registers for a path small frames never take).
+[[gnu::noinline, gnu::cold]] error frame_error(std::uint64_t channel, std::uint64_t seq, const error& why) {
+  return make_error(why.code, name(channel) + ", frame " + std::to_string(seq) + ": " + why.message);
+}
+
 std::vector<std::byte> preamble_bytes(const wire::preamble& p, std::span<const std::byte> inline_header) {
   std::vector<std::byte> out(sizeof p + inline_header.size());
   std::memcpy(out.data(), &p, sizeof p);
@@ -149,9 +155,7 @@ status channel_core::finish_receive(frame& f, std::uint64_t seq, std::optional<e
   // Decoded here, on the receiver's thread and outside both locks, into the caller's vectors.
   status st = decode_header_into(f.header_bytes, f.header, options_.header_limits);
   if (st.ok()) st = check_payload_size(f.header, f.payload.size());
-  if (!st.ok()) {
-    return make_error(st.err().code, name(id()) + ", frame " + std::to_string(seq) + ": " + st.err().message);
-  }
+  if (!st.ok()) return frame_error(id(), seq, st.err());
   return ok_status();
 }
 

@@ -93,6 +93,22 @@ class ucx_channel final : public channel {
   std::string where() const { return "channel " + std::to_string(core_->id()) + ": "; }
 
   status check_payload(const payload_view& payload) const {
+    // The usual answer inline; the reasons (strings) in payload_error.
+    if (!core_->failed() && (payload.memory != memory_type::cuda || worker_->device_memory()) &&
+        (payload.size == 0 || payload.data != nullptr) && payload.size <= payload_limit()) {
+      return ok_status();
+    }
+    return payload_error(payload);
+  }
+
+  std::uint64_t payload_limit() const {
+    const auto& opts = core_->options();
+    std::uint64_t limit = opts.max_payload_bytes;
+    if (opts.respect_peer_limit) limit = std::min(limit, core_->peer_max_payload());
+    return limit;
+  }
+
+  [[gnu::noinline, gnu::cold]] status payload_error(const payload_view& payload) const {
     if (core_->failed()) {
       if (auto why = core_->failure()) return *why;
     }
@@ -104,9 +120,7 @@ class ucx_channel final : public channel {
     if (payload.size != 0 && payload.data == nullptr) {
       return make_error(errc::invalid_argument, where() + "payload has a size but no data");
     }
-    const auto& opts = core_->options();
-    std::uint64_t limit = opts.max_payload_bytes;
-    if (opts.respect_peer_limit) limit = std::min(limit, core_->peer_max_payload());
+    const std::uint64_t limit = payload_limit();
     if (payload.size > limit) {
       return make_error(errc::invalid_argument, where() + "payload of " + std::to_string(payload.size) +
                                                     " bytes is over the limit of " + std::to_string(limit) +
