@@ -8,6 +8,7 @@
 #include <span>
 #include <vector>
 
+#include "compact_header.hpp"  // transport/src: the compact form's internals
 #include "conveyor/transport/frame_codec.hpp"
 #include "fuzz_check.hpp"
 
@@ -23,6 +24,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   auto h = decode_header(bytes);
   const bool into_ok = decode_header_into(bytes, reused).ok();
   CONVEYOR_FUZZ_CHECK(into_ok == h.ok());
+  // The compact form's one-pass check (decode_header_into's fast path) accepts exactly what the
+  // strict decode plus the plan checks accept, and yields the same header; decode_header_into
+  // trusts it when it says yes, so a wrong yes would let a bad frame through.
+  if (conveyor::transport::compact::is_compact(bytes) && bytes.size() <= codec_limits{}.max_header_bytes) {
+    static frame_header checked;
+    const codec_limits limits;
+    const bool fast_ok = conveyor::transport::compact::decode_checked(bytes, limits.max_seqs, limits.max_dims, checked);
+    CONVEYOR_FUZZ_CHECK(fast_ok == h.ok());
+    if (fast_ok) CONVEYOR_FUZZ_CHECK(checked == *h);
+  }
   if (h) {
     CONVEYOR_FUZZ_CHECK(reused == *h);
     CONVEYOR_FUZZ_CHECK(encode_header_into(*h, reused_bytes, 3, header_form::automatic, 5).ok());

@@ -17,6 +17,12 @@ constexpr std::size_t bulk_min_payload = std::size_t{256} << 10;
 
 std::string name(std::uint64_t id) { return "channel " + std::to_string(id); }
 
+/// A bad frame's error, named (out of line: the strings made every caller save and restore
+/// registers for a path small frames never take).
+[[gnu::noinline, gnu::cold]] error frame_error(std::uint64_t channel, std::uint64_t seq, const error& why) {
+  return make_error(why.code, name(channel) + ", frame " + std::to_string(seq) + ": " + why.message);
+}
+
 std::vector<std::byte> preamble_bytes(const wire::preamble& p, std::span<const std::byte> inline_header) {
   std::vector<std::byte> out(sizeof p + inline_header.size());
   std::memcpy(out.data(), &p, sizeof p);
@@ -74,7 +80,7 @@ void channel_core::update_deliverable() {
   deliverable_.store(next_ready() || failure_.has_value(), std::memory_order_release);
 }
 
-void channel_core::spin(const std::function<bool()>& done, wait_limit& limit) {
+void channel_core::spin(spin_until done, wait_limit& limit) {
   {
     ucx_worker::spin_scope spinning(*worker_);
     if (worker_->spin_progress(done, limit, worker_->config().busy_poll)) return;
@@ -106,7 +112,8 @@ status channel_core::receive_into(frame& f, wait_limit limit) {
         offered = true;
       }
     }
-    spin([this] { return frame_ready() || filled_.load(std::memory_order_acquire); }, limit);
+    auto arrived = [this] { return frame_ready() || filled_.load(std::memory_order_acquire); };
+    spin(spin_until(arrived), limit);
   }
   std::unique_lock lock(mu_, std::defer_lock);
   if (offered) {
@@ -148,9 +155,7 @@ status channel_core::finish_receive(frame& f, std::uint64_t seq, std::optional<e
   // Decoded here, on the receiver's thread and outside both locks, into the caller's vectors.
   status st = decode_header_into(f.header_bytes, f.header, options_.header_limits);
   if (st.ok()) st = check_payload_size(f.header, f.payload.size());
-  if (!st.ok()) {
-    return make_error(st.err().code, name(id()) + ", frame " + std::to_string(seq) + ": " + st.err().message);
-  }
+  if (!st.ok()) return frame_error(id(), seq, st.err());
   return ok_status();
 }
 
@@ -661,11 +666,15 @@ void channel_core::start_send(const std::shared_ptr<send_handle::state>& s) {
     // header-only message, which UCX 1.13 can send inline ("short"); with both a header and data
     // it always takes the buffered-copy path.
     assert(s->header_offset == sizeof p);
-    p.header_bytes = static_cast<std::uint32_t>(s->separate_header.size() - sizeof p - s->payload.size);
+    // The whole frame is in the state's inline buffer (send_inline) or, else, in separate_header.
+    const bool in_buffer = s->inline_frame_size != 0;
+    std::byte* frame = in_buffer ? s->inline_frame : s->separate_header.data();
+    const std::size_t size = in_buffer ? s->inline_frame_size : s->separate_header.size();
+    p.header_bytes = static_cast<std::uint32_t>(size - sizeof p - s->payload.size);
     p.flags = wire::flag_payload_inline;
-    std::memcpy(s->separate_header.data(), &p, sizeof p);
+    std::memcpy(frame, &p, sizeof p);
     s->expect(1);
-    post_am(ep, wire::am_frame, s->separate_header.data(), s->separate_header.size(), nullptr, 0, s);
+    post_am(ep, wire::am_frame, frame, size, nullptr, 0, s);
     return;
   }
   const std::size_t header_size = s->separate_header.size() - s->header_offset;

@@ -47,7 +47,7 @@ class channel_core : public std::enable_shared_from_this<channel_core> {
   status receive_into(frame& f, wait_limit limit);
   /// Progresses the worker from this thread until `done()` holds or ucx_config::busy_poll (or
   /// `limit`) passes: a waiter that spins needs no wake-up from the progress thread.
-  void spin(const std::function<bool()>& done, wait_limit& limit);
+  void spin(spin_until done, wait_limit& limit);
   /// The peer's payload limit from its hello (0 before the hello).
   std::uint64_t peer_max_payload() const;
 

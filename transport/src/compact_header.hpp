@@ -46,10 +46,20 @@ bool is_compact(std::span<const std::byte> bytes);
 /// be over max_bytes.
 bool encode(const frame_header& h, std::size_t headroom, std::size_t tailroom, std::vector<std::byte>& out);
 
+/// Writes the compact form at `out` (room for max_bytes); its size, or 0 when it would be over
+/// max_bytes or the header has a dtype or kind the form does not carry (where encode says false).
+std::size_t encode_to(const frame_header& h, std::byte* out);
+
 /// Parses the compact form into `h` (written in place, so a small frame's header is not moved
 /// around; every field is set, so `h` may be a previous frame's header whose vectors keep their
 /// capacity) structurally: bounds, varint overflow, enum ranges, counts,
 /// trailing bytes. The plan checks shared with the Cap'n Proto form are frame_codec's.
 status decode(std::span<const std::byte> bytes, std::size_t max_seqs, std::size_t max_dims, frame_header& h);
+
+/// decode and frame_codec's plan checks (validate) in one pass, with no error values: true when
+/// both would accept `bytes` (and `h` then holds what decode writes); false when either would
+/// reject it, or possibly for an input they accept (never so far: the fuzz target checks both
+/// ways), and the caller then runs them for the result and its reason. `h` is unspecified after false.
+bool decode_checked(std::span<const std::byte> bytes, std::size_t max_seqs, std::size_t max_dims, frame_header& h);
 
 }  // namespace conveyor::transport::compact

@@ -82,7 +82,8 @@ status send_handle::wait(deadline until) {
     // Spin on the worker first, as receive() does: a send UCX could not finish in the call
     // completes here without a wake-up from the progress thread.
     wait_limit limit(until);
-    if (auto core = state_->channel.lock()) core->spin([s = state_.get()] { return s->done(); }, limit);
+    auto done = [s = state_.get()] { return s->done(); };
+    if (auto core = state_->channel.lock()) core->spin(spin_until(done), limit);
   }
   if (state_->wait_until(until)) return state_->result_status();
   // A peer that takes no data before the deadline is treated as dead: failing the channel makes UCX

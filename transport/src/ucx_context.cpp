@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "channel_core.hpp"
+#include "compact_header.hpp"
 #include "send_state.hpp"
 #include "ucx_worker.hpp"
 
@@ -30,6 +31,11 @@ class ucx_channel final : public channel {
     // read-modify-writes a send, ~20 ns each on the GPU host).
     ucx_worker::worker_lock lock(*worker_);
     auto& s = state_for_send();
+    if (fits_inline(payload)) {
+      // A small frame: the compact header straight into the state's inline buffer.
+      const std::size_t n = compact::encode_to(header, s->inline_frame + sizeof(wire::preamble));
+      if (n != 0) return send_inline(s, n, payload);
+    }
     CONVEYOR_TRY(encode_header_into(header, s->separate_header, sizeof(wire::preamble), header_form::automatic, tail));
     return send_owned(s, payload);
   }
@@ -38,6 +44,12 @@ class ucx_channel final : public channel {
     CONVEYOR_TRY(check_payload(payload));
     ucx_worker::worker_lock lock(*worker_);
     auto& s = state_for_send();
+    if (fits_inline(payload) && header_bytes.size() <= compact::max_bytes) {
+      if (!header_bytes.empty()) {
+        std::memcpy(s->inline_frame + sizeof(wire::preamble), header_bytes.data(), header_bytes.size());
+      }
+      return send_inline(s, header_bytes.size(), payload);
+    }
     auto& bytes = s->separate_header;
     bytes.reserve(sizeof(wire::preamble) + header_bytes.size() +
                   (payload.size <= wire::max_inline_payload ? payload.size : 0));
@@ -81,6 +93,22 @@ class ucx_channel final : public channel {
   std::string where() const { return "channel " + std::to_string(core_->id()) + ": "; }
 
   status check_payload(const payload_view& payload) const {
+    // The usual answer inline; the reasons (strings) in payload_error.
+    if (!core_->failed() && (payload.memory != memory_type::cuda || worker_->device_memory()) &&
+        (payload.size == 0 || payload.data != nullptr) && payload.size <= payload_limit()) {
+      return ok_status();
+    }
+    return payload_error(payload);
+  }
+
+  std::uint64_t payload_limit() const {
+    const auto& opts = core_->options();
+    std::uint64_t limit = opts.max_payload_bytes;
+    if (opts.respect_peer_limit) limit = std::min(limit, core_->peer_max_payload());
+    return limit;
+  }
+
+  [[gnu::noinline, gnu::cold]] status payload_error(const payload_view& payload) const {
     if (core_->failed()) {
       if (auto why = core_->failure()) return *why;
     }
@@ -92,9 +120,7 @@ class ucx_channel final : public channel {
     if (payload.size != 0 && payload.data == nullptr) {
       return make_error(errc::invalid_argument, where() + "payload has a size but no data");
     }
-    const auto& opts = core_->options();
-    std::uint64_t limit = opts.max_payload_bytes;
-    if (opts.respect_peer_limit) limit = std::min(limit, core_->peer_max_payload());
+    const std::uint64_t limit = payload_limit();
     if (payload.size > limit) {
       return make_error(errc::invalid_argument, where() + "payload of " + std::to_string(payload.size) +
                                                     " bytes is over the limit of " + std::to_string(limit) +
@@ -103,17 +129,47 @@ class ucx_channel final : public channel {
     return ok_status();
   }
 
+  /// A payload that may travel inside the AM header (wire::flag_payload_inline) if the header is small.
+  static bool fits_inline(const payload_view& payload) {
+    return payload.memory != memory_type::cuda && payload.size <= wire::max_inline_payload;
+  }
+
+  error header_too_big(std::size_t header_size) const {
+    return make_error(errc::invalid_argument, where() + "header of " + std::to_string(header_size) +
+                                                  " bytes is over the limit of " +
+                                                  std::to_string(core_->options().header_limits.max_header_bytes));
+  }
+
+  /// Under the worker lock, after check_payload, fits_inline(payload): `header_size` bytes of
+  /// encoded header are in `s->inline_frame` after sizeof(wire::preamble) bytes of room. The
+  /// payload is copied behind them and the frame sent from there (send_owned's inline case
+  /// without the vector); a frame too big for one UCX AM header goes through send_owned.
+  result<send_handle> send_inline(const std::shared_ptr<send_handle::state>& s, std::size_t header_size,
+                                  payload_view payload) {
+    if (header_size > core_->options().header_limits.max_header_bytes) return header_too_big(header_size);
+    const std::size_t total = sizeof(wire::preamble) + header_size + payload.size;
+    if (total > worker_->max_am_header()) {
+      auto& bytes = s->separate_header;
+      bytes.resize(sizeof(wire::preamble) + header_size);
+      std::memcpy(bytes.data() + sizeof(wire::preamble), s->inline_frame + sizeof(wire::preamble), header_size);
+      return send_owned(s, payload);
+    }
+    if (payload.size != 0) std::memcpy(s->inline_frame + sizeof(wire::preamble) + header_size, payload.data, payload.size);
+    s->inline_frame_size = total;
+    s->payload_inline = true;
+    s->header_offset = sizeof(wire::preamble);
+    s->payload = payload;
+    core_->start_send(s);
+    if (s->succeeded()) return send_handle::completed();
+    return send_handle(s);
+  }
+
   /// Under the worker lock, after check_payload: `s->separate_header` holds the encoded header
   /// after sizeof(wire::preamble) bytes of room.
   result<send_handle> send_owned(const std::shared_ptr<send_handle::state>& s, payload_view payload) {
     auto& header_bytes = s->separate_header;
     const std::size_t header_size = header_bytes.size() - sizeof(wire::preamble);
-    const auto& opts = core_->options();
-    if (header_size > opts.header_limits.max_header_bytes) {
-      return make_error(errc::invalid_argument, where() + "header of " + std::to_string(header_size) +
-                                                    " bytes is over the limit of " +
-                                                    std::to_string(opts.header_limits.max_header_bytes));
-    }
+    if (header_size > core_->options().header_limits.max_header_bytes) return header_too_big(header_size);
     if (payload.memory != memory_type::cuda && payload.size <= wire::max_inline_payload &&
         sizeof(wire::preamble) + header_size + payload.size <= worker_->max_am_header()) {
       // A small payload rides in the AM header (wire::flag_payload_inline): UCX can then send the

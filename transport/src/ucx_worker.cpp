@@ -240,7 +240,7 @@ void ucx_worker::maybe_tick() {
   for (auto& core : open) core->tick(now);  // tick may close (and unregister) a channel
 }
 
-bool ucx_worker::spin_progress(const std::function<bool()>& done, wait_limit& limit,
+bool ucx_worker::spin_progress(spin_until done, wait_limit& limit,
                                std::chrono::microseconds budget) {
   bool counting = false;
   clock::time_point until;

@@ -113,7 +113,7 @@ class ucx_worker {
   /// a frame that is already there, or comes within that batch, costs no clock read (35-40 ns on
   /// the GPU host, where a one-way small frame is ~1 us).
   /// A relative `limit` starts at that first clock reading.
-  bool spin_progress(const std::function<bool()>& done, wait_limit& limit, std::chrono::microseconds budget);
+  bool spin_progress(spin_until done, wait_limit& limit, std::chrono::microseconds budget);
   /// The progress thread must take over now, not after its step-aside window: a spinning caller
   /// gives up and is about to block, or a caller left UCX requests pending. Wakes it wherever it
   /// waits (epoll or the step-aside futex). Costs a syscall, so only on those slow paths.

@@ -33,4 +33,21 @@ class wait_limit {
   bool relative_ = false;
 };
 
+/// What a spinning caller waits for (channel_core::spin, ucx_worker::spin_progress): a function
+/// and the object it reads, called once a progress pass. A std::function cost a construction and a
+/// destruction per receive and a call through its invoker per pass; this is two words on the stack.
+class spin_until {
+ public:
+  /// `f` must outlive the spin (a lambda at the call site).
+  template <class F>
+  explicit spin_until(const F& f) : fn_(&call<F>), arg_(&f) {}
+  bool operator()() const { return fn_(arg_); }
+
+ private:
+  template <class F>
+  static bool call(const void* f) { return (*static_cast<const F*>(f))(); }
+  bool (*fn_)(const void*);
+  const void* arg_;
+};
+
 }  // namespace conveyor::transport

@@ -2,6 +2,7 @@
 // Error values for bad external input (DESIGN.md: "errors from input are values").
 // A bug asserts; a bad checkpoint, config, request or frame returns an `error` that says what was wrong.
 #include <cassert>
+#include <optional>
 #include <string>
 #include <utility>
 #include <variant>
@@ -54,14 +55,16 @@ class [[nodiscard]] result {
 class [[nodiscard]] status {
  public:
   status() = default;
-  status(error err) : err_(std::move(err)), ok_(false) {}  // NOLINT
-  bool ok() const { return ok_; }
-  explicit operator bool() const { return ok_; }
-  const error& err() const { assert(!ok_); return err_; }
+  status(error err) : err_(std::move(err)) {}  // NOLINT
+  bool ok() const { return !err_.has_value(); }
+  explicit operator bool() const { return ok(); }
+  const error& err() const { assert(!ok()); return *err_; }
 
  private:
-  error err_;
-  bool ok_ = true;
+  // An optional, so an OK status (the usual one, on every send and receive of a small frame) is
+  // one flag to set, move and destroy; an error held inline cost its empty string's
+  // construction and destruction each time.
+  std::optional<error> err_;
 };
 
 inline status ok_status() { return {}; }
