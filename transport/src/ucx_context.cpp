@@ -157,11 +157,7 @@ class ucx_channel final : public channel {
     if (payload.size != 0) std::memcpy(s->inline_frame + sizeof(wire::preamble) + header_size, payload.data, payload.size);
     s->inline_frame_size = total;
     s->payload_inline = true;
-    s->header_offset = sizeof(wire::preamble);
-    s->payload = payload;
-    core_->start_send(s);
-    if (s->succeeded()) return send_handle::completed();
-    return send_handle(s);
+    return start(s, payload);
   }
 
   /// Under the worker lock, after check_payload: `s->separate_header` holds the encoded header
@@ -178,6 +174,11 @@ class ucx_channel final : public channel {
       if (payload.size != 0) std::memcpy(header_bytes.data() + sizeof(wire::preamble) + header_size, payload.data, payload.size);
       s->payload_inline = true;
     }
+    return start(s, payload);
+  }
+
+  /// Under the worker lock: `s` (its header after sizeof(wire::preamble) bytes) goes to UCX.
+  send_handle start(const std::shared_ptr<send_handle::state>& s, payload_view payload) {
     s->header_offset = sizeof(wire::preamble);
     s->payload = payload;
     // Sent from this thread (no hand-off to the progress thread): ucp_am_send_nbx does not block,
