@@ -21,12 +21,15 @@ constexpr std::uint8_t flag_sample = 0x4;
 constexpr std::uint8_t flag_sampling = 0x8;
 constexpr std::uint8_t flag_sample_rows = 0x10;
 
-/// Writes into a buffer of `cap` bytes, dropping what would not fit (fits() says so afterwards).
-class checked_writer {
+/// Writes the compact form at a pointer. Checked: into a buffer of `cap` bytes, dropping what would
+/// not fit (fits() says so afterwards). Unchecked: no bound check per byte, for a header whose
+/// worst case is known to fit (the checks were ~40% of a decode step's encode, callgrind).
+template <bool Checked>
+class writer {
  public:
-  explicit checked_writer(std::byte* p, std::size_t cap) : p_(p), end_(p + cap) {}
+  explicit writer(std::byte* p, std::size_t cap = 0) : p_(p), end_(p + cap) {}
   void u8(std::uint8_t v) {
-    if (p_ < end_) *p_ = std::byte{v};
+    if (!Checked || p_ < end_) *p_ = std::byte{v};
     ++p_;
   }
   void varint(std::uint64_t v) {
@@ -43,38 +46,12 @@ class checked_writer {
     for (int i = 0; i < 4; ++i) u8(static_cast<std::uint8_t>(bits >> (8 * i)));
   }
   /// False when the writes ran past the capacity (they were dropped).
-  bool fits() const { return p_ <= end_; }
+  bool fits() const { return !Checked || p_ <= end_; }
   std::byte* pos() const { return p_; }
 
  private:
   std::byte* p_;
   std::byte* end_;
-};
-
-/// The same without a bound check per byte, for a header whose worst case is known to fit (the
-/// checks were ~40% of a decode step's encode, callgrind).
-class unchecked_writer {
- public:
-  explicit unchecked_writer(std::byte* p) : p_(p) {}
-  void u8(std::uint8_t v) { *p_++ = std::byte{v}; }
-  void varint(std::uint64_t v) {
-    while (v >= 0x80) {
-      *p_++ = std::byte{static_cast<std::uint8_t>(v | 0x80)};
-      v >>= 7;
-    }
-    *p_++ = std::byte{static_cast<std::uint8_t>(v)};
-  }
-  void zigzag(std::int64_t v) { varint((static_cast<std::uint64_t>(v) << 1) ^ static_cast<std::uint64_t>(v >> 63)); }
-  void f32(float v) {
-    std::uint32_t bits;
-    std::memcpy(&bits, &v, 4);
-    for (int i = 0; i < 4; ++i) u8(static_cast<std::uint8_t>(bits >> (8 * i)));
-  }
-  bool fits() const { return true; }
-  std::byte* pos() const { return p_; }
-
- private:
-  std::byte* p_;
 };
 
 /// The most bytes the compact form of `h` can take (every varint at its longest).
@@ -218,11 +195,11 @@ std::size_t encode_to(const frame_header& h, std::byte* out) {
   // Only the dtypes frame.capnp knows travel (the Cap'n Proto path handles any other the same way).
   if (h.tensor.type > kernels::dtype::i32 || h.kind > frame_kind::control) return 0;
   if (worst_case_bytes(h) <= max_bytes) {
-    unchecked_writer w(out);
+    writer<false> w(out);
     write_fields(h, w);
     return static_cast<std::size_t>(w.pos() - out);
   }
-  checked_writer w(out, max_bytes);
+  writer<true> w(out, max_bytes);
   write_fields(h, w);
   if (!w.fits()) return 0;
   return static_cast<std::size_t>(w.pos() - out);

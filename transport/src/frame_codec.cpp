@@ -230,31 +230,20 @@ result<frame_header> read_header(schema::FrameHeader::Reader r, const codec_limi
 
 std::uint32_t frame_schema_version() { return schema::FRAME_SCHEMA_VERSION; }
 
-result<std::uint64_t> payload_bytes(const tensor_desc& tensor) {
-  if (tensor.shape.empty()) return std::uint64_t{0};
-  std::uint64_t n = kernels::dtype_size(tensor.type);
-  for (auto d : tensor.shape) {
-    if (d < 0) return make_error(errc::bad_format, "frame header: negative tensor dimension");
-    auto ud = static_cast<std::uint64_t>(d);
-    if (ud != 0 && n > std::numeric_limits<std::uint64_t>::max() / ud) {
-      return make_error(errc::bad_format, "frame header: tensor size overflows 64 bits");
-    }
-    n *= ud;
-  }
-  return n;
-}
-
 namespace {
 
-/// check_payload_size's usual answer, without a result (a variant holding an error and its string)
-/// per frame: the shape is valid and its bytes are `size`.
-bool payload_size_matches(const tensor_desc& tensor, std::uint64_t size) {
-  if (tensor.shape.empty()) return size == 0;
-  std::uint64_t n = kernels::dtype_size(tensor.type);
+enum class size_fault { none, negative, overflow };
+
+/// A tensor's bytes into `n`, or what is wrong with its shape (payload_bytes says it in words).
+size_fault tensor_bytes(const tensor_desc& tensor, std::uint64_t& n) {
+  n = 0;
+  if (tensor.shape.empty()) return size_fault::none;
+  n = kernels::dtype_size(tensor.type);
   for (auto d : tensor.shape) {
-    if (d < 0 || __builtin_mul_overflow(n, static_cast<std::uint64_t>(d), &n)) return false;
+    if (d < 0) return size_fault::negative;
+    if (__builtin_mul_overflow(n, static_cast<std::uint64_t>(d), &n)) return size_fault::overflow;
   }
-  return n == size;
+  return size_fault::none;
 }
 
 /// check_payload_size's error (out of line: its strings made the caller save and restore six
@@ -274,9 +263,20 @@ bool payload_size_matches(const tensor_desc& tensor, std::uint64_t size) {
 
 }  // namespace
 
+result<std::uint64_t> payload_bytes(const tensor_desc& tensor) {
+  std::uint64_t n = 0;
+  switch (tensor_bytes(tensor, n)) {
+    case size_fault::negative: return make_error(errc::bad_format, "frame header: negative tensor dimension");
+    case size_fault::overflow: return make_error(errc::bad_format, "frame header: tensor size overflows 64 bits");
+    case size_fault::none: break;
+  }
+  return n;
+}
+
 status check_payload_size(const frame_header& header, std::uint64_t size) {
   // Checked on every send and every receive; the error (and payload_bytes' reason) only when it fails.
-  if (payload_size_matches(header.tensor, size)) return ok_status();
+  std::uint64_t n = 0;
+  if (tensor_bytes(header.tensor, n) == size_fault::none && n == size) return ok_status();
   return payload_size_error(header, size);
 }
 
