@@ -31,12 +31,16 @@ class ucx_channel final : public channel {
     // read-modify-writes a send, ~20 ns each on the GPU host).
     ucx_worker::worker_lock lock(*worker_);
     auto& s = state_for_send();
+    header_form form = header_form::automatic;
     if (fits_inline(payload)) {
       // A small frame: the compact header straight into the state's inline buffer.
       const std::size_t n = compact::encode_to(header, s->inline_frame + sizeof(wire::preamble));
       if (n != 0) return send_inline(s, n, payload);
+      // The compact form does not take this header (too big, or a kind or dtype it does not carry):
+      // encode_header_into would only try it again before Cap'n Proto.
+      form = header_form::capnp;
     }
-    CONVEYOR_TRY(encode_header_into(header, s->separate_header, sizeof(wire::preamble), header_form::automatic, tail));
+    CONVEYOR_TRY(encode_header_into(header, s->separate_header, sizeof(wire::preamble), form, tail));
     return send_owned(s, payload);
   }
 
