@@ -355,11 +355,12 @@ class engine_bench {
   /// Decode at `batch` with steps 8-11 of 16 recorded by CUPTI: one launch's table and their summary,
   /// and the same steps' wall time untraced and traced (what the recording itself costs).
   void timeline(int batch) {
+    constexpr int new_tokens = 16, first = 8, last = 12;  // last < new_tokens: a step follows the traced ones
     load_pipeline();
-    c_.new_tokens = 16;
+    c_.new_tokens = new_tokens;
     generate_once(batch, 1);  // records the step graphs
     const double plain = generate_once(batch, 1).decode_s;
-    timeline_steps_ = {8, 12};  // 12 < new_tokens: a step follows the traced ones
+    timeline_steps_ = {first, last};
     generate_once(batch, 1);
     const double traced = timed_decode_s_;
     timeline_steps_ = {-1, -1};
@@ -367,8 +368,8 @@ class engine_bench {
     const auto launches = bench::graph_launches(spans_);
     if (launches.size() >= 2) bench::print_launch(stdout, label, spans_, launches[launches.size() / 2]);
     bench::print_summary(stdout, label, spans_, launches);
-    std::printf("timeline %s: untraced step %.3f ms (mean of 15), traced steps %.3f ms (mean of 4)\n", label.c_str(),
-                plain * 1e3 / 15, traced * 1e3 / 4);
+    std::printf("timeline %s: untraced step %.3f ms (mean of %d), traced steps %.3f ms (mean of %d)\n", label.c_str(),
+                plain * 1e3 / (new_tokens - 1), new_tokens - 1, traced * 1e3 / (last - first), last - first);
     std::fflush(stdout);
     pipe_.reset();
     timer_.reset();

@@ -1,4 +1,4 @@
-// CUPTI activity records -> spans, and the tables of one graph launch (kernel_timeline.hpp).
+// CUPTI activity records -> spans (kernel_timeline.hpp); timeline_report.cpp makes the tables.
 #include "kernel_timeline.hpp"
 
 #include <cuda_runtime.h>
