@@ -289,6 +289,9 @@ std::vector<variant> all_variants() {
   kernels::cuda_backend_options nofused = o;
   nofused.fused_decode = false;
   v.push_back({"nofused", nofused});
+  kernels::cuda_backend_options copyeng = o;  // between graphs: plan, ids and tokens by cudaMemcpyAsync (before session 9)
+  copyeng.kernel_copies = false;
+  v.push_back({"copyeng", copyeng});
   v.push_back({"sync", o, {}, false, false});  // the host waits for each step before the next (session 5's loop)
   v.push_back({"gqapf", o, {}, true});  // the defaults, for a prefill-only ablation (--ablate 0)
   kernels::cuda_backend_options nogqapf = o;  // prefill attention: one block per query head (session 3)

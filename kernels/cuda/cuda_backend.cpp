@@ -111,6 +111,14 @@ class cuda_backend final : public backend {
       next_staging_ = (next_staging_ + 1) % staging_.size();
       CONVEYOR_CUDA_CHECK(cudaEventSynchronize(slot.done));  // the slot's last copy has been read
       std::memcpy(slot.host, src, bytes);
+      // A step's plan (a few KB) is read by a kernel straight from the pinned slot: a copy-engine
+      // op between two decode graphs cost several µs of hand-over each way (bench/NOTES.md, session
+      // 9). Held until the next call, which may lay the previous draw over its ids (copy_draw).
+      if (kernel_copies_ && bytes <= kernel_upload_bytes && bytes % 4 == 0 && reinterpret_cast<std::uintptr_t>(dst) % 4 == 0) {
+        pending_ = pending_upload{static_cast<std::uint32_t*>(dst), static_cast<const std::uint32_t*>(slot.host),
+                                  static_cast<int>(bytes / 4), &slot};
+        return;
+      }
       CONVEYOR_CUDA_CHECK(cudaMemcpyAsync(dst, slot.host, bytes, cudaMemcpyHostToDevice, stream_));
       CONVEYOR_CUDA_CHECK(cudaEventRecord(slot.done, stream_));
       return;
@@ -379,13 +387,28 @@ class cuda_backend final : public backend {
     draw_into(user_slot(slot), logits, n, vocab, params);
   }
   void copy_draw(int slot, int n, std::int32_t* dst) override {
-    flush();
-    set_device();
     draw_slot& d = user_slot(slot);
     if (n > d.n) fail_cuda("copy_draw", "more tokens than the slot drew", __FILE__, __LINE__);
-    if (n > 0) {
-      CONVEYOR_CUDA_CHECK(cudaMemcpyAsync(dst, d.tokens_dev, n * sizeof(std::int32_t), cudaMemcpyDeviceToDevice, stream_));
+    if (n <= 0) return;
+    const auto* to = reinterpret_cast<const std::uint32_t*>(dst);
+    const auto* words = reinterpret_cast<const std::uint32_t*>(d.tokens_dev);
+    pending_upload& p = pending_;
+    if (p.words > 0 && p.ovl == nullptr && to >= p.dst && to + n <= p.dst + p.words) {
+      // Into the held upload (the plan whose ids these are): one kernel between the graphs.
+      p.ovl = words;
+      p.ovl_at = static_cast<int>(to - p.dst);
+      p.ovl_words = n;
+      return;
     }
+    flush();
+    set_device();
+    if (!kernel_copies_) {
+      CONVEYOR_CUDA_CHECK(cudaMemcpyAsync(dst, d.tokens_dev, n * sizeof(std::int32_t), cudaMemcpyDeviceToDevice, stream_));
+      return;
+    }
+    // A kernel rather than a device-to-device copy: no copy-engine hand-over (the host words are
+    // never read, the overlay covers them all).
+    launch_upload_words(reinterpret_cast<std::uint32_t*>(dst), nullptr, n, words, 0, n, stream_);
   }
   void take_draw(int slot, std::int32_t* tokens) override { take(user_slot(slot), tokens); }
 
@@ -463,7 +486,17 @@ class cuda_backend final : public backend {
   static bool aligned(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
   /// Runs the held op on its own.
+  /// Launches the held upload (with its overlay), then records its staging slot's event.
+  void flush_upload() {
+    if (pending_.words == 0) return;
+    const pending_upload p = pending_;
+    pending_ = pending_upload{};
+    set_device();
+    launch_upload_words(p.dst, p.host, p.words, p.ovl, p.ovl_at, p.ovl_words, stream_);
+    CONVEYOR_CUDA_CHECK(cudaEventRecord(p.slot->done, stream_));
+  }
   void flush() {
+    flush_upload();  // an upload is only held when nothing else is (upload() flushes first)
     if (held_.kind == held_kind::none) return;
     const held_op h = held_;
     held_.kind = held_kind::none;
@@ -583,6 +616,7 @@ class cuda_backend final : public backend {
     tune_no_ring_.ring_decode = 0;
     ring_decode_max_seqs_ = o.ring_decode_max_seqs;
     fused_decode_ = o.fused_decode;
+    kernel_copies_ = o.kernel_copies;
     caps_.name = "cuda";
     caps_.host_memory = false;
     caps_.act_dtype = caps_.weight_dtype = caps_.kv_dtype = o.compute_dtype;
@@ -747,15 +781,22 @@ class cuda_backend final : public backend {
                                           cudaMemcpyHostToDevice, stream_));
     }
     const std::size_t row_bytes = static_cast<std::size_t>(vocab) * dtype_size(t_);
+    // Where the argmax kernel writes the tokens into the pinned host buffer itself, the copy back
+    // (a copy-engine op between two decode graphs, several µs of hand-over) is left out.
+    bool host_written = true;
     for (int r0 = 0; r0 < n; r0 += rows_per_pass_) {
       const int rows = std::min(rows_per_pass_, n - r0);
       bool any_random = false;
       for (int i = r0; i < r0 + rows; ++i) any_random = any_random || d.params_host[i].greedy == 0;
-      launch_sample(t_, static_cast<const std::uint8_t*>(logits) + r0 * row_bytes, rows, vocab,
-                    all_greedy ? nullptr : d.params_dev + r0, any_random, sample_ws_, d.tokens_dev + r0, stream_);
+      host_written = launch_sample(t_, static_cast<const std::uint8_t*>(logits) + r0 * row_bytes, rows, vocab,
+                                   all_greedy ? nullptr : d.params_dev + r0, any_random, sample_ws_,
+                                   d.tokens_dev + r0, stream_, kernel_copies_ ? d.tokens_host + r0 : nullptr, num_sms_) &&
+                     host_written;
     }
-    CONVEYOR_CUDA_CHECK(cudaMemcpyAsync(d.tokens_host, d.tokens_dev, n * sizeof(std::int32_t), cudaMemcpyDeviceToHost,
-                                        stream_));
+    if (!host_written) {
+      CONVEYOR_CUDA_CHECK(cudaMemcpyAsync(d.tokens_host, d.tokens_dev, n * sizeof(std::int32_t),
+                                          cudaMemcpyDeviceToHost, stream_));
+    }
     CONVEYOR_CUDA_CHECK(cudaEventRecord(d.done, stream_));
     d.n = n;
   }
@@ -776,6 +817,21 @@ class cuda_backend final : public backend {
     cudaEvent_t done = nullptr;
   };
   static constexpr std::size_t staging_bytes = 4u << 20;
+  /// Uploads up to this size go by a kernel reading the pinned slot (a decode plan of batch 256 is
+  /// ~40 KB); larger ones by the copy engine, which streams them faster.
+  static constexpr std::size_t kernel_upload_bytes = 64u << 10;
+  /// An upload held for the next call: dst[0, words) from the slot's host words, with the overlay
+  /// ovl[0, ovl_words) at ovl_at (copy_draw).
+  struct pending_upload {
+    std::uint32_t* dst = nullptr;
+    const std::uint32_t* host = nullptr;
+    int words = 0;
+    staging_slot* slot = nullptr;
+    const std::uint32_t* ovl = nullptr;
+    int ovl_at = 0;
+    int ovl_words = 0;
+  };
+  pending_upload pending_{};
 
   backend_caps caps_;
   int device_;
@@ -797,6 +853,7 @@ class cuda_backend final : public backend {
   int ring_decode_max_seqs_ = 0;
   held_op held_;
   bool capturing_ = false;
+  bool kernel_copies_ = true;
   unsigned* counter_ = nullptr;
   /// counter_[fused_sync_word ..+1]: the fused decode kernel's barrier words (the GEMV uses word 0)
   static constexpr int fused_sync_word = 16;

@@ -186,6 +186,16 @@ __global__ void from_f32_kernel(const float* src, std::size_t count, T* dst) {
   }
 }
 
+// A small upload read by the GPU straight from pinned host memory, with `ovl_words` words from
+// device memory laid over it at `ovl_at` (a decode step's ids taken from the previous step's draw).
+__global__ void upload_words_kernel(std::uint32_t* dst, const std::uint32_t* host, int words,
+                                    const std::uint32_t* ovl, int ovl_at, int ovl_words) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < words; i += gridDim.x * blockDim.x) {
+    const unsigned k = static_cast<unsigned>(i - ovl_at);
+    dst[i] = k < static_cast<unsigned>(ovl_words) ? ovl[k] : host[i];
+  }
+}
+
 // --- 16-byte (8 × bf16) versions of the memory-bound kernels, used where widths allow ---
 using bf16 = __nv_bfloat16;
 
@@ -414,6 +424,14 @@ void launch_silu_mul(dtype t, const void* gate_up, int n, int ffn, void* out, cu
       CONVEYOR_CUDA_LAUNCHED("silu_mul");
     }
   });
+}
+
+void launch_upload_words(std::uint32_t* dst, const std::uint32_t* host, int words, const std::uint32_t* ovl,
+                         int ovl_at, int ovl_words, cudaStream_t s) {
+  if (words <= 0) return;
+  upload_words_kernel<<<std::min(blocks_for(static_cast<std::size_t>(words), threads), 64u), threads, 0, s>>>(
+      dst, host, words, ovl, ovl_at, ovl_words);
+  CONVEYOR_CUDA_LAUNCHED("upload_words");
 }
 
 void launch_from_f32(dtype t, const float* src, std::size_t count, void* dst, cudaStream_t s) {

@@ -31,6 +31,10 @@ void launch_rope_kv(dtype t, void* qkv, int n, const attn_shape& shape, const st
 void launch_silu_mul(dtype t, const void* gate_up, int n, int ffn, void* out, cudaStream_t s, bool pdl = false);
 void launch_gather_rows(dtype t, const void* x, const std::int32_t* rows, int n, int width, void* out,
                         cudaStream_t s);
+/// dst[i] = host[i] for i < words (`host`: pinned host memory, read by the kernel over the bus:
+/// no copy engine), except ovl[i - ovl_at] for ovl_at <= i < ovl_at + ovl_words (device memory).
+void launch_upload_words(std::uint32_t* dst, const std::uint32_t* host, int words, const std::uint32_t* ovl,
+                         int ovl_at, int ovl_words, cudaStream_t s);
 /// Converts `count` floats on the device to `t` (upload staging).
 void launch_from_f32(dtype t, const float* src, std::size_t count, void* dst, cudaStream_t s);
 
@@ -174,8 +178,11 @@ std::size_t sample_sort_temp_bytes(int rows, int vocab);
 /// Fills ws.offsets for the workspace's shape (once, after allocation).
 void launch_sample_init(const sample_workspace& ws, cudaStream_t s);
 /// Draws one token per row into `tokens` (device). `any_random`: some row is not greedy; `params`
-/// may be nullptr when none is (every row greedy: nothing to upload).
-void launch_sample(dtype t, const void* logits, int n, int vocab, const device_sample_params* params,
-                   bool any_random, const sample_workspace& ws, std::int32_t* tokens, cudaStream_t s);
+/// may be nullptr when none is (every row greedy: nothing to upload). `host_tokens` (pinned host
+/// memory, may be nullptr): where the kernel may also write the tokens; returns whether it did (then
+/// no copy back is needed once the stream reaches this point). `num_sms` sizes the argmax grid.
+bool launch_sample(dtype t, const void* logits, int n, int vocab, const device_sample_params* params,
+                   bool any_random, const sample_workspace& ws, std::int32_t* tokens, cudaStream_t s,
+                   std::int32_t* host_tokens = nullptr, int num_sms = 132);
 
 }  // namespace conveyor::kernels::cuda

@@ -3,6 +3,9 @@
 // To pick the very token the CPU picks, the candidates are put in the CPU's order (descending logit,
 // ties by lower index: a stable descending radix sort of (logit, index)) and the probabilities are
 // summed in double in that order. The only cub in the backend lives in this file (slow to compile).
+#include <algorithm>
+#include <climits>
+
 #include <cub/device/device_segmented_radix_sort.cuh>
 
 #include "device_types.cuh"
@@ -94,10 +97,15 @@ __global__ void __launch_bounds__(wide_threads) argmax_bf16x8_kernel(const __nv_
 // order-preserving in the high word, the complement of the index in the low one, so the larger
 // value wins and, among equal values, the lower index (torch.argmax's rule). NaN is never a
 // candidate (the CPU twin's comparisons never pick one either); a row with no candidate gets token
-// 0. The row's last block to finish writes the token and clears the key and its count for the next
-// call, so the workspace needs no reset launch.
+// 0. The row's last block to finish writes the token (also into `host_tokens`, pinned host memory,
+// when given: no copy back after the kernel) and clears the key and its count for the next call, so
+// the workspace needs no reset launch. A thread's loads are all issued before any is compared (the
+// loop of one load and its compares waited a DRAM latency per load: 5 µs at batch 1, 11 at 64).
 constexpr unsigned split_threads = 256;
-constexpr int split_slices = 16;  // 16 slices of a 128k row: ~4 16-byte loads a thread
+constexpr int split_unroll = 4;
+/// Slices a row: enough blocks for ~8 an SM over the batch (batch 1: 64 slices, one 16-byte load a
+/// thread on a 128k vocabulary), at least 16 (batch 64: 1024 blocks, ~4 loads a thread).
+int split_slices(int rows, int num_sms) { return std::clamp((8 * num_sms + rows - 1) / rows, 16, 64); }
 __device__ __forceinline__ unsigned long long argmax_key(float v, int i) {
   const unsigned u = __float_as_uint(v == 0.0f ? 0.0f : v);  // -0 ties with +0, as the CPU compares
   const unsigned ordered = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
@@ -105,22 +113,40 @@ __device__ __forceinline__ unsigned long long argmax_key(float v, int i) {
 }
 __global__ void __launch_bounds__(split_threads) argmax_split_bf16x8_kernel(
     const __nv_bfloat16* logits, int vocab, const device_sample_params* params, unsigned long long* keys,
-    unsigned* done, std::int32_t* tokens) {
+    unsigned* done, std::int32_t* tokens, std::int32_t* host_tokens) {
   const int row = blockIdx.y;
   if (params != nullptr && !params[row].greedy) return;  // nullptr: every row greedy
   const int chunks = vocab / 8, per = (chunks + gridDim.x - 1) / gridDim.x;
   const int c0 = blockIdx.x * per, c1 = min(chunks, c0 + per);
   const uint4* x = reinterpret_cast<const uint4*>(logits + static_cast<std::size_t>(row) * vocab);
-  unsigned long long best = 0;  // 0: no candidate (every real key is larger)
-  for (int c = c0 + threadIdx.x; c < c1; c += blockDim.x) {
-    const uint4 u = x[c];
-    const __nv_bfloat16* h = reinterpret_cast<const __nv_bfloat16*>(&u);
+  // The thread's first maximum as (value, index): -0 == +0 and the lower index wins a tie, as in
+  // the key; the key is built once at the end.
+  float best_v = -INFINITY;
+  int best_i = INT_MAX;  // none yet (loses every tie; -inf is still a candidate)
+  for (int c = c0 + static_cast<int>(threadIdx.x); c < c1; c += split_threads * split_unroll) {
+    uint4 u[split_unroll];
 #pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      const float v = __bfloat162float(h[e]);
-      if (v == v) best = max(best, argmax_key(v, c * 8 + e));
+    for (int j = 0; j < split_unroll; ++j) {
+      const int cj = c + j * static_cast<int>(split_threads);
+      if (cj < c1) u[j] = x[cj];
+    }
+#pragma unroll
+    for (int j = 0; j < split_unroll; ++j) {
+      const int cj = c + j * static_cast<int>(split_threads);
+      if (cj >= c1) break;
+      const __nv_bfloat16* h = reinterpret_cast<const __nv_bfloat16*>(&u[j]);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const float v = __bfloat162float(h[e]);
+        const int i = cj * 8 + e;
+        if (v > best_v || (v == best_v && i < best_i)) {  // false for NaN
+          best_v = v;
+          best_i = i;
+        }
+      }
     }
   }
+  unsigned long long best = best_i == INT_MAX ? 0ull : argmax_key(best_v, best_i);  // 0: no candidate
   for (int o = 16; o > 0; o >>= 1) best = max(best, __shfl_xor_sync(0xffffffffu, best, o));
   __shared__ unsigned long long warp_best[split_threads / 32];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -134,7 +160,10 @@ __global__ void __launch_bounds__(split_threads) argmax_split_bf16x8_kernel(
   __threadfence();
   const unsigned long long k = atomicExch(keys + row, 0ull);
   done[row] = 0;
-  tokens[row] = k == 0 ? 0 : static_cast<std::int32_t>(0xffffffffu - static_cast<unsigned>(k & 0xffffffffu));
+  const std::int32_t token =
+      k == 0 ? 0 : static_cast<std::int32_t>(0xffffffffu - static_cast<unsigned>(k & 0xffffffffu));
+  tokens[row] = token;
+  if (host_tokens != nullptr) host_tokens[row] = token;
 }
 
 // Sort keys: logit / temperature (float, as the CPU computes it), and the index.
@@ -227,14 +256,20 @@ void launch_sample_init(const sample_workspace& ws, cudaStream_t s) {
   CONVEYOR_CUDA_LAUNCHED("sample offsets");
 }
 
-void launch_sample(dtype t, const void* logits, int n, int vocab, const device_sample_params* params,
-                   bool any_random, const sample_workspace& ws, std::int32_t* tokens, cudaStream_t s) {
-  if (n <= 0) return;
+bool launch_sample(dtype t, const void* logits, int n, int vocab, const device_sample_params* params,
+                   bool any_random, const sample_workspace& ws, std::int32_t* tokens, cudaStream_t s,
+                   std::int32_t* host_tokens, int num_sms) {
+  if (n <= 0) return false;
+  bool wrote_host = false;
   const bool wide = t == dtype::bf16 && vocab % 8 == 0 && reinterpret_cast<std::uintptr_t>(logits) % 16 == 0;
   CONVEYOR_DISPATCH_T(t, {
     if (wide && ws.argmax_keys != nullptr && n <= ws.rows) {
-      argmax_split_bf16x8_kernel<<<dim3(split_slices, n), split_threads, 0, s>>>(
-          static_cast<const __nv_bfloat16*>(logits), vocab, params, ws.argmax_keys, ws.argmax_done, tokens);
+      // Random rows' tokens come later (finish_kernel), so the host copy is written here only
+      // when every row is greedy.
+      std::int32_t* host = any_random ? nullptr : host_tokens;
+      argmax_split_bf16x8_kernel<<<dim3(split_slices(n, num_sms), n), split_threads, 0, s>>>(
+          static_cast<const __nv_bfloat16*>(logits), vocab, params, ws.argmax_keys, ws.argmax_done, tokens, host);
+      wrote_host = host != nullptr;
     } else if (wide) {
       argmax_bf16x8_kernel<<<n, wide_threads, 0, s>>>(static_cast<const __nv_bfloat16*>(logits), vocab, params,
                                                       tokens);
@@ -248,7 +283,7 @@ void launch_sample(dtype t, const void* logits, int n, int vocab, const device_s
       CONVEYOR_CUDA_LAUNCHED("sample prepare");
     }
   });
-  if (!any_random) return;
+  if (!any_random) return wrote_host;
   std::size_t temp_bytes = ws.sort_temp_bytes;
   // Radix sort is stable: equal logits keep ascending index order, the CPU's tie rule.
   CONVEYOR_CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortPairsDescending(
@@ -256,6 +291,7 @@ void launch_sample(dtype t, const void* logits, int n, int vocab, const device_s
       static_cast<std::int64_t>(n) * vocab, n, ws.offsets, ws.offsets + 1, 0, 32, s));
   finish_kernel<<<n, 32, 0, s>>>(ws.keys_out, ws.idx_out, vocab, params, tokens);
   CONVEYOR_CUDA_LAUNCHED("sample finish");
+  return false;
 }
 
 }  // namespace conveyor::kernels::cuda

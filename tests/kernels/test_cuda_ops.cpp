@@ -450,8 +450,9 @@ TEST_P(cuda_ops, sample_matches_cpu_draws) {
 // picks the CPU's token where the rule is subtle: a maximum repeated (the first wins), -0 before +0
 // as the maximum (equal: the first wins), NaN beside finite values (never picked), a row of -inf.
 TEST_P(cuda_ops, argmax_takes_the_first_maximum) {
-  for (int vocab : {1000, 128256}) {
-    const int n = 150;
+  // 150 rows: passes of 64 and 22 rows; 5 rows: the batch-1 grid (64 slices a row, some empty at
+  // vocab 1000), each kind of row once.
+  for (auto [vocab, n] : {std::pair{1000, 150}, {128256, 150}, {1000, 5}, {128256, 5}}) {
     std::vector<float> logits(static_cast<std::size_t>(n) * vocab);
     std::normal_distribution<float> d(0.0f, 3.0f);
     std::uniform_int_distribution<int> at(1, vocab - 1);
@@ -480,9 +481,56 @@ TEST_P(cuda_ops, argmax_takes_the_first_maximum) {
     for (int r = 0; r < n; ++r) {
       const std::int32_t want = kernels::sample_row(logits.data() + static_cast<std::size_t>(r) * vocab, vocab,
                                                     params[r], scratch);
-      EXPECT_EQ(got[r], want) << "vocab " << vocab << " row " << r << " kind " << r % 5;
+      EXPECT_EQ(got[r], want) << "vocab " << vocab << " rows " << n << " row " << r << " kind " << r % 5;
     }
   }
+}
+
+// Small uploads are read by a kernel from the pinned staging slot and held until the next call;
+// copy_draw lays a draw's tokens over the held upload (or copies them by a kernel when nothing is
+// held). Sizes on both sides of the kernel path's limits (64 KB, whole words).
+TEST_P(cuda_ops, small_uploads_and_draw_overlay) {
+  for (std::size_t bytes : {4u, 6u, 4000u, 65536u, 80000u}) {
+    std::vector<std::uint8_t> host(bytes), want(bytes), back(bytes, 0);
+    for (auto& v : host) v = static_cast<std::uint8_t>(rng_());
+    want = host;
+    void* d = b_->alloc(bytes);
+    b_->upload(d, host.data(), bytes);
+    host.assign(bytes, 0);  // the caller may reuse its buffer at once
+    b_->download(back.data(), d, bytes);
+    EXPECT_EQ(back, want) << bytes << " bytes";
+    b_->release(d);
+  }
+  const int vocab = 1000, n = 3;
+  std::vector<float> logits(static_cast<std::size_t>(n) * vocab, 0.0f);
+  const std::int32_t want[n] = {17, 998, 0};
+  for (int r = 0; r < n; ++r) logits[static_cast<std::size_t>(r) * vocab + want[r]] = 5.0f;
+  dev_acts ld(*b_, logits);
+  std::vector<kernels::sample_params> params(n);  // greedy
+  b_->draw(ld.get_ptr(), n, vocab, params.data(), 0);
+  std::vector<std::int32_t> plan(500);
+  for (std::size_t i = 0; i < plan.size(); ++i) plan[i] = static_cast<std::int32_t>(1000 + i);
+  auto* dev = static_cast<std::int32_t*>(b_->alloc(plan.size() * 4));
+  for (int at : {0, 10, 497}) {
+    b_->upload(dev, plan.data(), plan.size() * 4);
+    b_->copy_draw(0, n, dev + at);  // into the held upload
+    std::vector<std::int32_t> got(plan.size());
+    b_->download(got.data(), dev, got.size() * 4);
+    for (int i = 0; i < static_cast<int>(plan.size()); ++i) {
+      const std::int32_t expect = i >= at && i < at + n ? want[i - at] : plan[i];
+      ASSERT_EQ(got[i], expect) << "overlay at " << at << ", word " << i;
+    }
+  }
+  b_->copy_draw(0, n, dev + 100);  // nothing held: a copy of its own
+  std::vector<std::int32_t> got(plan.size());
+  b_->download(got.data(), dev, got.size() * 4);
+  for (int i = 0; i < n; ++i) EXPECT_EQ(got[100 + i], want[i]);
+  EXPECT_EQ(got[99], plan[99]);
+  EXPECT_EQ(got[103], plan[103]);
+  std::int32_t taken[n] = {-1, -1, -1};
+  b_->take_draw(0, taken);  // the tokens the kernel wrote into pinned host memory
+  for (int i = 0; i < n; ++i) EXPECT_EQ(taken[i], want[i]);
+  b_->release(dev);
 }
 
 // The small-batch GEMV (bf16, n ≤ 16) across token counts, row tails, K tails and bias; f32 runs

@@ -122,6 +122,13 @@ struct cuda_backend_options {
   /// full-barrier parity wait passed a phase early; bench/NOTES.md, session 8).
   bool fused_decode = false;
 
+  /// Between decode graphs, no copy-engine ops: a step's plan (uploads ≤ 64 KB) is read by a kernel
+  /// straight from the pinned staging slot, with the previous draw's ids laid over it in the same
+  /// kernel (copy_draw), and the greedy argmax writes the tokens into pinned host memory itself (no
+  /// copy back). Off: cudaMemcpyAsync for all three, as before session 9 (each hand-over between the
+  /// compute and copy engines cost several µs a step; bench/NOTES.md, session 9).
+  bool kernel_copies = true;
+
   /// Row-invariant numerics (bf16; speculative decoding turns it on): a step of up to 16 tokens
   /// computes every token's row with the very arithmetic a step of that token alone would use, so a
   /// verification pass of k + 1 tokens gives bit for bit the logits of k + 1 decode steps. bf16
