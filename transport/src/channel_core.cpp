@@ -152,11 +152,11 @@ status channel_core::finish_receive(frame& f, std::uint64_t seq, std::optional<e
     pump_deferred();
   }
   if (rejected) return *rejected;
-  // Decoded here, on the receiver's thread and outside both locks, into the caller's vectors.
-  status st = decode_header_into(f.header_bytes, f.header, options_.header_limits);
-  if (st.ok()) st = check_payload_size(f.header, f.payload.size());
-  if (!st.ok()) return frame_error(id(), seq, st.err());
-  return ok_status();
+  // Decoded here, on the receiver's thread and outside both locks, into the caller's vectors; the
+  // payload's size checked against the shape the decode just read.
+  status st = decode_frame_header(f.header_bytes, f.payload.size(), f.header, options_.header_limits);
+  if (st.ok()) [[likely]] return st;
+  return frame_error(id(), seq, st.err());
 }
 
 // ---------------------------------------------------------------- under the worker lock

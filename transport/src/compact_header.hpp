@@ -60,6 +60,9 @@ status decode(std::span<const std::byte> bytes, std::size_t max_seqs, std::size_
 /// both would accept `bytes` (and `h` then holds what decode writes); false when either would
 /// reject it, or possibly for an input they accept (never so far: the fuzz target checks both
 /// ways), and the caller then runs them for the result and its reason. `h` is unspecified after false.
-bool decode_checked(std::span<const std::byte> bytes, std::size_t max_seqs, std::size_t max_dims, frame_header& h);
+/// On true, `tensor_bytes` (when given) is payload_bytes(h.tensor), computed in the same pass over
+/// the shape (a receiver then checks the payload's size without walking it again).
+bool decode_checked(std::span<const std::byte> bytes, std::size_t max_seqs, std::size_t max_dims, frame_header& h,
+                    std::uint64_t* tensor_bytes = nullptr);
 
 }  // namespace conveyor::transport::compact

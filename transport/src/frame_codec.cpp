@@ -390,6 +390,18 @@ status decode_header_into(std::span<const std::byte> bytes, frame_header& out, c
   return decode_header_slow(bytes, out, limits);
 }
 
+status decode_frame_header(std::span<const std::byte> bytes, std::uint64_t payload_size, frame_header& out,
+                           const codec_limits& limits) {
+  std::uint64_t n = 0;
+  if (bytes.size() <= limits.max_header_bytes &&
+      compact::decode_checked(bytes, limits.max_seqs, limits.max_dims, out, &n)) [[likely]] {
+    if (n == payload_size) [[likely]] return ok_status();
+    return payload_size_error(out, payload_size);
+  }
+  CONVEYOR_TRY(decode_header_slow(bytes, out, limits));
+  return check_payload_size(out, payload_size);
+}
+
 result<std::vector<std::byte>> encode_hello(const channel_hello& hello) {
   capnp::MallocMessageBuilder message;
   auto b = message.initRoot<schema::ChannelHello>();
