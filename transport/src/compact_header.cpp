@@ -284,8 +284,7 @@ status decode(std::span<const std::byte> bytes, std::size_t max_seqs, std::size_
 }
 
 
-bool decode_checked(std::span<const std::byte> bytes, std::size_t max_seqs, std::size_t max_dims, frame_header& h,
-                    std::uint64_t* tensor_bytes) {
+bool decode_checked(std::span<const std::byte> bytes, std::size_t max_seqs, std::size_t max_dims, frame_header& h) {
   // One pass that both parses and applies frame_codec's plan checks (validate), with no status or
   // string per field: the strict decode plus validate cost ~710 instructions for the bench's
   // one-sequence header (callgrind), a good part of a small frame's receive. It must never accept
@@ -358,8 +357,6 @@ bool decode_checked(std::span<const std::byte> bytes, std::size_t max_seqs, std:
     return false;
   }
   if (h.kind == frame_kind::control && ndims != 0) return false;
-  // payload_bytes: an empty shape carries no payload (not one element).
-  if (tensor_bytes != nullptr) *tensor_bytes = ndims == 0 ? 0 : size;
   return true;
 }
 
