@@ -167,7 +167,10 @@ class ucx_channel final : public channel {
     if (payload.size != 0) std::memcpy(s->inline_frame + sizeof(wire::preamble) + header_size, payload.data, payload.size);
     s->inline_frame_size = total;
     s->payload_inline = true;
-    return start(s, payload);
+    s->header_offset = sizeof(wire::preamble);
+    s->payload = payload;
+    core_->start_inline_send(s, total);
+    return finished(s);
   }
 
   /// Under the worker lock, after check_payload: `s->separate_header` holds the encoded header
@@ -194,6 +197,11 @@ class ucx_channel final : public channel {
     // Sent from this thread (no hand-off to the progress thread): ucp_am_send_nbx does not block,
     // and the worker lock waits at most one progress pass. Sends stay in call order per channel.
     core_->start_send(s);
+    return finished(s);
+  }
+
+  /// The handle of a send just started (under the worker lock).
+  send_handle finished(const std::shared_ptr<send_handle::state>& s) {
     // A send UCX finished in the call (the usual small frame) needs no shared state: its handle
     // is just "done, OK" (no shared_ptr copy, a locked increment and a decrement, per small frame).
     if (s->succeeded()) {
