@@ -33,6 +33,22 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const bool fast_ok = conveyor::transport::compact::decode_checked(bytes, limits.max_seqs, limits.max_dims, checked);
     CONVEYOR_FUZZ_CHECK(fast_ok == h.ok());
     if (fast_ok) CONVEYOR_FUZZ_CHECK(checked == *h);
+    // decode_frame_header multiplies the shape out unchecked on this yes: it must compute.
+    if (fast_ok) CONVEYOR_FUZZ_CHECK(payload_bytes(checked.tensor).ok());
+  }
+  // decode_frame_header (a channel's receive) is decode_header_into then check_payload_size, for a
+  // payload of the right size and of a wrong one.
+  if (h) {
+    static frame_header framed;
+    const std::uint64_t want = *payload_bytes(h->tensor);
+    CONVEYOR_FUZZ_CHECK(decode_frame_header(bytes, want, framed).ok() && framed == *h);
+    auto wrong = decode_frame_header(bytes, want + 1, framed);
+    auto expected = check_payload_size(*h, want + 1);
+    CONVEYOR_FUZZ_CHECK(!wrong.ok() && !expected.ok() && wrong.err().message == expected.err().message);
+  } else {
+    static frame_header framed;
+    auto st = decode_frame_header(bytes, 0, framed);
+    CONVEYOR_FUZZ_CHECK(!st.ok() && st.err().message == h.err().message);
   }
   if (h) {
     CONVEYOR_FUZZ_CHECK(reused == *h);

@@ -188,6 +188,36 @@ TEST(FrameCodec, PayloadSizeMismatchNamesBothSizes) {
   EXPECT_NE(check_payload_size(h, 6 * 2048 * 2 + 1).err().message.find("trailing"), std::string::npos);
 }
 
+TEST(FrameCodec, DecodeFrameHeaderIsDecodeThenThePayloadCheck) {
+  // A channel's receive (decode_frame_header) takes a compact header's tensor size from its decode:
+  // the same answers as decode_header_into followed by check_payload_size, in both forms, for a
+  // tensor, an empty shape (no payload) and a malformed header.
+  auto tensorless = activations_header();
+  tensorless.kind = frame_kind::logits;
+  tensorless.tensor.shape.clear();
+  for (auto form : both_forms) {
+    for (const auto& h : {activations_header(), tensorless}) {
+      auto bytes = *encode_header(h, 0, form);
+      const std::uint64_t want = *payload_bytes(h.tensor);
+      frame_header out;
+      ASSERT_TRUE(decode_frame_header(bytes, want, out).ok());
+      EXPECT_EQ(out, h);
+      for (std::uint64_t wrong : {want + 1, want + 8, want / 2 + (want == 0 ? 3 : 0)}) {
+        auto st = decode_frame_header(bytes, wrong, out);
+        auto expected = check_payload_size(h, wrong);
+        ASSERT_FALSE(st.ok());
+        EXPECT_EQ(st.err().message, expected.err().message);
+      }
+    }
+  }
+  auto bytes = *encode_header(activations_header());
+  bytes.pop_back();
+  frame_header out;
+  auto st = decode_frame_header(bytes, 6 * 2048 * 2, out);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.err().message, decode_header_into(bytes, out).err().message);
+}
+
 TEST(FrameCodec, GarbageTruncationAndRandomBytesAreErrors) {
   auto bytes = *encode_header(activations_header(), 0, header_form::capnp);
   EXPECT_FALSE(decode_header({}).ok());

@@ -14,6 +14,7 @@ namespace {
 /// Payloads from this size on take the bulk endpoint (open() says why); smaller ones are sent
 /// eagerly (copied) by UCX either way.
 constexpr std::size_t bulk_min_payload = std::size_t{256} << 10;
+static_assert(wire::max_inline_payload < bulk_min_payload, "start_inline_send sends on ep_ only");
 
 std::string name(std::uint64_t id) { return "channel " + std::to_string(id); }
 
@@ -152,11 +153,11 @@ status channel_core::finish_receive(frame& f, std::uint64_t seq, std::optional<e
     pump_deferred();
   }
   if (rejected) return *rejected;
-  // Decoded here, on the receiver's thread and outside both locks, into the caller's vectors.
-  status st = decode_header_into(f.header_bytes, f.header, options_.header_limits);
-  if (st.ok()) st = check_payload_size(f.header, f.payload.size());
-  if (!st.ok()) return frame_error(id(), seq, st.err());
-  return ok_status();
+  // Decoded here, on the receiver's thread and outside both locks, into the caller's vectors; the
+  // payload's size checked against the shape the decode just read.
+  status st = decode_frame_header(f.header_bytes, f.payload.size(), f.header, options_.header_limits);
+  if (st.ok()) [[likely]] return st;
+  return frame_error(id(), seq, st.err());
 }
 
 // ---------------------------------------------------------------- under the worker lock
@@ -279,6 +280,19 @@ void channel_core::reject(std::uint64_t seq, error why) {
 
 ucs_status_t channel_core::on_frame(const wire::preamble& p, const void* header, std::size_t header_length,
                                     void* data, std::size_t length, const ucp_am_recv_param_t* param) {
+  // The usual small frame first, in one test: whole in the AM header (payload inline, its sizes
+  // consistent and within this end's limits), from the current peer, nothing of it pending. It
+  // passes every check below, which a frame that fails any of these goes through for its reason
+  // (deliver_in_place refusing it too: then it is simply tried there again, without side effects).
+  const std::size_t inline_len = header_length - sizeof(wire::preamble);
+  if (p.flags == wire::flag_payload_inline && length == 0 && (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) == 0 &&
+      inline_len >= p.header_bytes && inline_len - p.header_bytes == p.payload_bytes &&
+      p.payload_bytes <= options_.max_payload_bytes && p.header_bytes <= options_.header_limits.max_header_bytes &&
+      partial_.empty() && from_current_peer(p)) [[likely]] {
+    heard_ = true;
+    auto* h = static_cast<const std::byte*>(header) + sizeof(wire::preamble);
+    if (deliver_in_place(p.seq, {h, p.header_bytes}, h + p.header_bytes, p.payload_bytes)) return UCS_OK;
+  }
   bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
   if (!from_current_peer(p)) return rndv ? UCS_ERR_NOT_CONNECTED : UCS_OK;
   heard_ = true;
@@ -298,7 +312,6 @@ ucs_status_t channel_core::on_frame(const wire::preamble& p, const void* header,
   }
   // A small payload may travel inside the AM header, after the frame header (wire::flag_payload_inline).
   const bool payload_inline = (p.flags & wire::flag_payload_inline) != 0;
-  const std::size_t inline_len = header_length - sizeof(wire::preamble);
   if (payload_inline && (rndv || length != 0 || (p.flags & wire::flag_header_separate) != 0 || inline_len < p.header_bytes)) {
     reject(p.seq, make_error(errc::bad_format, where() + ": malformed inline-payload frame (" +
                                                    std::to_string(inline_len) + " bytes after the preamble, header of " +
@@ -330,7 +343,6 @@ ucs_status_t channel_core::on_frame(const wire::preamble& p, const void* header,
   auto& pf = partial(p);
   pf.pre = p;
   if ((p.flags & wire::flag_header_separate) == 0) {
-    std::size_t inline_len = header_length - sizeof(wire::preamble);
     if (inline_len != p.header_bytes) {
       reject(p.seq, make_error(errc::bad_format, where() + ": inline header is " + std::to_string(inline_len) +
                                                      " bytes, " + std::to_string(p.header_bytes) + " announced"));
@@ -700,6 +712,23 @@ void channel_core::start_send(const std::shared_ptr<send_handle::state>& s) {
   post_am(ep, wire::am_header, s->separate_preamble.data(), s->separate_preamble.size(),
           s->separate_header.data() + s->header_offset, header_size, s);
   post_am(ep, wire::am_frame, s->am_header.data(), s->am_header.size(), s->payload.data, s->payload.size, s);
+}
+
+void channel_core::start_inline_send(const std::shared_ptr<send_handle::state>& s, std::size_t size) {
+  assert(s->payload_inline && s->inline_frame_size == size && s->header_offset == sizeof(wire::preamble));
+  // A failed or closed channel: start_send's way of failing the send.
+  if (failed() || ep_ == nullptr || closed_) [[unlikely]] return start_send(s);
+  wire::preamble p;
+  p.channel_id = id();
+  p.instance = worker_->instance();
+  p.seq = next_send_seq_++;
+  p.payload_bytes = s->payload.size;
+  p.header_bytes = static_cast<std::uint32_t>(size - sizeof p - s->payload.size);
+  p.flags = wire::flag_payload_inline;
+  std::memcpy(s->inline_frame, &p, sizeof p);
+  s->expect(1);
+  // A payload this small never takes the bulk endpoint (bulk_min_payload).
+  post_am(ep_, wire::am_frame, s->inline_frame, size, nullptr, 0, s);
 }
 
 void channel_core::close() {

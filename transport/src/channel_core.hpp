@@ -67,6 +67,11 @@ class channel_core : public std::enable_shared_from_this<channel_core> {
   /// `s` is copied only if UCX keeps a request pending (a shared_ptr copy is two atomic operations,
   /// and a small frame's trip is short enough for a handful of them to show).
   void start_send(const std::shared_ptr<send_handle::state>& s);
+  /// start_send for a frame that is whole in `s->inline_frame` (`size` bytes, the payload inline,
+  /// ucx_channel::send_inline): the same preamble, sequence number and completion as start_send's
+  /// inline case, without the branches of its other cases (a small frame's send is on a ping-pong's
+  /// critical path up to the FIFO write).
+  void start_inline_send(const std::shared_ptr<send_handle::state>& s, std::size_t size);
   /// Sends a bye (best effort) and closes the endpoint.
   void close();
   /// Starts rendezvous receives that waited for buffer space.

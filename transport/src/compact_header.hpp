@@ -60,6 +60,8 @@ status decode(std::span<const std::byte> bytes, std::size_t max_seqs, std::size_
 /// both would accept `bytes` (and `h` then holds what decode writes); false when either would
 /// reject it, or possibly for an input they accept (never so far: the fuzz target checks both
 /// ways), and the caller then runs them for the result and its reason. `h` is unspecified after false.
+/// True also means h.tensor's size computes (no negative dimension, no overflow): the caller may
+/// multiply it out unchecked (frame_codec's decode_frame_header does).
 bool decode_checked(std::span<const std::byte> bytes, std::size_t max_seqs, std::size_t max_dims, frame_header& h);
 
 }  // namespace conveyor::transport::compact

@@ -1,6 +1,7 @@
 // The caller-facing side: ucx_context and the channel implementation that forwards to channel_core.
 #include "conveyor/transport/ucx_context.hpp"
 
+#include <cassert>
 #include <cstring>
 #include <mutex>
 
@@ -82,6 +83,11 @@ class ucx_channel final : public channel {
   /// Under the worker lock (channels may be sent on from several threads). Returns spare_ itself:
   /// a handle copies it only if the send is still running when send() returns.
   std::shared_ptr<send_handle::state>& state_for_send() {
+    if (spare_ready_) {
+      // Reset by start() as its last send left: nothing to do here.
+      spare_ready_ = false;
+      return spare_;
+    }
     if (spare_ && spare_.use_count() == 1 && spare_->done()) {
       spare_->reset_for_reuse();
       return spare_;
@@ -161,7 +167,10 @@ class ucx_channel final : public channel {
     if (payload.size != 0) std::memcpy(s->inline_frame + sizeof(wire::preamble) + header_size, payload.data, payload.size);
     s->inline_frame_size = total;
     s->payload_inline = true;
-    return start(s, payload);
+    s->header_offset = sizeof(wire::preamble);
+    s->payload = payload;
+    core_->start_inline_send(s, total);
+    return finished(s);
   }
 
   /// Under the worker lock, after check_payload: `s->separate_header` holds the encoded header
@@ -188,15 +197,35 @@ class ucx_channel final : public channel {
     // Sent from this thread (no hand-off to the progress thread): ucp_am_send_nbx does not block,
     // and the worker lock waits at most one progress pass. Sends stay in call order per channel.
     core_->start_send(s);
+    return finished(s);
+  }
+
+  /// The handle of a send just started (under the worker lock).
+  send_handle finished(const std::shared_ptr<send_handle::state>& s) {
     // A send UCX finished in the call (the usual small frame) needs no shared state: its handle
     // is just "done, OK" (no shared_ptr copy, a locked increment and a decrement, per small frame).
-    if (s->succeeded()) return send_handle::completed();
+    if (s->succeeded()) {
+      // Made ready for the next send now, while this frame travels, rather than at the start of
+      // the next send: in a ping-pong that one answers a frame, and its path up to the FIFO write
+      // is the round trip's critical path (~50 instructions; bench/NOTES.md, session 9). `s` is
+      // spare_ (state_for_send), and with no handle handed out nobody else can reach it.
+      assert(&s == &spare_);
+      if (s.use_count() == 1) {
+        s->reset_for_reuse();
+        spare_ready_ = true;
+      }
+      return send_handle::completed();
+    }
     return send_handle(s);
   }
 
   std::shared_ptr<ucx_worker> worker_;
   std::shared_ptr<channel_core> core_;
   std::shared_ptr<send_handle::state> spare_;  // under the worker lock
+  /// spare_ is reset and unused (start() reset it after a send that completed in the call); under
+  /// the worker lock. A send that fails before it posts leaves it false, so its half-written state is
+  /// never reused.
+  bool spare_ready_ = false;
 };
 
 }  // namespace

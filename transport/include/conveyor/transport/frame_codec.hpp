@@ -49,6 +49,12 @@ result<frame_header> decode_header(std::span<const std::byte> bytes, const codec
 /// written on success; on an error `out` is unspecified (but valid).
 status decode_header_into(std::span<const std::byte> bytes, frame_header& out, const codec_limits& limits = {});
 
+/// decode_header_into, then check_payload_size(out, payload_size): the same result and the same
+/// errors, in that order. A compact header's tensor size comes from its decode (a channel's receive
+/// of a small frame then walks the shape once, not twice).
+status decode_frame_header(std::span<const std::byte> bytes, std::uint64_t payload_size, frame_header& out,
+                           const codec_limits& limits = {});
+
 /// Bytes the header's tensor occupies, or an error if the shape is negative or overflows.
 result<std::uint64_t> payload_bytes(const tensor_desc& tensor);
 
