@@ -485,7 +485,6 @@ class cuda_backend final : public backend {
   bool can_hold_for_gemv(int n) const { return can_hold() && small_gemm_ && n <= small_gemm_max_n_; }
   static bool aligned(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
-  /// Runs the held op on its own.
   /// Launches the held upload (with its overlay), then records its staging slot's event.
   void flush_upload() {
     if (pending_.words == 0) return;
@@ -495,6 +494,7 @@ class cuda_backend final : public backend {
     launch_upload_words(p.dst, p.host, p.words, p.ovl, p.ovl_at, p.ovl_words, stream_);
     CONVEYOR_CUDA_CHECK(cudaEventRecord(p.slot->done, stream_));
   }
+  /// Runs the held upload and the held op on their own.
   void flush() {
     flush_upload();  // an upload is only held when nothing else is (upload() flushes first)
     if (held_.kind == held_kind::none) return;

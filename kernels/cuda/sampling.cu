@@ -100,7 +100,8 @@ __global__ void __launch_bounds__(wide_threads) argmax_bf16x8_kernel(const __nv_
 // 0. The row's last block to finish writes the token (also into `host_tokens`, pinned host memory,
 // when given: no copy back after the kernel) and clears the key and its count for the next call, so
 // the workspace needs no reset launch. A thread's loads are all issued before any is compared (the
-// loop of one load and its compares waited a DRAM latency per load: 5 µs at batch 1, 11 at 64).
+// loop of one load and its compares waited a DRAM latency per load): 5.1 -> 3.5 µs at batch 1,
+// 11-12 -> 9.5 at batch 64 (bench/NOTES.md, session 9; why b=64 stays at 1.7 TB/s is open).
 constexpr unsigned split_threads = 256;
 constexpr int split_unroll = 4;
 /// Slices a row: enough blocks for ~8 an SM over the batch (batch 1: 64 slices, one 16-byte load a
