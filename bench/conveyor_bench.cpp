@@ -277,12 +277,6 @@ std::vector<variant> all_variants() {
   kernels::cuda_backend_options wgmma = o;  // decode batches of 17..128 tokens on the TMA + wgmma GEMM
   wgmma.skinny_wgmma = true;
   v.push_back({"wgmma", wgmma});
-  kernels::cuda_backend_options skinny_o = skinny;  // o_proj only (square) on the skinny GEMM (session 9)
-  skinny_o.skinny_square_only = true;
-  v.push_back({"skinny-o", skinny_o});
-  kernels::cuda_backend_options wgmma_o = wgmma;  // o_proj only (square) on the wgmma GEMM (session 9)
-  wgmma_o.skinny_square_only = true;
-  v.push_back({"wgmma-o", wgmma_o});
   kernels::cuda_backend_options nowgmma = o;  // cuBLAS for every linear above the GEMV's range
   nowgmma.skinny_wgmma = false;
   v.push_back({"nowgmma", nowgmma});

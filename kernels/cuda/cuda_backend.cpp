@@ -228,7 +228,6 @@ class cuda_backend final : public backend {
     flush();
     const int rows = static_cast<int>(w.rows), cols = static_cast<int>(w.cols);
     if ((skinny_gemm_ || skinny_wgmma_) && n >= skinny_min_n_ && n <= skinny_max_n_ && t_ == dtype::bf16 &&
-        (!skinny_square_only_ || rows == cols) &&
         w.type == dtype::bf16 && skinny_gemm_supported(n, rows, cols) && aligned(x) && aligned(w.data) && aligned(out)) {
       skinny_gemm_args a;
       a.w = static_cast<const __nv_bfloat16*>(w.data);
@@ -594,7 +593,7 @@ class cuda_backend final : public backend {
         gemv_cap_grid_(o.gemv_cap_grid), gemv_stage_capped_(o.gemv_stage_capped), gemv_tma_(o.gemv_tma),
         gemv_tma_partial_wave_(o.gemv_tma_partial_wave), gemv_tma_ring_kb_(o.gemv_tma_ring_kb), gemm_tune_(o.gemm_tune), fuse_attention_(o.fuse && o.fuse_attention),
         skinny_gemm_(o.skinny_gemm), skinny_wgmma_(o.skinny_wgmma), skinny_min_n_(o.skinny_gemm_min_n),
-        skinny_max_n_(o.skinny_gemm_max_n), skinny_square_only_(o.skinny_square_only) {
+        skinny_max_n_(o.skinny_gemm_max_n) {
     tune_.gqa_decode = o.gqa_decode;
     tune_.tc_prefill = o.tc_prefill;
     tune_.gqa_prefill = o.gqa_prefill;
@@ -846,7 +845,6 @@ class cuda_backend final : public backend {
   bool skinny_gemm_;
   bool skinny_wgmma_;
   int skinny_min_n_, skinny_max_n_;
-  bool skinny_square_only_;
   /// Token counts up to this go through lt_ (decode steps; the largest batch bucket measured).
   static constexpr int gemm_tune_max_n = 256;
   std::unique_ptr<lt_gemm> lt_;

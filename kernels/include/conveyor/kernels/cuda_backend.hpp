@@ -112,10 +112,6 @@ struct cuda_backend_options {
   /// Off: per shape within ±10% of cuBLAS, but the b=64 step measured 0.15-0.2 ms slower with it
   /// (each launch 6-9 µs besides its bytes under ncu; bench/NOTES.md, session 5).
   bool skinny_wgmma = false;
-  /// with skinny_gemm or skinny_wgmma: only square matrices (o_proj's hidden × hidden) take them,
-  /// the shape where they beat cuBLAS per call (bench/NOTES.md, sessions 4-5); the rest stays on
-  /// cuBLAS. Session 9's whole-step test of that choice: variants `skinny-o`, `wgmma-o`.
-  bool skinny_square_only = false;
 
   /// bf16 decode steps of one token: every decoder layer in one persistent kernel
   /// (kernels/cuda/fused_decode.cu: a producer warp an SM streams all the weights through a
