@@ -14,7 +14,7 @@ namespace {
 /// Payloads from this size on take the bulk endpoint (open() says why); smaller ones are sent
 /// eagerly (copied) by UCX either way.
 constexpr std::size_t bulk_min_payload = std::size_t{256} << 10;
-static_assert(wire::max_inline_payload < bulk_min_payload, "start_inline_send sends on ep_ only");
+static_assert(wire::max_inline_payload < bulk_min_payload, "post_inline sends on ep_ only");
 
 std::string name(std::uint64_t id) { return "channel " + std::to_string(id); }
 
@@ -661,6 +661,12 @@ void channel_core::start_send(const std::shared_ptr<send_handle::state>& s) {
     s->complete_one(why ? *why : make_error(errc::io, name(id()) + ": closed"));
     return;
   }
+  if (s->payload_inline) {
+    // The whole frame is in the state's inline buffer (send_inline) or, else, in separate_header.
+    assert(s->header_offset == sizeof(wire::preamble));
+    if (s->inline_frame_size != 0) return post_inline(s, s->inline_frame, s->inline_frame_size);
+    return post_inline(s, s->separate_header.data(), s->separate_header.size());
+  }
   wire::preamble p;
   p.channel_id = id();
   p.instance = worker_->instance();
@@ -672,22 +678,6 @@ void channel_core::start_send(const std::shared_ptr<send_handle::state>& s) {
   if (bulk_ep_ != nullptr && s->payload.size >= bulk_min_payload) {
     ep = bulk_ep_;
     s->on_bulk_ep = true;
-  }
-  if (s->payload_inline) {
-    // send_owned appended the payload to the header (and checked it fits a UCX AM header): one
-    // header-only message, which UCX 1.13 can send inline ("short"); with both a header and data
-    // it always takes the buffered-copy path.
-    assert(s->header_offset == sizeof p);
-    // The whole frame is in the state's inline buffer (send_inline) or, else, in separate_header.
-    const bool in_buffer = s->inline_frame_size != 0;
-    std::byte* frame = in_buffer ? s->inline_frame : s->separate_header.data();
-    const std::size_t size = in_buffer ? s->inline_frame_size : s->separate_header.size();
-    p.header_bytes = static_cast<std::uint32_t>(size - sizeof p - s->payload.size);
-    p.flags = wire::flag_payload_inline;
-    std::memcpy(frame, &p, sizeof p);
-    s->expect(1);
-    post_am(ep, wire::am_frame, frame, size, nullptr, 0, s);
-    return;
   }
   const std::size_t header_size = s->separate_header.size() - s->header_offset;
   p.header_bytes = static_cast<std::uint32_t>(header_size);
@@ -718,6 +708,14 @@ void channel_core::start_inline_send(const std::shared_ptr<send_handle::state>& 
   assert(s->payload_inline && s->inline_frame_size == size && s->header_offset == sizeof(wire::preamble));
   // A failed or closed channel: start_send's way of failing the send.
   if (failed() || ep_ == nullptr || closed_) [[unlikely]] return start_send(s);
+  post_inline(s, s->inline_frame, size);
+}
+
+void channel_core::post_inline(const std::shared_ptr<send_handle::state>& s, std::byte* frame, std::size_t size) {
+  // send_owned or send_inline appended the payload to the header (and checked it fits a UCX AM
+  // header): one header-only message, which UCX 1.13 can send inline ("short"); with both a header
+  // and data it always takes the buffered-copy path. A payload this small never takes the bulk
+  // endpoint (bulk_min_payload).
   wire::preamble p;
   p.channel_id = id();
   p.instance = worker_->instance();
@@ -725,10 +723,9 @@ void channel_core::start_inline_send(const std::shared_ptr<send_handle::state>& 
   p.payload_bytes = s->payload.size;
   p.header_bytes = static_cast<std::uint32_t>(size - sizeof p - s->payload.size);
   p.flags = wire::flag_payload_inline;
-  std::memcpy(s->inline_frame, &p, sizeof p);
+  std::memcpy(frame, &p, sizeof p);
   s->expect(1);
-  // A payload this small never takes the bulk endpoint (bulk_min_payload).
-  post_am(ep_, wire::am_frame, s->inline_frame, size, nullptr, 0, s);
+  post_am(ep_, wire::am_frame, frame, size, nullptr, 0, s);
 }
 
 void channel_core::close() {

@@ -136,6 +136,9 @@ class channel_core : public std::enable_shared_from_this<channel_core> {
   void update_deliverable();
   void post_am(ucp_ep_h ep, unsigned id, const void* header, std::size_t header_length, const void* data, std::size_t length,
                const std::shared_ptr<send_handle::state>& s);
+  /// A send whose frame is whole in `frame` (`size` bytes: room for the preamble, then the header
+  /// and the payload): its preamble written in front, then one header-only message on ep_.
+  void post_inline(const std::shared_ptr<send_handle::state>& s, std::byte* frame, std::size_t size);
   static void on_recv_done(void* request, ucs_status_t st, std::size_t length, void* user_data);
   static void on_send_done(void* request, ucs_status_t st, void* user_data);
   static void on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t st);
