@@ -286,6 +286,11 @@ std::vector<variant> all_variants() {
   kernels::cuda_backend_options fused = o;  // one-token steps: every layer in one persistent kernel (session 7)
   fused.fused_decode = true;
   v.push_back({"fused", fused});
+  for (int ahead : {8, 16, 32}) {  // the producer's L2 prefetch distance (session 10)
+    kernels::cuda_backend_options f = fused;
+    f.fused_l2_ahead = ahead;
+    v.push_back({"fused-l2-" + std::to_string(ahead), f});
+  }
   kernels::cuda_backend_options nofused = o;
   nofused.fused_decode = false;
   v.push_back({"nofused", nofused});

@@ -159,29 +159,73 @@ __device__ __forceinline__ void publish(unsigned* p, unsigned v) {
   asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
+// Where a stage of the producer's stream comes from: matrix `mi` of layer `l`, the block's k-th stage
+// of it. advance() steps to the next stage of the stream (matrices without rows for this block skipped).
+struct stream_cursor {
+  int l = 0, mi = 0, k = 0;
+  matrix m{};
+  share s{};
+  __device__ bool valid(const fused_decode_args& a) const { return l < a.num_layers; }
+  __device__ void settle(const fused_decode_args& a) {
+    while (l < a.num_layers) {
+      m = matrix_of(a, a.layer[l], mi);
+      s = share_of(m.units, unit_bytes(m));
+      if (k < s.stages) return;
+      k = 0;
+      if (++mi == 4) {
+        mi = 0;
+        ++l;
+      }
+    }
+  }
+  __device__ void advance(const fused_decode_args& a) {
+    ++k;
+    settle(a);
+  }
+  // The stage's rows: `cnt` units from unit u (a gate/up pair: rows u.. and ffn + u..).
+  __device__ int first_unit() const { return s.u0 + k * s.per_stage; }
+  __device__ int units() const { return min(s.per_stage, s.u1 - first_unit()); }
+};
+
+// Asks L2 for a stage's bytes ahead of its bulk copy (fused_decode_args::l2_ahead).
+__device__ __forceinline__ void prefetch_stage_l2(const fused_decode_args& a, const stream_cursor& c) {
+  const unsigned bytes = static_cast<unsigned>(c.units()) * c.m.cols * 2;
+  const bf16* src = c.m.w + static_cast<std::size_t>(c.first_unit()) * c.m.cols;
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
+  if (c.m.pair) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src + static_cast<std::size_t>(a.ffn) * c.m.cols),
+                 "r"(bytes)
+                 : "memory");
+  }
+}
+
 // The producer (one thread): every stage of every matrix of every layer, as soon as its slot is free.
+// With l2_ahead > 0 it also asks L2 for the stage l2_ahead stages after each one it copies: when the
+// computing warps wait (a grid barrier, attention) and the ring is full, HBM keeps streaming into L2
+// for that many stages more, and the ring refills from L2 once the warps go on.
 __device__ void produce(const fused_decode_args& a, unsigned char* ring, std::uint64_t* full, std::uint64_t* empty,
                         int nstages) {
-  unsigned seq = 0;
-  for (int l = 0; l < a.num_layers; ++l) {
-    for (int mi = 0; mi < 4; ++mi) {
-      const matrix m = matrix_of(a, a.layer[l], mi);
-      const share s = share_of(m.units, unit_bytes(m));
-      const unsigned row_bytes = static_cast<unsigned>(m.cols) * 2;
-      for (int k = 0; k < s.stages; ++k, ++seq) {
-        if (a.progress != nullptr) publish(a.progress + gridDim.x + blockIdx.x, seq);
-        const int slot = static_cast<int>(seq % nstages);
-        const unsigned use = seq / nstages;
-        if (use > 0) mbar_wait(empty + slot, (use - 1) & 1);
-        const int u = s.u0 + k * s.per_stage, cnt = min(s.per_stage, s.u1 - u);
-        unsigned char* dst = ring + static_cast<std::size_t>(slot) * stage_bytes;
-        mbar_expect_tx(full + slot, cnt * row_bytes * (m.pair ? 2 : 1));
-        bulk_copy(dst, m.w + static_cast<std::size_t>(u) * m.cols, cnt * row_bytes, full + slot);
-        if (m.pair) {
-          bulk_copy(dst + cnt * row_bytes, m.w + static_cast<std::size_t>(a.ffn + u) * m.cols, cnt * row_bytes,
-                    full + slot);
-        }
-      }
+  stream_cursor c, ahead;
+  c.settle(a);
+  ahead.settle(a);
+  for (int i = 0; i < a.l2_ahead && ahead.valid(a); ++i) ahead.advance(a);
+  for (unsigned seq = 0; c.valid(a); ++seq, c.advance(a)) {
+    if (a.progress != nullptr) publish(a.progress + gridDim.x + blockIdx.x, seq);
+    const int slot = static_cast<int>(seq % nstages);
+    const unsigned use = seq / nstages;
+    if (use > 0) mbar_wait(empty + slot, (use - 1) & 1);
+    if (a.l2_ahead > 0 && ahead.valid(a)) {
+      prefetch_stage_l2(a, ahead);
+      ahead.advance(a);
+    }
+    const unsigned row_bytes = static_cast<unsigned>(c.m.cols) * 2;
+    const int u = c.first_unit(), cnt = c.units();
+    unsigned char* dst = ring + static_cast<std::size_t>(slot) * stage_bytes;
+    mbar_expect_tx(full + slot, cnt * row_bytes * (c.m.pair ? 2 : 1));
+    bulk_copy(dst, c.m.w + static_cast<std::size_t>(u) * c.m.cols, cnt * row_bytes, full + slot);
+    if (c.m.pair) {
+      bulk_copy(dst + cnt * row_bytes, c.m.w + static_cast<std::size_t>(a.ffn + u) * c.m.cols, cnt * row_bytes,
+                full + slot);
     }
   }
 }

@@ -64,6 +64,9 @@ struct fused_decode_args {
   int barrier_mode = 2;
   /// 1: attention units prefetch their cached keys' K/V rows while qkv streams (0: read them in place)
   int prefetch = 1;
+  /// > 0: the producer asks L2 for the weights this many 16 KB stages past each one it copies
+  /// (cp.async.bulk.prefetch.L2), so HBM keeps streaming while the ring is full; 0: no prefetch
+  int l2_ahead = 0;
 };
 
 /// Stamps a layer: its start, then the ends of norm, qkv, barrier, attention, barrier, attention

@@ -393,6 +393,7 @@ void time_fused_decode(kernels::backend& b, int ctx, int barrier_mode, int reps 
   a.num_layers = layers;
   a.barrier_mode = barrier_mode;
   if (const char* e = std::getenv("FUSED_PREFETCH")) a.prefetch = std::atoi(e);
+  if (const char* e = std::getenv("FUSED_L2_AHEAD")) a.l2_ahead = std::atoi(e);
   const bool pdl = std::getenv("FUSED_PDL") == nullptr || std::atoi(std::getenv("FUSED_PDL")) != 0;
   const bool coop = std::getenv("FUSED_COOP") != nullptr && std::atoi(std::getenv("FUSED_COOP")) != 0;
   for (int l = 0; l < layers; ++l) {
@@ -466,8 +467,8 @@ void time_fused_decode(kernels::backend& b, int ctx, int barrier_mode, int reps 
   const double us = ms[ms.size() / 2] * 1e3;
   const double bytes = double(layers) * 2.0 * (double(qkv_rows) * hidden + double(hidden) * heads * hd +
                                                2.0 * ffn * hidden + double(hidden) * ffn);
-  std::printf("fused decode, 16 layers of the 1B, ctx %d, %d blocks, barrier mode %d: %.1f us a launch (%.1f a layer), %.2f TB/s of weights\n",
-              ctx, blocks, barrier_mode, us, us / layers, bytes / (us * 1e-6) / 1e12);
+  std::printf("fused decode, 16 layers of the 1B, ctx %d, %d blocks, barrier mode %d, l2_ahead %d: %.1f us a launch (%.1f a layer), %.2f TB/s of weights\n",
+              ctx, blocks, barrier_mode, a.l2_ahead, us, us / layers, bytes / (us * 1e-6) / 1e12);
   const std::size_t n = std::size_t(blocks) * layers * kernels::cuda::fused_trace_points;
   void* tr = dev_alloc(n * 8, 0);
   a.trace = static_cast<unsigned long long*>(tr);
@@ -536,6 +537,13 @@ int main(int argc, char** argv) {
   }
   if (argc > 2 && std::string(argv[1]) == "fused-once") {  // one launch at ctx argv[2] (compute-sanitizer)
     time_fused_decode(b, std::atoi(argv[2]), kernels::cuda::fused_decode_args{}.barrier_mode, 1);
+    return 0;
+  }
+  if (argc > 2 && std::string(argv[1]) == "fused-ahead") {  // l2_ahead = each of argv[2..] at ctx 200
+    for (int i = 2; i < argc; ++i) {
+      setenv("FUSED_L2_AHEAD", argv[i], 1);
+      time_fused_decode(b, 200, kernels::cuda::fused_decode_args{}.barrier_mode);
+    }
     return 0;
   }
   if (argc > 1 && std::string(argv[1]) == "fused") {  // the fused decode kernel only
