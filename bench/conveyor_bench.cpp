@@ -286,10 +286,10 @@ std::vector<variant> all_variants() {
   kernels::cuda_backend_options fused = o;  // one-token steps: every layer in one persistent kernel (session 7)
   fused.fused_decode = true;
   v.push_back({"fused", fused});
-  for (int ahead : {8, 16, 32}) {  // the producer's L2 prefetch distance (session 10)
+  for (int split : {4, 16}) {  // bulk copies a stage of the weight stream (session 10)
     kernels::cuda_backend_options f = fused;
-    f.fused_l2_ahead = ahead;
-    v.push_back({"fused-l2-" + std::to_string(ahead), f});
+    f.fused_copy_split = split;
+    v.push_back({"fused-split" + std::to_string(split), f});
   }
   kernels::cuda_backend_options nofused = o;
   nofused.fused_decode = false;

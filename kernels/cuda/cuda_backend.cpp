@@ -369,7 +369,7 @@ class cuda_backend final : public backend {
       a.partials = partials_;
       a.sync = counter_ + fused_sync_word;
       a.head_sync = counter_ + fused_head_sync_word;
-      a.l2_ahead = fused_l2_ahead_;
+      a.copy_split = fused_copy_split_;
       launch_fused_decode(a, fused_blocks_, stream_);
     }
     return true;
@@ -617,7 +617,7 @@ class cuda_backend final : public backend {
     tune_no_ring_.ring_decode = 0;
     ring_decode_max_seqs_ = o.ring_decode_max_seqs;
     fused_decode_ = o.fused_decode;
-    fused_l2_ahead_ = std::max(0, o.fused_l2_ahead);
+    fused_copy_split_ = std::clamp(o.fused_copy_split, 1, 32);
     kernel_copies_ = o.kernel_copies;
     caps_.name = "cuda";
     caps_.host_memory = false;
@@ -863,7 +863,7 @@ class cuda_backend final : public backend {
   static constexpr int fused_head_sync_word = 32;
   static_assert(fused_head_sync_word + fused_max_kv_heads <= 64, "counter_ holds 64 words");
   bool fused_decode_ = false;
-  int fused_l2_ahead_ = 0;  ///< cuda_backend_options::fused_l2_ahead
+  int fused_copy_split_ = 1;  ///< cuda_backend_options::fused_copy_split
   int fused_blocks_ = 0;  ///< the fused decode kernel's grid (one block an SM); 0: it cannot run here
   std::array<staging_slot, 2> staging_{};
   std::size_t next_staging_ = 0;

@@ -160,7 +160,8 @@ __device__ __forceinline__ void publish(unsigned* p, unsigned v) {
 }
 
 // Where a stage of the producer's stream comes from: matrix `mi` of layer `l`, the block's k-th stage
-// of it. advance() steps to the next stage of the stream (matrices without rows for this block skipped).
+// of it. advance() steps to the next stage of the stream (matrices without rows for this block
+// skipped, as consume()'s loops skip them).
 struct stream_cursor {
   int l = 0, mi = 0, k = 0;
   matrix m{};
@@ -187,45 +188,39 @@ struct stream_cursor {
   __device__ int units() const { return min(s.per_stage, s.u1 - first_unit()); }
 };
 
-// Asks L2 for a stage's bytes ahead of its bulk copy (fused_decode_args::l2_ahead).
-__device__ __forceinline__ void prefetch_stage_l2(const fused_decode_args& a, const stream_cursor& c) {
-  const unsigned bytes = static_cast<unsigned>(c.units()) * c.m.cols * 2;
-  const bf16* src = c.m.w + static_cast<std::size_t>(c.first_unit()) * c.m.cols;
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
-  if (c.m.pair) {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src + static_cast<std::size_t>(a.ffn) * c.m.cols),
-                 "r"(bytes)
-                 : "memory");
-  }
-}
-
-// The producer (one thread): every stage of every matrix of every layer, as soon as its slot is free.
-// With l2_ahead > 0 it also asks L2 for the stage l2_ahead stages after each one it copies: when the
-// computing warps wait (a grid barrier, attention) and the ring is full, HBM keeps streaming into L2
-// for that many stages more, and the ring refills from L2 once the warps go on.
+// The producer warp: every stage of every matrix of every layer, as soon as its slot is free. Lane 0
+// waits for the slot and arms its full barrier; lanes 0 .. copy_split - 1 then each copy a piece of
+// the stage (one bulk copy a lane and region: the GEMV's producer issues 16 row copies a stage).
 __device__ void produce(const fused_decode_args& a, unsigned char* ring, std::uint64_t* full, std::uint64_t* empty,
-                        int nstages) {
-  stream_cursor c, ahead;
+                        int nstages, int lane) {
+  const int split = max(1, min(32, a.copy_split));
+  stream_cursor c;
   c.settle(a);
-  ahead.settle(a);
-  for (int i = 0; i < a.l2_ahead && ahead.valid(a); ++i) ahead.advance(a);
   for (unsigned seq = 0; c.valid(a); ++seq, c.advance(a)) {
-    if (a.progress != nullptr) publish(a.progress + gridDim.x + blockIdx.x, seq);
     const int slot = static_cast<int>(seq % nstages);
     const unsigned use = seq / nstages;
-    if (use > 0) mbar_wait(empty + slot, (use - 1) & 1);
-    if (a.l2_ahead > 0 && ahead.valid(a)) {
-      prefetch_stage_l2(a, ahead);
-      ahead.advance(a);
-    }
     const unsigned row_bytes = static_cast<unsigned>(c.m.cols) * 2;
     const int u = c.first_unit(), cnt = c.units();
-    unsigned char* dst = ring + static_cast<std::size_t>(slot) * stage_bytes;
-    mbar_expect_tx(full + slot, cnt * row_bytes * (c.m.pair ? 2 : 1));
-    bulk_copy(dst, c.m.w + static_cast<std::size_t>(u) * c.m.cols, cnt * row_bytes, full + slot);
-    if (c.m.pair) {
-      bulk_copy(dst + cnt * row_bytes, c.m.w + static_cast<std::size_t>(a.ffn + u) * c.m.cols, cnt * row_bytes,
-                full + slot);
+    const unsigned bytes = cnt * row_bytes;  // of each region (a pair stage has two: gate rows, up rows)
+    if (lane == 0) {
+      if (a.progress != nullptr) publish(a.progress + gridDim.x + blockIdx.x, seq);
+      if (use > 0) mbar_wait(empty + slot, (use - 1) & 1);
+      mbar_expect_tx(full + slot, bytes * (c.m.pair ? 2 : 1));
+    }
+    __syncwarp();
+    if (lane < split) {
+      // Piece `lane` of each region, cut at 16-byte multiples (rows are, so bytes is).
+      const unsigned p0 = bytes / 16 * lane / split * 16, p1 = bytes / 16 * (lane + 1) / split * 16;
+      if (p1 > p0) {
+        unsigned char* dst = ring + static_cast<std::size_t>(slot) * stage_bytes;
+        const unsigned char* src = reinterpret_cast<const unsigned char*>(c.m.w + static_cast<std::size_t>(u) * c.m.cols);
+        bulk_copy(dst + p0, src + p0, p1 - p0, full + slot);
+        if (c.m.pair) {
+          const unsigned char* up =
+              reinterpret_cast<const unsigned char*>(c.m.w + static_cast<std::size_t>(a.ffn + u) * c.m.cols);
+          bulk_copy(dst + bytes + p0, up + p0, p1 - p0, full + slot);
+        }
+      }
     }
   }
 }
@@ -294,6 +289,23 @@ __device__ void consume(const matrix& m, const bf16* xs, unsigned& seq, const un
     }
     __syncwarp();
     if (lane == 0) mbar_arrive(empty + slot);  // this warp has read the slot
+  }
+}
+
+// fused_decode_args::stream_only: the computing warps' side of the whole stream without arithmetic
+// or barriers (each stage waited for and handed back, as consume() does): the stream's own rate.
+__device__ void release_stream(const fused_decode_args& a, std::uint64_t* full, std::uint64_t* empty, int nstages,
+                               int warp, int lane) {
+  stream_cursor c;
+  c.settle(a);
+  for (unsigned seq = 0; c.valid(a); ++seq, c.advance(a)) {
+    if (static_cast<int>(seq % consumer_warps) != warp) continue;
+    const int slot = static_cast<int>(seq % nstages);
+    const unsigned use = seq / nstages;
+    if (use > 0) mbar_wait(empty + slot, (use - 1) & 1);
+    mbar_wait(full + slot, use & 1);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty + slot);
   }
 }
 
@@ -631,6 +643,10 @@ __device__ void compute_layers(const fused_decode_args& a, const block_smem& sm,
   grid_dep_wait();
   grid_dep_trigger();
 
+  if (a.stream_only) {
+    release_stream(a, full, empty, nstages, warp, lane);
+    return;
+  }
   load_vector(res, a.residual, a.hidden);
   // Every layer rotates by the same angles: (cos, sin) once, as rope_kv computes them.
   for (int i = threadIdx.x; i < a.head_dim / 2; i += consumers) {
@@ -741,7 +757,7 @@ __global__ void __launch_bounds__(block_threads, 1) fused_decode_kernel(const __
   __syncthreads();
   if (warp == consumer_warps) {
     // Weights never depend on the previous kernel: no griddepcontrol.wait before streaming them.
-    if (lane == 0) produce(a, ring, full, empty, nstages);
+    produce(a, ring, full, empty, nstages, lane);
     __syncwarp();
   } else {
     compute_layers(a, block_smem{full, empty, ring, nstages, xs, res, cs, att, kvp, red, &flag}, warp, lane);

@@ -64,9 +64,11 @@ struct fused_decode_args {
   int barrier_mode = 2;
   /// 1: attention units prefetch their cached keys' K/V rows while qkv streams (0: read them in place)
   int prefetch = 1;
-  /// > 0: the producer asks L2 for the weights this many 16 KB stages past each one it copies
-  /// (cp.async.bulk.prefetch.L2), so HBM keeps streaming while the ring is full; 0: no prefetch
-  int l2_ahead = 0;
+  /// bulk copies a 16 KB stage is cut into, one a lane of the producer warp (1 .. 32)
+  int copy_split = 1;
+  /// bench only (time_cuda_ops): 1 = the computing warps only hand every stage back, no arithmetic
+  /// and no barriers: the weight stream's own rate
+  int stream_only = 0;
 };
 
 /// Stamps a layer: its start, then the ends of norm, qkv, barrier, attention, barrier, attention

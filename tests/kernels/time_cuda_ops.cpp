@@ -393,7 +393,8 @@ void time_fused_decode(kernels::backend& b, int ctx, int barrier_mode, int reps 
   a.num_layers = layers;
   a.barrier_mode = barrier_mode;
   if (const char* e = std::getenv("FUSED_PREFETCH")) a.prefetch = std::atoi(e);
-  if (const char* e = std::getenv("FUSED_L2_AHEAD")) a.l2_ahead = std::atoi(e);
+  if (const char* e = std::getenv("FUSED_COPY_SPLIT")) a.copy_split = std::atoi(e);
+  if (const char* e = std::getenv("FUSED_STREAM_ONLY")) a.stream_only = std::atoi(e);
   const bool pdl = std::getenv("FUSED_PDL") == nullptr || std::atoi(std::getenv("FUSED_PDL")) != 0;
   const bool coop = std::getenv("FUSED_COOP") != nullptr && std::atoi(std::getenv("FUSED_COOP")) != 0;
   for (int l = 0; l < layers; ++l) {
@@ -467,40 +468,42 @@ void time_fused_decode(kernels::backend& b, int ctx, int barrier_mode, int reps 
   const double us = ms[ms.size() / 2] * 1e3;
   const double bytes = double(layers) * 2.0 * (double(qkv_rows) * hidden + double(hidden) * heads * hd +
                                                2.0 * ffn * hidden + double(hidden) * ffn);
-  std::printf("fused decode, 16 layers of the 1B, ctx %d, %d blocks, barrier mode %d, l2_ahead %d: %.1f us a launch (%.1f a layer), %.2f TB/s of weights\n",
-              ctx, blocks, barrier_mode, a.l2_ahead, us, us / layers, bytes / (us * 1e-6) / 1e12);
-  const std::size_t n = std::size_t(blocks) * layers * kernels::cuda::fused_trace_points;
-  void* tr = dev_alloc(n * 8, 0);
-  a.trace = static_cast<unsigned long long*>(tr);
-  kernels::cuda::launch_fused_decode(a, blocks, s, pdl, coop);
-  cudaStreamSynchronize(s);
-  std::vector<unsigned long long> t(n);
-  b.download(t.data(), tr, n * 8);
-  static const char* names[] = {"norm", "qkv", "barrier1", "attention", "barrier2", "attn load", "o_proj", "barrier3",
-                                "norm2", "gate_up", "barrier4", "act load", "down", "barrier5"};
-  const int P = kernels::cuda::fused_trace_points;
-  std::printf("  phase       mean us (all blocks)  block 0   max over blocks\n");
-  for (int k = 1; k < P; ++k) {
-    double sum = 0.0, b0 = 0.0, mx = 0.0;
-    for (int l = 0; l < layers; ++l) {
-      double lmax = 0.0;
-      for (int blk = 0; blk < blocks; ++blk) {
-        const unsigned long long* r = t.data() + (std::size_t(blk) * layers + l) * P;
-        const double d = double(r[k] - r[k - 1]) * 1e-3;
-        sum += d;
-        lmax = std::max(lmax, d);
-        if (blk == 0) b0 += d;
+  std::printf("fused decode, 16 layers of the 1B, ctx %d, %d blocks, barrier mode %d, copy split %d%s: %.1f us a launch (%.1f a layer), %.2f TB/s of weights\n",
+              ctx, blocks, barrier_mode, a.copy_split, a.stream_only ? ", stream only" : "", us, us / layers, bytes / (us * 1e-6) / 1e12);
+  if (!a.stream_only) {  // the stream-only run stamps nothing
+    const std::size_t n = std::size_t(blocks) * layers * kernels::cuda::fused_trace_points;
+    void* tr = dev_alloc(n * 8, 0);
+    a.trace = static_cast<unsigned long long*>(tr);
+    kernels::cuda::launch_fused_decode(a, blocks, s, pdl, coop);
+    cudaStreamSynchronize(s);
+    std::vector<unsigned long long> t(n);
+    b.download(t.data(), tr, n * 8);
+    static const char* names[] = {"norm", "qkv", "barrier1", "attention", "barrier2", "attn load", "o_proj", "barrier3",
+                                  "norm2", "gate_up", "barrier4", "act load", "down", "barrier5"};
+    const int P = kernels::cuda::fused_trace_points;
+    std::printf("  phase       mean us (all blocks)  block 0   max over blocks\n");
+    for (int k = 1; k < P; ++k) {
+      double sum = 0.0, b0 = 0.0, mx = 0.0;
+      for (int l = 0; l < layers; ++l) {
+        double lmax = 0.0;
+        for (int blk = 0; blk < blocks; ++blk) {
+          const unsigned long long* r = t.data() + (std::size_t(blk) * layers + l) * P;
+          const double d = double(r[k] - r[k - 1]) * 1e-3;
+          sum += d;
+          lmax = std::max(lmax, d);
+          if (blk == 0) b0 += d;
+        }
+        mx += lmax;
       }
-      mx += lmax;
+      std::printf("  %-12s %8.2f %18.2f %12.2f\n", names[k - 1], sum / (double(blocks) * layers), b0 / layers, mx / layers);
     }
-    std::printf("  %-12s %8.2f %18.2f %12.2f\n", names[k - 1], sum / (double(blocks) * layers), b0 / layers, mx / layers);
+    unsigned long long first = ~0ull, last = 0;
+    for (int blk = 0; blk < blocks; ++blk) {
+      first = std::min(first, t[std::size_t(blk) * layers * P]);
+      last = std::max(last, t[(std::size_t(blk) * layers + layers - 1) * P + P - 1]);
+    }
+    std::printf("  traced launch: %.1f us from the first block's start to the last block's end\n", double(last - first) * 1e-3);
   }
-  unsigned long long first = ~0ull, last = 0;
-  for (int blk = 0; blk < blocks; ++blk) {
-    first = std::min(first, t[std::size_t(blk) * layers * P]);
-    last = std::max(last, t[(std::size_t(blk) * layers + layers - 1) * P + P - 1]);
-  }
-  std::printf("  traced launch: %.1f us from the first block's start to the last block's end\n", double(last - first) * 1e-3);
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
   cudaStreamDestroy(s);
@@ -539,11 +542,8 @@ int main(int argc, char** argv) {
     time_fused_decode(b, std::atoi(argv[2]), kernels::cuda::fused_decode_args{}.barrier_mode, 1);
     return 0;
   }
-  if (argc > 2 && std::string(argv[1]) == "fused-ahead") {  // l2_ahead = each of argv[2..] at ctx 200
-    for (int i = 2; i < argc; ++i) {
-      setenv("FUSED_L2_AHEAD", argv[i], 1);
-      time_fused_decode(b, 200, kernels::cuda::fused_decode_args{}.barrier_mode);
-    }
+  if (argc > 1 && std::string(argv[1]) == "fused-one") {  // one configuration (FUSED_* variables) at ctx 200
+    time_fused_decode(b, 200, kernels::cuda::fused_decode_args{}.barrier_mode);
     return 0;
   }
   if (argc > 1 && std::string(argv[1]) == "fused") {  // the fused decode kernel only

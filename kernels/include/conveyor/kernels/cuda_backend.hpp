@@ -121,9 +121,9 @@ struct cuda_backend_options {
   /// 1). Its repeated launches failed now and then until session 8 found the cause (a ring slot's
   /// full-barrier parity wait passed a phase early; bench/NOTES.md, session 8).
   bool fused_decode = false;
-  /// With fused_decode: the producer asks L2 for the weights this many 16 KB stages past each one it
-  /// copies (fused_decode_args::l2_ahead), so HBM keeps streaming while the computing warps wait.
-  int fused_l2_ahead = 0;
+  /// With fused_decode: bulk copies each 16 KB stage of the weight stream is cut into, one a lane
+  /// of the producer warp (fused_decode_args::copy_split, 1 .. 32).
+  int fused_copy_split = 1;
 
   /// Between decode graphs, no copy-engine ops: a step's plan (uploads ≤ 64 KB) is read by a kernel
   /// straight from the pinned staging slot, with the previous draw's ids laid over it in the same
