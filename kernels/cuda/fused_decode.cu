@@ -25,8 +25,9 @@
 //   every block: residual += o_out; xs = rmsnorm(residual) * post_norm
 //   (gate, up) row pairs -> act = silu(gate) * up                        | barrier
 //   every block: xs = act; down rows -> delta                            | barrier (not after the last)
-// A block's rows of a matrix are a contiguous range (rows × blocks / grid), copied a stage (16 KB) at
-// a time; each stage is consumed by one warp (stage number mod 8).
+// A matrix is cut into 16 KB stages of whole rows (or gate/up pairs); block b streams stages b,
+// b + grid, ... (share_of; session 10: with a contiguous 1/grid of the rows a block, the stream-only
+// rate was 2.2 TB/s); each stage is consumed by one warp (stage number mod 8).
 //
 // sync[0] counts barrier arrivals (grid_sync has the variants); the blocks count their exits in
 // sync[1]; the last one zeroes the words, so the next launch starts at zero. Every block must be
@@ -119,17 +120,35 @@ __device__ void grid_sync(unsigned* sync, unsigned index, int mode) {
 }
 
 
-/// This block's share of a matrix: units [u0, u1) (a unit is a row, or a gate/up pair of rows),
-/// `per_stage` units a 16 KB stage.
+/// This block's share of a matrix (a unit is a row, or a gate/up pair of rows; `per_stage` units a
+/// 16 KB stage). Contiguous: units [u0, u1), its stages in order. Interleaved
+/// (fused_decode_args::interleave): the matrix is cut into stages of per_stage units and block b
+/// takes stages b, b + grid, b + 2 grid, ..., so at any moment the blocks read neighbouring stages
+/// (one window of ~2 MB GPU-wide) instead of 132 streams 1/132 of the matrix apart.
 struct share {
   int u0 = 0, u1 = 0, per_stage = 1, stages = 0;
+  bool interleaved = false;
+  /// the k-th stage's first unit and its units
+  __device__ int first(int k) const {
+    return interleaved ? (k * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x)) * per_stage
+                       : u0 + k * per_stage;
+  }
+  __device__ int count(int k) const { return min(per_stage, u1 - first(k)); }
 };
-__device__ __forceinline__ share share_of(int units, int unit_bytes) {
+__device__ __forceinline__ share share_of(int units, int unit_bytes, bool interleave) {
   share s;
-  s.u0 = static_cast<int>(static_cast<long long>(blockIdx.x) * units / gridDim.x);
-  s.u1 = static_cast<int>(static_cast<long long>(blockIdx.x + 1) * units / gridDim.x);
   s.per_stage = stage_bytes / unit_bytes;
-  s.stages = (s.u1 - s.u0 + s.per_stage - 1) / s.per_stage;
+  s.interleaved = interleave;
+  if (interleave) {
+    const int total = (units + s.per_stage - 1) / s.per_stage;
+    s.u0 = 0;
+    s.u1 = units;
+    s.stages = total > static_cast<int>(blockIdx.x) ? (total - static_cast<int>(blockIdx.x) + gridDim.x - 1) / gridDim.x : 0;
+  } else {
+    s.u0 = static_cast<int>(static_cast<long long>(blockIdx.x) * units / gridDim.x);
+    s.u1 = static_cast<int>(static_cast<long long>(blockIdx.x + 1) * units / gridDim.x);
+    s.stages = (s.u1 - s.u0 + s.per_stage - 1) / s.per_stage;
+  }
   return s;
 }
 
@@ -170,7 +189,7 @@ struct stream_cursor {
   __device__ void settle(const fused_decode_args& a) {
     while (l < a.num_layers) {
       m = matrix_of(a, a.layer[l], mi);
-      s = share_of(m.units, unit_bytes(m));
+      s = share_of(m.units, unit_bytes(m), a.interleave != 0);
       if (k < s.stages) return;
       k = 0;
       if (++mi == 4) {
@@ -184,8 +203,8 @@ struct stream_cursor {
     settle(a);
   }
   // The stage's rows: `cnt` units from unit u (a gate/up pair: rows u.. and ffn + u..).
-  __device__ int first_unit() const { return s.u0 + k * s.per_stage; }
-  __device__ int units() const { return min(s.per_stage, s.u1 - first_unit()); }
+  __device__ int first_unit() const { return s.first(k); }
+  __device__ int units() const { return s.count(k); }
 };
 
 // The producer warp: every stage of every matrix of every layer, as soon as its slot is free. Lane 0
@@ -253,8 +272,8 @@ __device__ __forceinline__ void dot2(const bf16* ra, const bf16* rb, const bf16*
 // unit's sums handed to epi(unit, sum_a, sum_b) on lane 0 (sum_b: the up row of a pair).
 template <class Epi>
 __device__ void consume(const matrix& m, const bf16* xs, unsigned& seq, const unsigned char* ring, std::uint64_t* full,
-                        std::uint64_t* empty, int nstages, int warp, int lane, Epi epi) {
-  const share s = share_of(m.units, unit_bytes(m));
+                        std::uint64_t* empty, int nstages, int warp, int lane, bool interleave, Epi epi) {
+  const share s = share_of(m.units, unit_bytes(m), interleave);
   for (int k = 0; k < s.stages; ++k, ++seq) {
     if (static_cast<int>(seq % consumer_warps) != warp) continue;
     const int slot = static_cast<int>(seq % nstages);
@@ -266,7 +285,7 @@ __device__ void consume(const matrix& m, const bf16* xs, unsigned& seq, const un
     // after seq - nstages) makes full this use's phase or the next, never the one before.
     if (use > 0) mbar_wait(empty + slot, (use - 1) & 1);
     mbar_wait(full + slot, use & 1);
-    const int u = s.u0 + k * s.per_stage, cnt = min(s.per_stage, s.u1 - u);
+    const int u = s.first(k), cnt = s.count(k);
     const bf16* st = reinterpret_cast<const bf16*>(ring + static_cast<std::size_t>(slot) * stage_bytes);
     if (m.pair) {
       for (int j = 0; j < cnt; ++j) {
@@ -678,7 +697,7 @@ __device__ void compute_layers(const fused_decode_args& a, const block_smem& sm,
     prefetch_kv(a, L, kvp);
     norm_into(res, (l > 0 || a.first_adds_delta) ? a.delta : nullptr, a.hidden, L.input_norm, a.eps, xs, red);
     stamp();
-    consume(matrix_of(a, L, 0), xs, seq, ring, full, empty, nstages, warp, lane, [&](int r, float s, float) {
+    consume(matrix_of(a, L, 0), xs, seq, ring, full, empty, nstages, warp, lane, a.interleave != 0, [&](int r, float s, float) {
       a.qkv_out[r] = __float2bfloat16_rn(s + bias_at(L.qkv_bias, r));
     });
     stamp();
@@ -690,7 +709,7 @@ __device__ void compute_layers(const fused_decode_args& a, const block_smem& sm,
     stamp();
     load_vector(xs, a.attn_out, a.heads * a.head_dim);
     stamp();
-    consume(matrix_of(a, L, 1), xs, seq, ring, full, empty, nstages, warp, lane, [&](int r, float s, float) {
+    consume(matrix_of(a, L, 1), xs, seq, ring, full, empty, nstages, warp, lane, a.interleave != 0, [&](int r, float s, float) {
       a.o_out[r] = __float2bfloat16_rn(s + bias_at(L.o_bias, r));
     });
     stamp();
@@ -698,7 +717,7 @@ __device__ void compute_layers(const fused_decode_args& a, const block_smem& sm,
     stamp();
     norm_into(res, a.o_out, a.hidden, L.post_norm, a.eps, xs, red);
     stamp();
-    consume(matrix_of(a, L, 2), xs, seq, ring, full, empty, nstages, warp, lane, [&](int u, float sg, float su) {
+    consume(matrix_of(a, L, 2), xs, seq, ring, full, empty, nstages, warp, lane, a.interleave != 0, [&](int u, float sg, float su) {
       const float g = __bfloat162float(__float2bfloat16_rn(sg + bias_at(L.gate_up_bias, u)));
       const float up = __bfloat162float(__float2bfloat16_rn(su + bias_at(L.gate_up_bias, a.ffn + u)));
       a.act[u] = __float2bfloat16_rn(g / (1.0f + expf(-g)) * up);
@@ -708,7 +727,7 @@ __device__ void compute_layers(const fused_decode_args& a, const block_smem& sm,
     stamp();
     load_vector(xs, a.act, a.ffn);
     stamp();
-    consume(matrix_of(a, L, 3), xs, seq, ring, full, empty, nstages, warp, lane, [&](int r, float s, float) {
+    consume(matrix_of(a, L, 3), xs, seq, ring, full, empty, nstages, warp, lane, a.interleave != 0, [&](int r, float s, float) {
       a.delta[r] = __float2bfloat16_rn(s + bias_at(L.down_bias, r));
     });
     stamp();

@@ -64,6 +64,9 @@ struct fused_decode_args {
   int barrier_mode = 2;
   /// 1: attention units prefetch their cached keys' K/V rows while qkv streams (0: read them in place)
   int prefetch = 1;
+  /// 1: block b streams stages b, b + grid, ... of each matrix (neighbouring blocks read neighbouring
+  /// stages); 0: a contiguous 1/grid of its rows
+  int interleave = 1;
   /// bulk copies a 16 KB stage is cut into, one a lane of the producer warp (1 .. 32)
   int copy_split = 1;
   /// bench only (time_cuda_ops): 1 = the computing warps only hand every stage back, no arithmetic

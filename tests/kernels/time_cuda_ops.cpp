@@ -395,6 +395,7 @@ void time_fused_decode(kernels::backend& b, int ctx, int barrier_mode, int reps 
   if (const char* e = std::getenv("FUSED_PREFETCH")) a.prefetch = std::atoi(e);
   if (const char* e = std::getenv("FUSED_COPY_SPLIT")) a.copy_split = std::atoi(e);
   if (const char* e = std::getenv("FUSED_STREAM_ONLY")) a.stream_only = std::atoi(e);
+  if (const char* e = std::getenv("FUSED_INTERLEAVE")) a.interleave = std::atoi(e);
   const bool pdl = std::getenv("FUSED_PDL") == nullptr || std::atoi(std::getenv("FUSED_PDL")) != 0;
   const bool coop = std::getenv("FUSED_COOP") != nullptr && std::atoi(std::getenv("FUSED_COOP")) != 0;
   for (int l = 0; l < layers; ++l) {
@@ -468,8 +469,8 @@ void time_fused_decode(kernels::backend& b, int ctx, int barrier_mode, int reps 
   const double us = ms[ms.size() / 2] * 1e3;
   const double bytes = double(layers) * 2.0 * (double(qkv_rows) * hidden + double(hidden) * heads * hd +
                                                2.0 * ffn * hidden + double(hidden) * ffn);
-  std::printf("fused decode, 16 layers of the 1B, ctx %d, %d blocks, barrier mode %d, copy split %d%s: %.1f us a launch (%.1f a layer), %.2f TB/s of weights\n",
-              ctx, blocks, barrier_mode, a.copy_split, a.stream_only ? ", stream only" : "", us, us / layers, bytes / (us * 1e-6) / 1e12);
+  std::printf("fused decode, 16 layers of the 1B, ctx %d, %d blocks, barrier mode %d, copy split %d, interleave %d%s: %.1f us a launch (%.1f a layer), %.2f TB/s of weights\n",
+              ctx, blocks, barrier_mode, a.copy_split, a.interleave, a.stream_only ? ", stream only" : "", us, us / layers, bytes / (us * 1e-6) / 1e12);
   if (!a.stream_only) {  // the stream-only run stamps nothing
     const std::size_t n = std::size_t(blocks) * layers * kernels::cuda::fused_trace_points;
     void* tr = dev_alloc(n * 8, 0);
