@@ -291,6 +291,9 @@ std::vector<variant> all_variants() {
     f.fused_copy_split = split;
     v.push_back({"fused-split" + std::to_string(split), f});
   }
+  kernels::cuda_backend_options nosplit = o;  // linear_add_rmsnorm as linear + add_rmsnorm (before session 10)
+  nosplit.split_linears = false;
+  v.push_back({"nosplit", nosplit});
   kernels::cuda_backend_options nofused = o;
   nofused.fused_decode = false;
   v.push_back({"nofused", nofused});

@@ -84,6 +84,11 @@ class cpu_backend final : public backend {
                    void* out) override {
     cpu::add_rmsnorm(f(residual), f(x), n, width, f(w.data), eps, f(out));
   }
+  void linear_add_rmsnorm(const void* x, int n, const weight& w, const weight& bias, void* out, void* residual,
+                          int width, const weight& norm_w, float eps, void* norm_out) override {
+    linear(x, n, w, bias, out);
+    add_rmsnorm(residual, out, n, width, norm_w, eps, norm_out);
+  }
   void add(void* acc, const void* x, std::size_t count) override {
     float* a = f(acc);
     const float* b = f(x);

@@ -74,7 +74,7 @@ class cuda_backend final : public backend {
     lt_.reset();
     if (cublas_ != nullptr) cublasDestroy(cublas_);
     for (draw_slot& d : draw_slots_) free_draw_slot(d);
-    for (void* p : {cublas_ws_, quant_scratch_, static_cast<void*>(partials_)}) {
+    for (void* p : {cublas_ws_, quant_scratch_, static_cast<void*>(partials_), static_cast<void*>(split_parts_)}) {
       if (p != nullptr) cudaFree(p);
     }
     free_sample_workspace();
@@ -209,6 +209,12 @@ class cuda_backend final : public backend {
     }
     launch_rmsnorm(t_, residual, x, n, width, static_cast<const float*>(w.data), eps, out, stream_, pdl_);
   }
+  void linear_add_rmsnorm(const void* x, int n, const weight& w, const weight& bias, void* out, void* residual,
+                          int width, const weight& norm_w, float eps, void* norm_out) override {
+    if (split_linear_norm(x, n, w, bias, out, residual, width, norm_w, eps, norm_out)) return;
+    linear(x, n, w, bias, out);
+    add_rmsnorm(residual, out, n, width, norm_w, eps, norm_out);
+  }
   void add(void* acc, const void* x, std::size_t count) override {
     flush();
     set_device();
@@ -314,6 +320,42 @@ class cuda_backend final : public backend {
       return;
     }
     launch_silu_mul(t_, gate_up, n, ffn, out, stream_, pdl_);
+  }
+  // linear_add_rmsnorm at cuBLAS batch sizes: the linear as S float32 K slices (lt_gemm::run_split),
+  // summed by the add + rmsnorm kernel, where the tuning timed that faster than the plain GEMM
+  // (whose own split-K, where cuBLAS picks one, adds a reduce kernel). False: nothing ran.
+  bool split_linear_norm(const void* x, int n, const weight& w, const weight& bias, void* out, void* residual,
+                         int width, const weight& norm_w, float eps, void* norm_out) {
+    if (!split_linears_ || lt_ == nullptr || t_ != dtype::bf16 || w.type != dtype::bf16 || n > gemm_tune_max_n) {
+      return false;
+    }
+    if (small_gemm_ && n <= small_gemm_max_n_) return false;  // the GEMV, with the norm in the next one's prologue
+    if ((skinny_gemm_ || skinny_wgmma_) && n >= skinny_min_n_ && n <= skinny_max_n_) return false;
+    if (caps_.row_invariant_rows > 0) return false;  // batch_invariant keeps the op-by-op sums
+    const int rows = static_cast<int>(w.rows), cols = static_cast<int>(w.cols);
+    if (width != rows || width % 8 != 0 || width / 8 > 4096 || norm_w.type != dtype::f32) return false;
+    if (!aligned(x) || !aligned(w.data) || !aligned(out) || !aligned(residual) || !aligned(norm_out) ||
+        !aligned(norm_w.data)) {
+      return false;
+    }
+    const std::size_t need = static_cast<std::size_t>(lt_gemm::max_split) * gemm_tune_max_n * rows;
+    if (split_parts_ == nullptr) {
+      // Once, for the first width seen (the hidden size); a wider linear later keeps the plain path.
+      CONVEYOR_CUDA_CHECK(cudaMalloc(&split_parts_, need * sizeof(float)));
+      split_parts_floats_ = need;
+    }
+    if (need > split_parts_floats_) return false;
+    flush();
+    set_device();
+    const int splits = lt_->split_for(w.data, x, split_parts_, rows, n, cols, stream_, capturing_, partials_,
+                                      partial_floats_ * sizeof(float), split_margin_us_);
+    if (splits == 0) return false;
+    lt_->run_split(w.data, x, split_parts_, rows, n, cols, splits, stream_);
+    const bool ran = launch_split_add_rmsnorm(split_parts_, splits, bias.empty() ? nullptr : static_cast<const float*>(bias.data),
+                                              out, residual, n, width, static_cast<const float*>(norm_w.data), eps,
+                                              norm_out, stream_, pdl_);
+    if (!ran) fail_cuda("linear_add_rmsnorm", "split add + rmsnorm refused a checked shape", __FILE__, __LINE__);
+    return true;
   }
   bool decode_layers(const decode_layers_call& c) override {
     // bf16 only, and not under batch_invariant: a verification pass runs the op-by-op kernels, whose
@@ -617,6 +659,8 @@ class cuda_backend final : public backend {
     tune_no_ring_.ring_decode = 0;
     ring_decode_max_seqs_ = o.ring_decode_max_seqs;
     fused_decode_ = o.fused_decode;
+    split_linears_ = o.split_linears;
+    split_margin_us_ = o.split_linear_margin_us;
     fused_copy_split_ = std::clamp(o.fused_copy_split, 1, 32);
     kernel_copies_ = o.kernel_copies;
     caps_.name = "cuda";
@@ -863,6 +907,10 @@ class cuda_backend final : public backend {
   static constexpr int fused_head_sync_word = 32;
   static_assert(fused_head_sync_word + fused_max_kv_heads <= 64, "counter_ holds 64 words");
   bool fused_decode_ = false;
+  bool split_linears_ = true;  ///< cuda_backend_options::split_linears
+  float split_margin_us_ = 0.5f;  ///< cuda_backend_options::split_linear_margin_us
+  float* split_parts_ = nullptr;  ///< the K slices, lt_gemm::max_split × gemm_tune_max_n × width floats
+  std::size_t split_parts_floats_ = 0;
   int fused_copy_split_ = 1;  ///< cuda_backend_options::fused_copy_split
   int fused_blocks_ = 0;  ///< the fused decode kernel's grid (one block an SM); 0: it cannot run here
   std::array<staging_slot, 2> staging_{};

@@ -244,6 +244,75 @@ __global__ void rmsnorm_bf16x8_kernel(bf16* residual, const bf16* x, int width, 
   }
 }
 
+// rmsnorm_bf16x8_kernel after a linear cut along K (lt_gemm::run_split): the linear's output is first
+// summed from its `splits` float32 slices (in slice order) and rounded to bf16 as the GEMM would
+// store it (its bias added after, as launch_add_bias does), written to delta, then
+// residual += delta and out = rmsnorm(residual) * w exactly as rmsnorm_bf16x8_kernel rounds them.
+__global__ void split_add_rmsnorm_bf16x8_kernel(const float* parts, int splits, std::size_t slice,
+                                                const float* bias, bf16* delta, bf16* residual, int width,
+                                                const float* w, float eps, bf16* out) {
+  __shared__ double partial[32];
+  grid_dep_wait();
+  grid_dep_trigger();
+  const std::size_t base = static_cast<std::size_t>(blockIdx.x) * width;
+  const int chunks = width / 8;
+  uint4 v[norm_chunks_per_thread];
+  double ss = 0.0;
+#pragma unroll
+  for (int j = 0; j < norm_chunks_per_thread; ++j) {
+    const int c = threadIdx.x + j * blockDim.x;
+    if (c >= chunks) break;
+    float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    for (int sp = 0; sp < splits; ++sp) {
+      const float4* src = reinterpret_cast<const float4*>(parts + sp * slice + base) + 2 * c;
+      const float4 a = __ldcg(src), b = __ldcg(src + 1);
+      acc[0] += a.x;
+      acc[1] += a.y;
+      acc[2] += a.z;
+      acc[3] += a.w;
+      acc[4] += b.x;
+      acc[5] += b.y;
+      acc[6] += b.z;
+      acc[7] += b.w;
+    }
+    std::uint32_t* p = reinterpret_cast<std::uint32_t*>(&v[j]);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float lo = __bfloat162float(__float2bfloat16_rn(acc[2 * e]));
+      float hi = __bfloat162float(__float2bfloat16_rn(acc[2 * e + 1]));
+      if (bias != nullptr) {
+        lo += bias[c * 8 + 2 * e];
+        hi += bias[c * 8 + 2 * e + 1];
+      }
+      p[e] = pack_bf16x2(lo, hi);
+    }
+    reinterpret_cast<uint4*>(delta + base)[c] = v[j];
+    const uint4 r = reinterpret_cast<const uint4*>(residual + base)[c];
+    const std::uint32_t* rp = reinterpret_cast<const std::uint32_t*>(&r);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) p[e] = pack_bf16x2(bf_lo(rp[e]) + bf_lo(p[e]), bf_hi(rp[e]) + bf_hi(p[e]));
+    reinterpret_cast<uint4*>(residual + base)[c] = v[j];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const double a = bf_lo(p[e]), b = bf_hi(p[e]);
+      ss += a * a + b * b;
+    }
+  }
+  ss = block_sum(ss, partial);
+  const float inv = 1.0f / sqrtf(static_cast<float>(ss / width) + eps);
+#pragma unroll
+  for (int j = 0; j < norm_chunks_per_thread; ++j) {
+    const int c = threadIdx.x + j * blockDim.x;
+    if (c >= chunks) break;
+    const float4 w0 = reinterpret_cast<const float4*>(w)[2 * c], w1 = reinterpret_cast<const float4*>(w)[2 * c + 1];
+    const float wv[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+    std::uint32_t* p = reinterpret_cast<std::uint32_t*>(&v[j]);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) p[e] = pack_bf16x2(wv[2 * e] * (bf_lo(p[e]) * inv), wv[2 * e + 1] * (bf_hi(p[e]) * inv));
+    reinterpret_cast<uint4*>(out + base)[c] = v[j];
+  }
+}
+
 __global__ void silu_mul_bf16x8_kernel(const bf16* gate_up, int n, int ffn, bf16* out) {
   grid_dep_wait();
   grid_dep_trigger();
@@ -336,6 +405,23 @@ void launch_rmsnorm(dtype t, void* residual, const void* x, int n, int width, co
                                         static_cast<T*>(out));
     CONVEYOR_CUDA_LAUNCHED("rmsnorm");
   });
+}
+
+bool launch_split_add_rmsnorm(const float* parts, int splits, const float* bias, void* delta, void* residual, int n,
+                              int width, const float* w, float eps, void* out, cudaStream_t s, bool pdl) {
+  const int chunks = width / 8;
+  if (n <= 0 || width % 8 != 0 || chunks > 1024 * norm_chunks_per_thread || !aligned16(delta) ||
+      !aligned16(residual) || !aligned16(out) || !aligned16(w) || !aligned16(parts)) {
+    return false;
+  }
+  const int per_thread = (chunks + 1023) / 1024;
+  const int per_block = (chunks + per_thread - 1) / per_thread;
+  const unsigned tpb = static_cast<unsigned>(std::max(32, (per_block + 31) / 32 * 32));
+  launch_k(pdl, split_add_rmsnorm_bf16x8_kernel, dim3(n), dim3(tpb), 0, s, parts, splits,
+           static_cast<std::size_t>(n) * width, bias, static_cast<bf16*>(delta), static_cast<bf16*>(residual), width, w,
+           eps, static_cast<bf16*>(out));
+  CONVEYOR_CUDA_LAUNCHED("split add rmsnorm bf16x8");
+  return true;
 }
 
 void launch_add(dtype t, void* acc, const void* x, std::size_t count, cudaStream_t s) {

@@ -18,6 +18,11 @@ void launch_embedding(dtype t, const std::int32_t* ids, int n, const void* table
 /// `pdl` (here and below): launch as a programmatic dependent of the previous kernel (device_types.cuh).
 void launch_rmsnorm(dtype t, void* residual, const void* x, int n, int width, const float* w, float eps,
                     void* out, cudaStream_t s, bool pdl = false);  ///< residual == nullptr: plain rmsnorm of x
+/// bf16: delta[n, width] = Σ_s parts[s][n, width] (+ bias), rounded as the linear would store it;
+/// residual += delta; out = rmsnorm(residual) * w (as launch_rmsnorm with a residual). False (nothing
+/// launched) where the shape or alignment does not suit the kernel.
+bool launch_split_add_rmsnorm(const float* parts, int splits, const float* bias, void* delta, void* residual, int n,
+                              int width, const float* w, float eps, void* out, cudaStream_t s, bool pdl = false);
 void launch_add(dtype t, void* acc, const void* x, std::size_t count, cudaStream_t s);
 void launch_add_bias(dtype t, void* out, const float* bias, int n, int width, cudaStream_t s);
 void launch_rope(dtype t, void* qkv, int n, const attn_shape& shape, const std::int32_t* positions,

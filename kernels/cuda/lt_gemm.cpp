@@ -17,7 +17,17 @@ namespace {
 struct choice {
   bool use_lt = false;
   cublasLtMatmulAlgo_t algo{};
+  float ms = 0.0f;  ///< the tuned time of the choice (at the tuning's n)
 };
+/// The K split chosen for (rows, cols, token bucket, margin in ns): splits 0 = none.
+struct split_choice {
+  int splits = 0;
+  cublasLtMatmulAlgo_t algo{};
+};
+std::map<std::array<int, 4>, split_choice>& split_choices() {
+  static std::map<std::array<int, 4>, split_choice> m;
+  return m;
+}
 std::mutex choices_mu;
 std::map<std::array<int, 3>, choice>& choices() {
   static std::map<std::array<int, 3>, choice> m;
@@ -49,6 +59,12 @@ lt_gemm::lt_gemm(void* workspace, std::size_t workspace_bytes) : ws_(workspace),
 }
 
 lt_gemm::~lt_gemm() {
+  for (auto& [k, p] : split_plans_) {
+    for (auto* l : {p.a, p.b, p.d}) {
+      if (l != nullptr) cublasLtMatrixLayoutDestroy(l);
+    }
+    if (p.desc != nullptr) cublasLtMatmulDescDestroy(p.desc);
+  }
   for (auto& [k, p] : plans_) {
     if (p.a != nullptr) cublasLtMatrixLayoutDestroy(p.a);
     if (p.b != nullptr) cublasLtMatrixLayoutDestroy(p.b);
@@ -94,8 +110,8 @@ lt_gemm::plan& lt_gemm::plan_for(const void* w, const void* x, void* out, int ro
   std::lock_guard<std::mutex> lock(choices_mu);
   auto it = choices().find(ck);
   if (it == choices().end()) {
-    tune(p, w, x, out, rows, n, cols, stream, capturing, flush, flush_bytes);
-    choices()[ck] = choice{p.use_lt, p.algo};
+    const float ms = tune(p, w, x, out, rows, n, cols, stream, capturing, flush, flush_bytes);
+    choices()[ck] = choice{p.use_lt, p.algo, ms};
     return p;
   }
   p.use_lt = false;
@@ -110,8 +126,34 @@ lt_gemm::plan& lt_gemm::plan_for(const void* w, const void* x, void* out, int ro
   return p;
 }
 
-void lt_gemm::tune(plan& p, const void* w, const void* x, void* out, int rows, int n, int cols,
-                   cudaStream_t stream, bool capturing, void* flush, std::size_t flush_bytes) {
+template <class Launch>
+float lt_gemm::time_on_side(Launch&& launch, void* flush, std::size_t flush_bytes) {
+  if (!launch()) return std::numeric_limits<float>::infinity();
+  std::vector<float> t;
+  for (int r = 0; r < reps; ++r) {
+    if (flush != nullptr && flush_bytes > 0) CONVEYOR_CUDA_CHECK(cudaMemsetAsync(flush, r, flush_bytes, side_));
+    CONVEYOR_CUDA_CHECK(cudaEventRecord(ev_[2 * r], side_));
+    launch();
+    CONVEYOR_CUDA_CHECK(cudaEventRecord(ev_[2 * r + 1], side_));
+  }
+  CONVEYOR_CUDA_CHECK(cudaEventSynchronize(ev_[2 * reps - 1]));
+  for (int r = 0; r < reps; ++r) {
+    float ms = 0.0f;
+    CONVEYOR_CUDA_CHECK(cudaEventElapsedTime(&ms, ev_[2 * r], ev_[2 * r + 1]));
+    t.push_back(ms);
+  }
+  std::nth_element(t.begin(), t.begin() + reps / 2, t.end());
+  return t[reps / 2];
+}
+
+void lt_gemm::side_after(cudaStream_t stream, bool capturing) {
+  if (capturing) return;  // x is written by work still queued on the stream
+  CONVEYOR_CUDA_CHECK(cudaEventRecord(ev_[2 * reps], stream));
+  CONVEYOR_CUDA_CHECK(cudaStreamWaitEvent(side_, ev_[2 * reps], 0));
+}
+
+float lt_gemm::tune(plan& p, const void* w, const void* x, void* out, int rows, int n, int cols,
+                    cudaStream_t stream, bool capturing, void* flush, std::size_t flush_bytes) {
   p.use_lt = false;
   cublasLtMatmulPreference_t pref = nullptr;
   CONVEYOR_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -122,46 +164,29 @@ void lt_gemm::tune(plan& p, const void* w, const void* x, void* out, int rows, i
   const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.a, p.b, p.c, p.c, pref, max_candidates,
                                                            cand.data(), &found);
   cublasLtMatmulPreferenceDestroy(pref);
-  if (hs != CUBLAS_STATUS_SUCCESS || found <= 0) return;
+  if (hs != CUBLAS_STATUS_SUCCESS || found <= 0) return std::numeric_limits<float>::infinity();
 
-  auto& ev = ev_;
   cublasHandle_t h = blas_;
-  if (!capturing) {  // x is written by work still queued on the stream
-    CONVEYOR_CUDA_CHECK(cudaEventRecord(ev[2 * reps], stream));
-    CONVEYOR_CUDA_CHECK(cudaStreamWaitEvent(side_, ev[2 * reps], 0));
-  }
+  side_after(stream, capturing);
   const float one = 1.0f, zero = 0.0f;
   // Median of `reps` runs, each after L2 was overwritten; +inf where the launch is refused.
-  auto time_it = [&](auto&& launch) {
-    if (!launch()) return std::numeric_limits<float>::infinity();
-    std::vector<float> t;
-    for (int r = 0; r < reps; ++r) {
-      if (flush != nullptr && flush_bytes > 0) CONVEYOR_CUDA_CHECK(cudaMemsetAsync(flush, r, flush_bytes, side_));
-      CONVEYOR_CUDA_CHECK(cudaEventRecord(ev[2 * r], side_));
-      launch();
-      CONVEYOR_CUDA_CHECK(cudaEventRecord(ev[2 * r + 1], side_));
-    }
-    CONVEYOR_CUDA_CHECK(cudaEventSynchronize(ev[2 * reps - 1]));
-    for (int r = 0; r < reps; ++r) {
-      float ms = 0.0f;
-      CONVEYOR_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[2 * r], ev[2 * r + 1]));
-      t.push_back(ms);
-    }
-    std::nth_element(t.begin(), t.begin() + reps / 2, t.end());
-    return t[reps / 2];
-  };
-  const float t_default = time_it([&] {
-    return cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, w, CUDA_R_16BF, cols, x, CUDA_R_16BF, cols,
-                        &zero, out, CUDA_R_16BF, rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) ==
-           CUBLAS_STATUS_SUCCESS;
-  });
-  float best = t_default * min_gain;
+  const float t_default = time_on_side(
+      [&] {
+        return cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, w, CUDA_R_16BF, cols, x, CUDA_R_16BF,
+                            cols, &zero, out, CUDA_R_16BF, rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) ==
+               CUBLAS_STATUS_SUCCESS;
+      },
+      flush, flush_bytes);
+  float best = t_default * min_gain, best_any = t_default;
   for (int i = 0; i < found; ++i) {
     if (cand[i].state != CUBLAS_STATUS_SUCCESS || cand[i].workspaceSize > ws_bytes_) continue;
-    const float t = time_it([&] {
-      return cublasLtMatmul(lt_, p.desc, &one, w, p.a, x, p.b, &zero, out, p.c, out, p.c, &cand[i].algo, ws_,
-                            ws_bytes_, side_) == CUBLAS_STATUS_SUCCESS;
-    });
+    const float t = time_on_side(
+        [&] {
+          return cublasLtMatmul(lt_, p.desc, &one, w, p.a, x, p.b, &zero, out, p.c, out, p.c, &cand[i].algo, ws_,
+                                ws_bytes_, side_) == CUBLAS_STATUS_SUCCESS;
+        },
+        flush, flush_bytes);
+    best_any = std::min(best_any, t);
     if (t < best) {
       best = t;
       p.use_lt = true;
@@ -170,6 +195,100 @@ void lt_gemm::tune(plan& p, const void* w, const void* x, void* out, int rows, i
   }
   CONVEYOR_CUDA_CHECK(cudaStreamSynchronize(side_));
   cudaGetLastError();  // a refused candidate launch leaves no error behind
+  return p.use_lt ? best : std::min(t_default, best_any);
+}
+
+lt_gemm::split_plan& lt_gemm::split_plan_for(int rows, int n, int cols, int splits) {
+  const std::array<int, 4> k{rows, cols, n, splits};
+  if (auto it = split_plans_.find(k); it != split_plans_.end()) return it->second;
+  split_plan& p = split_plans_[k];
+  CONVEYOR_LT_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
+  CONVEYOR_LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof(op_t)));
+  CONVEYOR_LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof(op_n)));
+  // Batch s: W's and x's columns s·k .. (k = cols / splits) with the full row pitch, D float32.
+  const int k_slice = cols / splits;
+  CONVEYOR_LT_CHECK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, k_slice, rows, cols));
+  CONVEYOR_LT_CHECK(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, k_slice, n, cols));
+  CONVEYOR_LT_CHECK(cublasLtMatrixLayoutCreate(&p.d, CUDA_R_32F, rows, n, rows));
+  const long long in_stride = k_slice, out_stride = static_cast<long long>(rows) * n;
+  for (auto* l : {p.a, p.b, p.d}) {
+    const long long stride = l == p.d ? out_stride : in_stride;
+    CONVEYOR_LT_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &splits, sizeof(splits)));
+    CONVEYOR_LT_CHECK(
+        cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
+  }
+  return p;
+}
+
+int lt_gemm::split_for(const void* w, const void* x, float* parts, int rows, int n, int cols, cudaStream_t stream,
+                       bool capturing, void* flush, std::size_t flush_bytes, float margin_us) {
+  // The plain GEMM's choice (and its time) first: the split must beat what run() would do.
+  plan& plain = plan_for(w, x, parts, rows, n, cols, stream, capturing, flush, flush_bytes);
+  (void)plain;
+  const std::array<int, 4> ck{rows, cols, bucket(n), static_cast<int>(margin_us * 1000.0f)};
+  std::lock_guard<std::mutex> lock(choices_mu);
+  if (auto it = split_choices().find(ck); it != split_choices().end()) {
+    const split_choice c = it->second;
+    if (c.splits == 0) return 0;
+    split_plan& p = split_plan_for(rows, n, cols, c.splits);
+    if (!p.ok) {
+      cublasLtMatmulHeuristicResult_t r{};
+      p.ok = cublasLtMatmulAlgoCheck(lt_, p.desc, p.a, p.b, p.d, p.d, &c.algo, &r) == CUBLAS_STATUS_SUCCESS &&
+             r.state == CUBLAS_STATUS_SUCCESS && r.workspaceSize <= ws_bytes_;
+      p.algo = c.algo;
+    }
+    return p.ok ? c.splits : 0;
+  }
+  const auto plain_it = choices().find({rows, cols, bucket(n)});
+  const float t_plain = plain_it != choices().end() ? plain_it->second.ms : std::numeric_limits<float>::infinity();
+  split_choice best{};
+  float t_best = t_plain - margin_us * 1e-3f;
+  side_after(stream, capturing);
+  const float one = 1.0f, zero = 0.0f;
+  for (int splits = 2; splits <= max_split; splits *= 2) {
+    if (cols % (splits * 8) != 0) continue;  // every slice 16-byte aligned
+    split_plan& p = split_plan_for(rows, n, cols, splits);
+    cublasLtMatmulPreference_t pref = nullptr;
+    CONVEYOR_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    CONVEYOR_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes_,
+                                                           sizeof(ws_bytes_)));
+    std::array<cublasLtMatmulHeuristicResult_t, max_candidates> cand{};
+    int found = 0;
+    const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.a, p.b, p.d, p.d, pref, max_candidates,
+                                                             cand.data(), &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (hs != CUBLAS_STATUS_SUCCESS) continue;
+    for (int i = 0; i < found; ++i) {
+      if (cand[i].state != CUBLAS_STATUS_SUCCESS || cand[i].workspaceSize > ws_bytes_) continue;
+      const float t = time_on_side(
+          [&] {
+            return cublasLtMatmul(lt_, p.desc, &one, w, p.a, x, p.b, &zero, parts, p.d, parts, p.d, &cand[i].algo,
+                                  ws_, ws_bytes_, side_) == CUBLAS_STATUS_SUCCESS;
+          },
+          flush, flush_bytes);
+      if (t < t_best) {
+        t_best = t;
+        best = split_choice{splits, cand[i].algo};
+      }
+    }
+  }
+  CONVEYOR_CUDA_CHECK(cudaStreamSynchronize(side_));
+  cudaGetLastError();
+  split_choices()[ck] = best;
+  if (best.splits == 0) return 0;
+  split_plan& p = split_plan_for(rows, n, cols, best.splits);
+  p.ok = true;
+  p.algo = best.algo;
+  return best.splits;
+}
+
+void lt_gemm::run_split(const void* w, const void* x, float* parts, int rows, int n, int cols, int splits,
+                        cudaStream_t stream) {
+  split_plan& p = split_plan_for(rows, n, cols, splits);
+  const float one = 1.0f, zero = 0.0f;
+  CONVEYOR_LT_CHECK(cublasLtMatmul(lt_, p.desc, &one, w, p.a, x, p.b, &zero, parts, p.d, parts, p.d, &p.algo, ws_,
+                                   ws_bytes_, stream));
 }
 
 }  // namespace conveyor::kernels::cuda

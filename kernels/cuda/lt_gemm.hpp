@@ -38,6 +38,18 @@ class lt_gemm {
   bool run(const void* w, const void* x, void* out, int rows, int n, int cols,
            cudaStream_t stream, bool capturing, void* flush, std::size_t flush_bytes);
 
+  /// The same product cut along K into S strided batches with float32 outputs:
+  /// parts[s][n, rows] = x[:, s·cols/S ..] · W[:, s·cols/S ..]ᵀ, for a following kernel that sums the
+  /// S slices anyway (cuda_backend's linear_add_rmsnorm). split_for() returns the S of {2, 4} whose
+  /// time beats run()'s by more than `margin_us` (timed as run()'s choice is, on the first call of a
+  /// shape's bucket), 0 where none does or the shape does not cut evenly; run_split() runs it.
+  /// parts must hold max_split · n · rows floats.
+  int split_for(const void* w, const void* x, float* parts, int rows, int n, int cols, cudaStream_t stream,
+                bool capturing, void* flush, std::size_t flush_bytes, float margin_us);
+  void run_split(const void* w, const void* x, float* parts, int rows, int n, int cols, int splits,
+                 cudaStream_t stream);
+  static constexpr int max_split = 4;
+
  private:
   using key = std::array<int, 3>;  // rows, cols, n
   struct plan {
@@ -48,8 +60,21 @@ class lt_gemm {
   };
   plan& plan_for(const void* w, const void* x, void* out, int rows, int n, int cols,
                  cudaStream_t stream, bool capturing, void* flush, std::size_t flush_bytes);
-  void tune(plan& p, const void* w, const void* x, void* out, int rows, int n, int cols,
-            cudaStream_t stream, bool capturing, void* flush, std::size_t flush_bytes);
+  float tune(plan& p, const void* w, const void* x, void* out, int rows, int n, int cols,
+             cudaStream_t stream, bool capturing, void* flush, std::size_t flush_bytes);
+  /// The split GEMM's descriptors for (rows, cols, n, splits); ok: an algorithm is set.
+  struct split_plan {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+    bool ok = false;
+    cublasLtMatmulAlgo_t algo{};
+  };
+  split_plan& split_plan_for(int rows, int n, int cols, int splits);
+  /// Median time (ms) of `launch` on the side stream, L2 overwritten before each repetition.
+  template <class Launch>
+  float time_on_side(Launch&& launch, void* flush, std::size_t flush_bytes);
+  /// Waits on the side stream for the work queued on `stream` (not while it is captured).
+  void side_after(cudaStream_t stream, bool capturing);
 
   static constexpr int reps = 8;
   cublasLtHandle_t lt_ = nullptr;
@@ -59,6 +84,7 @@ class lt_gemm {
   std::size_t ws_bytes_;
   cudaStream_t side_ = nullptr;
   std::map<key, plan> plans_;
+  std::map<std::array<int, 4>, split_plan> split_plans_;  // rows, cols, n, splits
 };
 
 }  // namespace conveyor::kernels::cuda

@@ -535,6 +535,63 @@ TEST_P(cuda_ops, small_uploads_and_draw_overlay) {
 
 // The small-batch GEMV (bf16, n ≤ 16) across token counts, row tails, K tails and bias; f32 runs
 // the same shapes through cuBLAS. The other GEMV configurations on the shapes that take their paths.
+// linear + add_rmsnorm as one call, against the CPU twin: on cuBLAS batch sizes the bf16 backend cuts
+// the linear along K into float32 slices summed by the norm's kernel (forced here, whatever the
+// timing says; at n ≤ 16 the GEMV path runs). Repeated calls give the same bits.
+TEST_P(cuda_ops, linear_add_rmsnorm_matches_cpu) {
+  for (const bool force : {false, true}) {
+    kernels::cuda_backend_options o;
+    o.compute_dtype = t();
+    if (force) o.split_linear_margin_us = -1e9f;
+    auto made = kernels::make_cuda_backend(o);
+    ASSERT_TRUE(made.ok()) << made.err().message;
+    b_ = std::move(made).value();
+    for (auto [n, rows, cols] : {std::tuple{64, 2048, 8192}, {64, 2048, 2048}, {20, 256, 1024}, {100, 512, 768},
+                                 {1, 256, 512}, {256, 128, 64}}) {
+      for (const bool with_bias : {false, true}) {
+        const std::string shape = " n" + std::to_string(n) + " " + std::to_string(rows) + "x" + std::to_string(cols) +
+                                  (with_bias ? " bias" : "") + (force ? " [split forced]" : "");
+        auto x = testing::random_values(rng_, static_cast<std::size_t>(n) * cols, t());
+        auto wh = testing::random_values(rng_, static_cast<std::size_t>(rows) * cols, t(), 0.05f);
+        kernels::weight w = upload_matrix(wh, rows, cols);
+        std::vector<float> bias_h = with_bias ? testing::random_values(rng_, rows, dtype::f32) : std::vector<float>{};
+        kernels::weight bias = with_bias ? upload_vector(bias_h) : kernels::weight{};
+        auto res = testing::random_values(rng_, static_cast<std::size_t>(n) * rows, t(), 2.0f);
+        std::vector<float> nw(rows);
+        std::uniform_real_distribution<float> wd(0.5f, 1.5f);
+        for (auto& v : nw) v = wd(rng_);
+        kernels::weight nwd = upload_vector(nw);
+        const float eps = 1e-5f;
+        std::vector<float> ref_out(static_cast<std::size_t>(n) * rows), ref_n(ref_out.size()), ref_res = res;
+        kernels::cpu::linear(x.data(), n, wh.data(), rows, cols, with_bias ? bias_h.data() : nullptr, ref_out.data());
+        kernels::cpu::add_rmsnorm(ref_res.data(), ref_out.data(), n, rows, nw.data(), eps, ref_n.data());
+        std::vector<float> first_out, first_res, first_n;
+        for (int rep = 0; rep < 2; ++rep) {
+          dev_acts xd(*b_, x), out(*b_, ref_out.size()), rd(*b_, res), nd(*b_, ref_out.size());
+          out.poison();
+          nd.poison();
+          b_->linear_add_rmsnorm(xd.get_ptr(), n, w, bias, out.get_ptr(), rd.get_ptr(), rows, nwd, eps, nd.get_ptr());
+          if (rep == 0) {
+            first_out = out.get();
+            first_res = rd.get();
+            first_n = nd.get();
+            EXPECT_CLOSE(first_out, ref_out, t(), tag("linear_add_rmsnorm out" + shape));
+            EXPECT_CLOSE(first_res, ref_res, t(), tag("linear_add_rmsnorm residual" + shape));
+            EXPECT_CLOSE(first_n, ref_n, t(), tag("linear_add_rmsnorm normed" + shape));
+          } else {
+            EXPECT_EQ(out.get(), first_out) << tag("linear_add_rmsnorm repeat out" + shape);
+            EXPECT_EQ(rd.get(), first_res) << tag("linear_add_rmsnorm repeat residual" + shape);
+            EXPECT_EQ(nd.get(), first_n) << tag("linear_add_rmsnorm repeat normed" + shape);
+          }
+        }
+        b_->release(const_cast<void*>(w.data));
+        b_->release(const_cast<void*>(nwd.data));
+        if (with_bias) b_->release(const_cast<void*>(bias.data));
+      }
+    }
+  }
+}
+
 TEST_P(cuda_ops, small_batch_linear) {
   for (int config = 0; config < gemv_configs; ++config) {
     use_opt_in_paths(config);

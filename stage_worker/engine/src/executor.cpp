@@ -249,7 +249,9 @@ status stage_executor::run_layer(int li, int n, bool first) {
   const int layer = range_.first_layer + li;
   const int h = config_.hidden_size;
   kernels::backend& b = backend_;
-  if (observer_) {
+  if (normed_ahead_) {
+    normed_ahead_ = false;  // the previous layer's down projection left this layer's input in normed_
+  } else if (observer_) {
     if (!first) b.add(residual_.get(), delta_.get(), static_cast<std::size_t>(n) * h);
     observe(layer, residual_.get(), n);
     b.rmsnorm(residual_.get(), n, h, w.input_norm, config_.rms_norm_eps, normed_.get());
@@ -269,13 +271,32 @@ status stage_executor::run_layer(int li, int n, bool first) {
                    : kernels::attention_batch{pv_.num_seqs, pv_.q_start, pv_.ctx_len, pv_.block_table, table_stride_,
                                               pv_.max_ctx, pv_.max_q};
   b.attention(qkv_.get(), shape, batch, kv_.layout(), kv_.k(li), kv_.v(li), attn_.get());
-  b.linear(attn_.get(), n, w.o, w.o_bias, delta_.get());
-  CONVEYOR_TRY(reduce(delta_.get(), n));
-  b.add_rmsnorm(residual_.get(), delta_.get(), n, h, w.post_norm, config_.rms_norm_eps, normed_.get());
+  // Without a tensor-parallel sum between them, each linear and the residual add + norm after it go
+  // to the backend as one call (it may leave the linear's K slices for the norm's kernel to sum).
+  if (collective_ == nullptr) {
+    b.linear_add_rmsnorm(attn_.get(), n, w.o, w.o_bias, delta_.get(), residual_.get(), h, w.post_norm,
+                         config_.rms_norm_eps, normed_.get());
+  } else {
+    b.linear(attn_.get(), n, w.o, w.o_bias, delta_.get());
+    CONVEYOR_TRY(reduce(delta_.get(), n));
+    b.add_rmsnorm(residual_.get(), delta_.get(), n, h, w.post_norm, config_.rms_norm_eps, normed_.get());
+  }
   b.linear(normed_.get(), n, w.gate_up, w.gate_up_bias, gate_up_.get());
   b.silu_mul(gate_up_.get(), n, ffn_, act_.get());
+  const kernels::weight* next = collective_ == nullptr && !observer_ ? norm_after(li) : nullptr;
+  if (next != nullptr) {
+    b.linear_add_rmsnorm(act_.get(), n, w.down, w.down_bias, delta_.get(), residual_.get(), h, *next,
+                         config_.rms_norm_eps, normed_.get());
+    normed_ahead_ = true;
+    return ok_status();
+  }
   b.linear(act_.get(), n, w.down, w.down_bias, delta_.get());
   return reduce(delta_.get(), n);
+}
+
+const kernels::weight* stage_executor::norm_after(int li) const {
+  if (li + 1 < range_.num_layers()) return &weights_->layers[li + 1].input_norm;
+  return range_.has_head ? &weights_->final_norm : nullptr;
 }
 
 bool stage_executor::run_fused_layers(int n) {
@@ -321,15 +342,24 @@ status stage_executor::run_ops(int n) {
   kernels::backend& b = backend_;
   const int h = config_.hidden_size;
   if (range_.has_embedding) b.embedding(pv_.ids, n, weights_->embedding, residual_.get());
+  normed_ahead_ = false;
   if (!run_fused_layers(n)) {
-    for (int li = 0; li < range_.num_layers(); ++li) CONVEYOR_TRY(run_layer(li, n, li == 0));
+    for (int li = 0; li < range_.num_layers(); ++li) {
+      const status st = run_layer(li, n, li == 0);
+      if (!st.ok()) {
+        normed_ahead_ = false;
+        return st;
+      }
+    }
   }
   const bool ran_layers = range_.num_layers() > 0;
   if (!range_.has_head) {
     if (ran_layers) b.add(residual_.get(), delta_.get(), static_cast<std::size_t>(n) * h);
     return ok_status();
   }
-  if (ran_layers) {
+  if (normed_ahead_) {
+    normed_ahead_ = false;  // the last layer's down projection ran with the final norm
+  } else if (ran_layers) {
     b.add_rmsnorm(residual_.get(), delta_.get(), n, h, weights_->final_norm, config_.rms_norm_eps, normed_.get());
   } else {
     b.rmsnorm(residual_.get(), n, h, weights_->final_norm, config_.rms_norm_eps, normed_.get());

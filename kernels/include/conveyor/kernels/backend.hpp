@@ -160,6 +160,11 @@ class backend {
   /// out[n, w.rows] = x[n, w.cols] · wᵀ + bias (bias may be empty). w may be i8 / f8e4m3 with
   /// per-row scales where caps() says so.
   virtual void linear(const void* x, int n, const weight& w, const weight& bias, void* out) = 0;
+  /// linear(x, n, w, bias, out), then add_rmsnorm(residual, out, n, width, norm_w, eps, norm_out):
+  /// the same results (width = w.rows), in one call so that a backend may cut the linear's sum
+  /// along K and leave the slices' sum to the norm's kernel (cuda_backend; bench/NOTES.md, session 10).
+  virtual void linear_add_rmsnorm(const void* x, int n, const weight& w, const weight& bias, void* out,
+                                  void* residual, int width, const weight& norm_w, float eps, void* norm_out) = 0;
   /// Rotates the q and k heads of packed qkv rows in place (HF's rotate_half convention).
   /// inv_freq: [head_dim / 2] float32 in backend memory, scaling already applied.
   virtual void rope(void* qkv, int n, const attn_shape& shape, const std::int32_t* positions,

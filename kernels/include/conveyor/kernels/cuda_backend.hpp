@@ -113,6 +113,17 @@ struct cuda_backend_options {
   /// (each launch 6-9 µs besides its bytes under ncu; bench/NOTES.md, session 5).
   bool skinny_wgmma = false;
 
+  /// linear_add_rmsnorm at cuBLAS batch sizes (beyond the GEMV's, up to 256 tokens, bf16): the
+  /// linear as 2 or 4 float32 K slices (strided cuBLASLt batches) summed by the add + rmsnorm kernel,
+  /// where its tuning timed that faster than the plain GEMM by > 0.5 µs (at batch 64 on the H200:
+  /// down 13.3 -> 11.3 µs with cuBLAS's reduce kernel gone, o_proj 6.0 -> 5.1; bench/NOTES.md,
+  /// session 10). Off: linear, then add_rmsnorm.
+  bool split_linears = true;
+  /// The split must beat the plain GEMM by this many µs: the norm's kernel then reads S float32
+  /// slices from L2 instead of one bf16 tensor (~2 MB at batch 64, 2048 wide, S 4). Tests force the
+  /// split with a large negative margin.
+  float split_linear_margin_us = 0.5f;
+
   /// bf16 decode steps of one token: every decoder layer in one persistent kernel
   /// (kernels/cuda/fused_decode.cu: a producer warp an SM streams all the weights through a
   /// shared-memory ring, the layers' ops meet at grid-wide barriers) instead of ~6 launches a layer.

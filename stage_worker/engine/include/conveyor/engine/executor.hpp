@@ -118,6 +118,12 @@ class stage_executor {
   bool capturable(const step_plan& plan) const;
   status run_captured(int n);
   status run_layer(int layer_index, int n, bool first);
+  /// The norm a layer's down projection feeds (the next layer's input norm, or the final norm before
+  /// the head), or nullptr where the layer ends the stage without a head.
+  const kernels::weight* norm_after(int layer_index) const;
+  /// True while normed_ already holds the next layer's (or the head's) input: the previous layer's
+  /// down projection ran with its residual add and norm (backend linear_add_rmsnorm).
+  bool normed_ahead_ = false;
   /// Every layer of a one-token step as the backend's decode_layers, where it has it; false: run them.
   bool run_fused_layers(int n);
   status reduce(void* data, int rows);
