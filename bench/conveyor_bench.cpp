@@ -294,6 +294,9 @@ std::vector<variant> all_variants() {
   kernels::cuda_backend_options nosplit = o;  // linear_add_rmsnorm as linear + add_rmsnorm (before session 10)
   nosplit.split_linears = false;
   v.push_back({"nosplit", nosplit});
+  kernels::cuda_backend_options splitforce = o;  // the K split wherever it runs, whatever the tuning timed
+  splitforce.split_linear_margin_us = -1e9f;
+  v.push_back({"splitforce", splitforce});
   kernels::cuda_backend_options nofused = o;
   nofused.fused_decode = false;
   v.push_back({"nofused", nofused});

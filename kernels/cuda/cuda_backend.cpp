@@ -249,7 +249,7 @@ class cuda_backend final : public backend {
     }
     // Decode batch sizes: the algorithm timed fastest for this shape (lt_gemm.hpp); prefill keeps
     // cublasGemmEx's choice, which ran at ~755 TFLOP/s there.
-    if (lt_ != nullptr && t_ == dtype::bf16 && w.type == dtype::bf16 && n <= gemm_tune_max_n &&
+    if (gemm_tune_ && lt_ != nullptr && t_ == dtype::bf16 && w.type == dtype::bf16 && n <= gemm_tune_max_n &&
         lt_->run(w.data, x, out, rows, n, cols, stream_, capturing_, partials_, partial_floats_ * sizeof(float))) {
       if (!bias.empty()) launch_add_bias(t_, out, static_cast<const float*>(bias.data), n, rows, stream_);
       return;
@@ -348,7 +348,7 @@ class cuda_backend final : public backend {
     flush();
     set_device();
     const int splits = lt_->split_for(w.data, x, split_parts_, rows, n, cols, stream_, capturing_, partials_,
-                                      partial_floats_ * sizeof(float), split_margin_us_);
+                                      partial_floats_ * sizeof(float), split_margin_us_, gemm_tune_);
     if (splits == 0) return false;
     lt_->run_split(w.data, x, split_parts_, rows, n, cols, splits, stream_);
     const bool ran = launch_split_add_rmsnorm(split_parts_, splits, bias.empty() ? nullptr : static_cast<const float*>(bias.data),
@@ -696,7 +696,9 @@ class cuda_backend final : public backend {
       return make_error(errc::out_of_memory, "CUDA backend: no device memory for its workspace");
     }
     CONVEYOR_CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_ws_, cublas_ws_bytes));
-    if (gemm_tune_) lt_ = std::make_unique<lt_gemm>(cublas_ws_, cublas_ws_bytes);
+    // gemm_tune's choices, and linear_add_rmsnorm's K split (which times itself against the plain
+    // GEMM, tuned or cublasGemmEx's own).
+    if (gemm_tune_ || split_linears_) lt_ = std::make_unique<lt_gemm>(cublas_ws_, cublas_ws_bytes);
     counter_ = static_cast<unsigned*>(alloc(256));
     if (counter_ == nullptr) return make_error(errc::out_of_memory, "CUDA backend: no device memory for its workspace");
     CONVEYOR_CUDA_CHECK(cudaMemset(counter_, 0, 256));

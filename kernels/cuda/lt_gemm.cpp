@@ -1,6 +1,9 @@
 #include "lt_gemm.hpp"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <limits>
 #include <mutex>
 #include <vector>
@@ -17,7 +20,8 @@ namespace {
 struct choice {
   bool use_lt = false;
   cublasLtMatmulAlgo_t algo{};
-  float ms = 0.0f;  ///< the tuned time of the choice (at the tuning's n)
+  float ms = 0.0f;          ///< the tuned time of the choice (at the tuning's n)
+  float ms_default = 0.0f;  ///< cublasGemmEx's own choice's time there
 };
 /// The K split chosen for (rows, cols, token bucket, margin in ns): splits 0 = none.
 struct split_choice {
@@ -110,8 +114,9 @@ lt_gemm::plan& lt_gemm::plan_for(const void* w, const void* x, void* out, int ro
   std::lock_guard<std::mutex> lock(choices_mu);
   auto it = choices().find(ck);
   if (it == choices().end()) {
-    const float ms = tune(p, w, x, out, rows, n, cols, stream, capturing, flush, flush_bytes);
-    choices()[ck] = choice{p.use_lt, p.algo, ms};
+    float ms_default = 0.0f;
+    const float ms = tune(p, w, x, out, rows, n, cols, stream, capturing, flush, flush_bytes, ms_default);
+    choices()[ck] = choice{p.use_lt, p.algo, ms, ms_default};
     return p;
   }
   p.use_lt = false;
@@ -153,7 +158,8 @@ void lt_gemm::side_after(cudaStream_t stream, bool capturing) {
 }
 
 float lt_gemm::tune(plan& p, const void* w, const void* x, void* out, int rows, int n, int cols,
-                    cudaStream_t stream, bool capturing, void* flush, std::size_t flush_bytes) {
+                    cudaStream_t stream, bool capturing, void* flush, std::size_t flush_bytes, float& ms_default) {
+  ms_default = std::numeric_limits<float>::infinity();
   p.use_lt = false;
   cublasLtMatmulPreference_t pref = nullptr;
   CONVEYOR_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -177,7 +183,8 @@ float lt_gemm::tune(plan& p, const void* w, const void* x, void* out, int rows, 
                CUBLAS_STATUS_SUCCESS;
       },
       flush, flush_bytes);
-  float best = t_default * min_gain, best_any = t_default;
+  ms_default = t_default;
+  float best = t_default * min_gain;
   for (int i = 0; i < found; ++i) {
     if (cand[i].state != CUBLAS_STATUS_SUCCESS || cand[i].workspaceSize > ws_bytes_) continue;
     const float t = time_on_side(
@@ -186,7 +193,6 @@ float lt_gemm::tune(plan& p, const void* w, const void* x, void* out, int rows, 
                                 ws_bytes_, side_) == CUBLAS_STATUS_SUCCESS;
         },
         flush, flush_bytes);
-    best_any = std::min(best_any, t);
     if (t < best) {
       best = t;
       p.use_lt = true;
@@ -195,7 +201,7 @@ float lt_gemm::tune(plan& p, const void* w, const void* x, void* out, int rows, 
   }
   CONVEYOR_CUDA_CHECK(cudaStreamSynchronize(side_));
   cudaGetLastError();  // a refused candidate launch leaves no error behind
-  return p.use_lt ? best : std::min(t_default, best_any);
+  return p.use_lt ? best : t_default;
 }
 
 lt_gemm::split_plan& lt_gemm::split_plan_for(int rows, int n, int cols, int splits) {
@@ -222,11 +228,11 @@ lt_gemm::split_plan& lt_gemm::split_plan_for(int rows, int n, int cols, int spli
 }
 
 int lt_gemm::split_for(const void* w, const void* x, float* parts, int rows, int n, int cols, cudaStream_t stream,
-                       bool capturing, void* flush, std::size_t flush_bytes, float margin_us) {
+                       bool capturing, void* flush, std::size_t flush_bytes, float margin_us, bool plain_tuned) {
   // The plain GEMM's choice (and its time) first: the split must beat what run() would do.
   plan& plain = plan_for(w, x, parts, rows, n, cols, stream, capturing, flush, flush_bytes);
   (void)plain;
-  const std::array<int, 4> ck{rows, cols, bucket(n), static_cast<int>(margin_us * 1000.0f)};
+  const std::array<int, 4> ck{rows, cols, bucket(n), static_cast<int>(margin_us * 1000.0f) * 2 + (plain_tuned ? 1 : 0)};
   std::lock_guard<std::mutex> lock(choices_mu);
   if (auto it = split_choices().find(ck); it != split_choices().end()) {
     const split_choice c = it->second;
@@ -241,7 +247,9 @@ int lt_gemm::split_for(const void* w, const void* x, float* parts, int rows, int
     return p.ok ? c.splits : 0;
   }
   const auto plain_it = choices().find({rows, cols, bucket(n)});
-  const float t_plain = plain_it != choices().end() ? plain_it->second.ms : std::numeric_limits<float>::infinity();
+  const float t_plain = plain_it == choices().end()  ? std::numeric_limits<float>::infinity()
+                        : plain_tuned                ? plain_it->second.ms
+                                                     : plain_it->second.ms_default;
   split_choice best{};
   float t_best = t_plain - margin_us * 1e-3f;
   side_after(stream, capturing);
@@ -275,6 +283,11 @@ int lt_gemm::split_for(const void* w, const void* x, float* parts, int rows, int
   }
   CONVEYOR_CUDA_CHECK(cudaStreamSynchronize(side_));
   cudaGetLastError();
+  if (std::getenv("CONVEYOR_SPLIT_LOG") != nullptr) {  // bench: what the tuning decided and why
+    std::fprintf(stderr, "[split] %d x %d n=%d: plain %.2f us, split %s %.2f us (margin %.2f)\n", rows, cols, n,
+                 t_plain * 1e3f, best.splits == 0 ? "none" : std::to_string(best.splits).c_str(),
+                 best.splits == 0 ? 0.0f : t_best * 1e3f, margin_us);
+  }
   split_choices()[ck] = best;
   if (best.splits == 0) return 0;
   split_plan& p = split_plan_for(rows, n, cols, best.splits);

@@ -41,11 +41,12 @@ class lt_gemm {
   /// The same product cut along K into S strided batches with float32 outputs:
   /// parts[s][n, rows] = x[:, s·cols/S ..] · W[:, s·cols/S ..]ᵀ, for a following kernel that sums the
   /// S slices anyway (cuda_backend's linear_add_rmsnorm). split_for() returns the S of {2, 4} whose
-  /// time beats run()'s by more than `margin_us` (timed as run()'s choice is, on the first call of a
-  /// shape's bucket), 0 where none does or the shape does not cut evenly; run_split() runs it.
+  /// time beats the plain GEMM's by more than `margin_us` (run()'s choice with `plain_tuned`, else
+  /// cublasGemmEx's own; timed as run()'s choice is, on the first call of a shape's bucket), 0 where
+  /// none does or the shape does not cut evenly; run_split() runs it.
   /// parts must hold max_split · n · rows floats.
   int split_for(const void* w, const void* x, float* parts, int rows, int n, int cols, cudaStream_t stream,
-                bool capturing, void* flush, std::size_t flush_bytes, float margin_us);
+                bool capturing, void* flush, std::size_t flush_bytes, float margin_us, bool plain_tuned);
   void run_split(const void* w, const void* x, float* parts, int rows, int n, int cols, int splits,
                  cudaStream_t stream);
   static constexpr int max_split = 4;
@@ -60,8 +61,9 @@ class lt_gemm {
   };
   plan& plan_for(const void* w, const void* x, void* out, int rows, int n, int cols,
                  cudaStream_t stream, bool capturing, void* flush, std::size_t flush_bytes);
+  /// Returns the chosen path's time (ms); ms_default: cublasGemmEx's own choice's.
   float tune(plan& p, const void* w, const void* x, void* out, int rows, int n, int cols,
-             cudaStream_t stream, bool capturing, void* flush, std::size_t flush_bytes);
+             cudaStream_t stream, bool capturing, void* flush, std::size_t flush_bytes, float& ms_default);
   /// The split GEMM's descriptors for (rows, cols, n, splits); ok: an algorithm is set.
   struct split_plan {
     cublasLtMatmulDesc_t desc = nullptr;
