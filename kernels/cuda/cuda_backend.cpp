@@ -321,12 +321,13 @@ class cuda_backend final : public backend {
     }
     launch_silu_mul(t_, gate_up, n, ffn, out, stream_, pdl_);
   }
-  // linear_add_rmsnorm at cuBLAS batch sizes: the linear as S float32 K slices (lt_gemm::run_split),
+  // linear_add_rmsnorm at cuBLAS batch sizes (≤ split_max_n_): the linear as S float32 K slices (lt_gemm::run_split),
   // summed by the add + rmsnorm kernel, where the tuning timed that faster than the plain GEMM
   // (whose own split-K, where cuBLAS picks one, adds a reduce kernel). False: nothing ran.
   bool split_linear_norm(const void* x, int n, const weight& w, const weight& bias, void* out, void* residual,
                          int width, const weight& norm_w, float eps, void* norm_out) {
-    if (!split_linears_ || lt_ == nullptr || t_ != dtype::bf16 || w.type != dtype::bf16 || n > gemm_tune_max_n) {
+    if (!split_linears_ || lt_ == nullptr || t_ != dtype::bf16 || w.type != dtype::bf16 || n > split_max_n_ ||
+        n > gemm_tune_max_n) {
       return false;
     }
     if (small_gemm_ && n <= small_gemm_max_n_) return false;  // the GEMV, with the norm in the next one's prologue
@@ -661,6 +662,7 @@ class cuda_backend final : public backend {
     fused_decode_ = o.fused_decode;
     split_linears_ = o.split_linears;
     split_margin_us_ = o.split_linear_margin_us;
+    split_max_n_ = o.split_linear_max_n;
     fused_copy_split_ = std::clamp(o.fused_copy_split, 1, 32);
     kernel_copies_ = o.kernel_copies;
     caps_.name = "cuda";
@@ -911,6 +913,7 @@ class cuda_backend final : public backend {
   bool fused_decode_ = false;
   bool split_linears_ = true;  ///< cuda_backend_options::split_linears
   float split_margin_us_ = 0.5f;  ///< cuda_backend_options::split_linear_margin_us
+  int split_max_n_ = 128;         ///< cuda_backend_options::split_linear_max_n
   float* split_parts_ = nullptr;  ///< the K slices, lt_gemm::max_split × gemm_tune_max_n × width floats
   std::size_t split_parts_floats_ = 0;
   int fused_copy_split_ = 1;  ///< cuda_backend_options::fused_copy_split

@@ -1,7 +1,8 @@
 // The decoder layers of a one-token decode step as one persistent kernel: one block an SM, all of a
 // step's layers in one launch. EXPERIMENTAL (cuda_backend_options::fused_decode, off): correct in
-// its tests, slower than the op-by-op step so far (bench/NOTES.md, sessions 7 and 8, has the
-// measurements, the launch failure consume()'s waits had and what to try next).
+// its tests, slower than the op-by-op step so far (bench/NOTES.md, sessions 7, 8 and 10, has the
+// measurements, the launch failure consume()'s waits had, the stream's own rate and what to try
+// next).
 //
 // Why: at batch 1 every weight byte is read once, and the op-by-op step (6 launches a layer) lost
 // ~20 µs a layer to kernel boundaries and to the short GEMVs' ramp-up and tail (bench/NOTES.md,

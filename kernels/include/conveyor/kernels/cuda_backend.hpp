@@ -113,16 +113,20 @@ struct cuda_backend_options {
   /// (each launch 6-9 µs besides its bytes under ncu; bench/NOTES.md, session 5).
   bool skinny_wgmma = false;
 
-  /// linear_add_rmsnorm at cuBLAS batch sizes (beyond the GEMV's, up to 256 tokens, bf16): the
-  /// linear as 2 or 4 float32 K slices (strided cuBLASLt batches) summed by the add + rmsnorm kernel,
-  /// where its tuning timed that faster than the plain GEMM by > 0.5 µs (at batch 64 on the H200:
-  /// down 13.3 -> 11.3 µs with cuBLAS's reduce kernel gone, o_proj 6.0 -> 5.1; bench/NOTES.md,
-  /// session 10). Off: linear, then add_rmsnorm.
+  /// linear_add_rmsnorm at cuBLAS batch sizes (beyond the GEMV's, up to split_linear_max_n tokens,
+  /// bf16): the linear as 2 or 4 float32 K slices (strided cuBLASLt batches) summed by the add +
+  /// rmsnorm kernel, where its tuning timed that faster than the plain GEMM by > 0.5 µs (at batch 64
+  /// on the H200: down 13.3 -> 11.3 µs with cuBLAS's reduce kernel gone, o_proj 6.0 -> 5.1 in
+  /// graphs of GEMMs; the steps −10 to −15 µs at batch 32 and 64; bench/NOTES.md, session 10).
+  /// Off: linear, then add_rmsnorm.
   bool split_linears = true;
   /// The split must beat the plain GEMM by this many µs: the norm's kernel then reads S float32
   /// slices from L2 instead of one bf16 tensor (~2 MB at batch 64, 2048 wide, S 4). Tests force the
   /// split with a large negative margin.
   float split_linear_margin_us = 0.5f;
+  /// The split runs up to this many tokens: at 256 the steps measured 3-16 µs slower with it
+  /// although its tuning timed the down GEMM 4.7 µs faster (bench/NOTES.md, session 10).
+  int split_linear_max_n = 128;
 
   /// bf16 decode steps of one token: every decoder layer in one persistent kernel
   /// (kernels/cuda/fused_decode.cu: a producer warp an SM streams all the weights through a
@@ -130,10 +134,13 @@ struct cuda_backend_options {
   /// Not under batch_invariant. Experimental, off: it matches the op-by-op layers in the parity
   /// tests and HF's goldens, but a step measured slower (1.37-1.45 ms against 0.91-0.92 at batch
   /// 1). Its repeated launches failed now and then until session 8 found the cause (a ring slot's
-  /// full-barrier parity wait passed a phase early; bench/NOTES.md, session 8).
+  /// full-barrier parity wait passed a phase early; bench/NOTES.md, session 8). Session 10: its
+  /// weight stream alone (no arithmetic, no barriers) runs at 2.5 TB/s, ~60% of the copy rate, and
+  /// its waits cost ~40 µs a layer besides; 1.35 ms a step against 0.89 op by op.
   bool fused_decode = false;
   /// With fused_decode: bulk copies each 16 KB stage of the weight stream is cut into, one a lane
-  /// of the producer warp (fused_decode_args::copy_split, 1 .. 32).
+  /// of the producer warp (fused_decode_args::copy_split, 1 .. 32). More copies measured slower
+  /// (the stream alone 2.20 TB/s with 1, 1.30 with 16; bench/NOTES.md, session 10).
   int fused_copy_split = 1;
 
   /// Between decode graphs, no copy-engine ops: a step's plan (uploads ≤ 64 KB) is read by a kernel
