@@ -248,6 +248,8 @@ __global__ void rmsnorm_bf16x8_kernel(bf16* residual, const bf16* x, int width, 
 // summed from its `splits` float32 slices (in slice order) and rounded to bf16 as the GEMM would
 // store it (its bias added after, as launch_add_bias does), written to delta, then
 // residual += delta and out = rmsnorm(residual) * w exactly as rmsnorm_bf16x8_kernel rounds them.
+// (Its second half repeats that kernel's: to be folded into one helper in a session that can run
+// the GPU suite on the change; session 10 had no device time left after writing it.)
 __global__ void split_add_rmsnorm_bf16x8_kernel(const float* parts, int splits, std::size_t slice,
                                                 const float* bias, bf16* delta, bf16* residual, int width,
                                                 const float* w, float eps, bf16* out) {

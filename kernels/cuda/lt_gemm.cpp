@@ -44,7 +44,6 @@ int bucket(int n) {
   return b;
 }
 
-constexpr int max_candidates = 16;
 /// An algorithm replaces cublasGemmEx's own choice only when this much faster (timing noise).
 constexpr float min_gain = 0.97f;
 
@@ -151,6 +150,19 @@ float lt_gemm::time_on_side(Launch&& launch, void* flush, std::size_t flush_byte
   return t[reps / 2];
 }
 
+int lt_gemm::candidates(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                        cublasLtMatrixLayout_t d, std::array<cublasLtMatmulHeuristicResult_t, max_candidates>& out) {
+  cublasLtMatmulPreference_t pref = nullptr;
+  CONVEYOR_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  CONVEYOR_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes_,
+                                                         sizeof(ws_bytes_)));
+  int found = 0;
+  const cublasStatus_t hs =
+      cublasLtMatmulAlgoGetHeuristic(lt_, desc, a, b, d, d, pref, max_candidates, out.data(), &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  return hs == CUBLAS_STATUS_SUCCESS ? found : 0;
+}
+
 void lt_gemm::side_after(cudaStream_t stream, bool capturing) {
   if (capturing) return;  // x is written by work still queued on the stream
   CONVEYOR_CUDA_CHECK(cudaEventRecord(ev_[2 * reps], stream));
@@ -161,16 +173,9 @@ float lt_gemm::tune(plan& p, const void* w, const void* x, void* out, int rows, 
                     cudaStream_t stream, bool capturing, void* flush, std::size_t flush_bytes, float& ms_default) {
   ms_default = std::numeric_limits<float>::infinity();
   p.use_lt = false;
-  cublasLtMatmulPreference_t pref = nullptr;
-  CONVEYOR_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  CONVEYOR_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes_,
-                                                         sizeof(ws_bytes_)));
   std::array<cublasLtMatmulHeuristicResult_t, max_candidates> cand{};
-  int found = 0;
-  const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.a, p.b, p.c, p.c, pref, max_candidates,
-                                                           cand.data(), &found);
-  cublasLtMatmulPreferenceDestroy(pref);
-  if (hs != CUBLAS_STATUS_SUCCESS || found <= 0) return std::numeric_limits<float>::infinity();
+  const int found = candidates(p.desc, p.a, p.b, p.c, cand);
+  if (found <= 0) return std::numeric_limits<float>::infinity();
 
   cublasHandle_t h = blas_;
   side_after(stream, capturing);
@@ -257,16 +262,8 @@ int lt_gemm::split_for(const void* w, const void* x, float* parts, int rows, int
   for (int splits = 2; splits <= max_split; splits *= 2) {
     if (cols % (splits * 8) != 0) continue;  // every slice 16-byte aligned
     split_plan& p = split_plan_for(rows, n, cols, splits);
-    cublasLtMatmulPreference_t pref = nullptr;
-    CONVEYOR_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    CONVEYOR_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes_,
-                                                           sizeof(ws_bytes_)));
     std::array<cublasLtMatmulHeuristicResult_t, max_candidates> cand{};
-    int found = 0;
-    const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.a, p.b, p.d, p.d, pref, max_candidates,
-                                                             cand.data(), &found);
-    cublasLtMatmulPreferenceDestroy(pref);
-    if (hs != CUBLAS_STATUS_SUCCESS) continue;
+    const int found = candidates(p.desc, p.a, p.b, p.d, cand);
     for (int i = 0; i < found; ++i) {
       if (cand[i].state != CUBLAS_STATUS_SUCCESS || cand[i].workspaceSize > ws_bytes_) continue;
       const float t = time_on_side(

@@ -75,6 +75,10 @@ class lt_gemm {
   /// Median time (ms) of `launch` on the side stream, L2 overwritten before each repetition.
   template <class Launch>
   float time_on_side(Launch&& launch, void* flush, std::size_t flush_bytes);
+  static constexpr int max_candidates = 16;
+  /// cuBLASLt's heuristic candidates for the descriptors (within the workspace); how many, 0 on error.
+  int candidates(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                 cublasLtMatrixLayout_t d, std::array<cublasLtMatmulHeuristicResult_t, max_candidates>& out);
   /// Waits on the side stream for the work queued on `stream` (not while it is captured).
   void side_after(cudaStream_t stream, bool capturing);
 
