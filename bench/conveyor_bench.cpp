@@ -286,11 +286,6 @@ std::vector<variant> all_variants() {
   kernels::cuda_backend_options fused = o;  // one-token steps: every layer in one persistent kernel (session 7)
   fused.fused_decode = true;
   v.push_back({"fused", fused});
-  for (int split : {4, 16}) {  // bulk copies a stage of the weight stream (session 10)
-    kernels::cuda_backend_options f = fused;
-    f.fused_copy_split = split;
-    v.push_back({"fused-split" + std::to_string(split), f});
-  }
   kernels::cuda_backend_options nosplit = o;  // linear_add_rmsnorm as linear + add_rmsnorm (before session 10)
   nosplit.split_linears = false;
   v.push_back({"nosplit", nosplit});

@@ -412,7 +412,6 @@ class cuda_backend final : public backend {
       a.partials = partials_;
       a.sync = counter_ + fused_sync_word;
       a.head_sync = counter_ + fused_head_sync_word;
-      a.copy_split = fused_copy_split_;
       launch_fused_decode(a, fused_blocks_, stream_);
     }
     return true;
@@ -663,7 +662,6 @@ class cuda_backend final : public backend {
     split_linears_ = o.split_linears;
     split_margin_us_ = o.split_linear_margin_us;
     split_max_n_ = o.split_linear_max_n;
-    fused_copy_split_ = std::clamp(o.fused_copy_split, 1, 32);
     kernel_copies_ = o.kernel_copies;
     caps_.name = "cuda";
     caps_.host_memory = false;
@@ -916,7 +914,6 @@ class cuda_backend final : public backend {
   int split_max_n_ = 128;         ///< cuda_backend_options::split_linear_max_n
   float* split_parts_ = nullptr;  ///< the K slices, lt_gemm::max_split × gemm_tune_max_n × width floats
   std::size_t split_parts_floats_ = 0;
-  int fused_copy_split_ = 1;  ///< cuda_backend_options::fused_copy_split
   int fused_blocks_ = 0;  ///< the fused decode kernel's grid (one block an SM); 0: it cannot run here
   std::array<staging_slot, 2> staging_{};
   std::size_t next_staging_ = 0;

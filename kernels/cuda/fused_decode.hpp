@@ -67,7 +67,9 @@ struct fused_decode_args {
   /// 1: block b streams stages b, b + grid, ... of each matrix (neighbouring blocks read neighbouring
   /// stages); 0: a contiguous 1/grid of its rows
   int interleave = 1;
-  /// bulk copies a 16 KB stage is cut into, one a lane of the producer warp (1 .. 32)
+  /// bench only (time_cuda_ops FUSED_COPY_SPLIT): bulk copies a 16 KB stage is cut into, one a lane
+  /// of the producer warp (1 .. 32); more measured slower (the stream alone 2.20 TB/s with 1, 0.91
+  /// with 32; bench/NOTES.md, session 10)
   int copy_split = 1;
   /// bench only (time_cuda_ops): 1 = the computing warps only hand every stage back, no arithmetic
   /// and no barriers: the weight stream's own rate

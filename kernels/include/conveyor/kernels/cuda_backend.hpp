@@ -138,10 +138,6 @@ struct cuda_backend_options {
   /// weight stream alone (no arithmetic, no barriers) runs at 2.5 TB/s, ~60% of the copy rate, and
   /// its waits cost ~40 µs a layer besides; 1.35 ms a step against 0.89 op by op.
   bool fused_decode = false;
-  /// With fused_decode: bulk copies each 16 KB stage of the weight stream is cut into, one a lane
-  /// of the producer warp (fused_decode_args::copy_split, 1 .. 32). More copies measured slower
-  /// (the stream alone 2.20 TB/s with 1, 1.30 with 16; bench/NOTES.md, session 10).
-  int fused_copy_split = 1;
 
   /// Between decode graphs, no copy-engine ops: a step's plan (uploads ≤ 64 KB) is read by a kernel
   /// straight from the pinned staging slot, with the previous draw's ids laid over it in the same
