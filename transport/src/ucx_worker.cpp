@@ -249,7 +249,16 @@ bool ucx_worker::spin_progress(spin_until done, wait_limit& limit,
       // Up to 64 passes under one lock (a lock and unlock per pass was a good part of a pass, and a
       // pass is how late a spinner sees its frame), but none more once another caller waits for
       // the lock (a sender on another thread): it gets the worker between two passes.
-      std::lock_guard lock(ucx_mu_);
+      if (!ucx_mu_.try_lock()) {
+        // Held: announced as worker_lock does, since the progress thread lets go between its turns
+        // only for an announced caller (or a spinner it has seen). Taken unannounced, a receive
+        // waited for ever behind a progress thread turning on ucp_worker_arm's UCS_ERR_BUSY after
+        // a shared-memory peer died (session 10: hung 18 minutes under CPU load).
+        want_.fetch_add(1, std::memory_order_acq_rel);
+        ucx_mu_.lock();
+        want_.fetch_sub(1, std::memory_order_acq_rel);
+      }
+      std::lock_guard lock(ucx_mu_, std::adopt_lock);
       for (int k = 0; k < 64; ++k) {
         // Callers that spin back to back keep the progress thread aside; heartbeats must not stop
         // then. Looked at every 64th pass only: reading the clock costs as much as a pass.
