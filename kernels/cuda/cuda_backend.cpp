@@ -334,7 +334,7 @@ class cuda_backend final : public backend {
     if ((skinny_gemm_ || skinny_wgmma_) && n >= skinny_min_n_ && n <= skinny_max_n_) return false;
     if (caps_.row_invariant_rows > 0) return false;  // batch_invariant keeps the op-by-op sums
     const int rows = static_cast<int>(w.rows), cols = static_cast<int>(w.cols);
-    if (width != rows || width % 8 != 0 || width / 8 > 4096 || norm_w.type != dtype::f32) return false;
+    if (width != rows || !norm_bf16x8_fits(width) || norm_w.type != dtype::f32) return false;
     if (!aligned(x) || !aligned(w.data) || !aligned(out) || !aligned(residual) || !aligned(norm_out) ||
         !aligned(norm_w.data)) {
       return false;

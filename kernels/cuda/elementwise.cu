@@ -201,6 +201,14 @@ using bf16 = __nv_bfloat16;
 
 // One block per row, each thread up to 4 chunks of 8 held in registers between the two passes.
 constexpr int norm_chunks_per_thread = 4;
+// Threads a block of the 16-byte norm kernels: as few as hold a row's chunks at
+// norm_chunks_per_thread each (at most 1024), a whole number of warps.
+unsigned norm_bf16x8_threads(int width) {
+  const int chunks = width / 8;
+  const int per_thread = (chunks + 1023) / 1024;
+  const int per_block = (chunks + per_thread - 1) / per_thread;
+  return static_cast<unsigned>(std::max(32, (per_block + 31) / 32 * 32));
+}
 __global__ void rmsnorm_bf16x8_kernel(bf16* residual, const bf16* x, int width, const float* w, float eps,
                                       bf16* out) {
   __shared__ double partial[32];
@@ -387,15 +395,14 @@ void launch_gather_rows(dtype t, const void* x, const std::int32_t* rows, int n,
   });
 }
 
+bool norm_bf16x8_fits(int width) { return width > 0 && width % 8 == 0 && width / 8 <= 1024 * norm_chunks_per_thread; }
+
 void launch_rmsnorm(dtype t, void* residual, const void* x, int n, int width, const float* w, float eps,
                     void* out, cudaStream_t s, bool pdl) {
   if (n <= 0) return;
-  const int chunks = width / 8;
-  if (t == dtype::bf16 && width % 8 == 0 && chunks <= 1024 * norm_chunks_per_thread && aligned16(x) &&
-      aligned16(out) && aligned16(w) && (residual == nullptr || aligned16(residual))) {
-    const int per_thread = (chunks + 1023) / 1024;
-    const int per_block = (chunks + per_thread - 1) / per_thread;
-    const unsigned tpb = static_cast<unsigned>(std::max(32, (per_block + 31) / 32 * 32));
+  if (t == dtype::bf16 && norm_bf16x8_fits(width) && aligned16(x) && aligned16(out) && aligned16(w) &&
+      (residual == nullptr || aligned16(residual))) {
+    const unsigned tpb = norm_bf16x8_threads(width);
     launch_k(pdl, rmsnorm_bf16x8_kernel, dim3(n), dim3(tpb), 0, s, static_cast<bf16*>(residual),
              static_cast<const bf16*>(x), width, w, eps, static_cast<bf16*>(out));
     CONVEYOR_CUDA_LAUNCHED("rmsnorm bf16x8");
@@ -411,14 +418,11 @@ void launch_rmsnorm(dtype t, void* residual, const void* x, int n, int width, co
 
 bool launch_split_add_rmsnorm(const float* parts, int splits, const float* bias, void* delta, void* residual, int n,
                               int width, const float* w, float eps, void* out, cudaStream_t s, bool pdl) {
-  const int chunks = width / 8;
-  if (n <= 0 || width % 8 != 0 || chunks > 1024 * norm_chunks_per_thread || !aligned16(delta) ||
-      !aligned16(residual) || !aligned16(out) || !aligned16(w) || !aligned16(parts)) {
+  if (n <= 0 || !norm_bf16x8_fits(width) || !aligned16(delta) || !aligned16(residual) || !aligned16(out) ||
+      !aligned16(w) || !aligned16(parts)) {
     return false;
   }
-  const int per_thread = (chunks + 1023) / 1024;
-  const int per_block = (chunks + per_thread - 1) / per_thread;
-  const unsigned tpb = static_cast<unsigned>(std::max(32, (per_block + 31) / 32 * 32));
+  const unsigned tpb = norm_bf16x8_threads(width);
   launch_k(pdl, split_add_rmsnorm_bf16x8_kernel, dim3(n), dim3(tpb), 0, s, parts, splits,
            static_cast<std::size_t>(n) * width, bias, static_cast<bf16*>(delta), static_cast<bf16*>(residual), width, w,
            eps, static_cast<bf16*>(out));

@@ -18,6 +18,8 @@ void launch_embedding(dtype t, const std::int32_t* ids, int n, const void* table
 /// `pdl` (here and below): launch as a programmatic dependent of the previous kernel (device_types.cuh).
 void launch_rmsnorm(dtype t, void* residual, const void* x, int n, int width, const float* w, float eps,
                     void* out, cudaStream_t s, bool pdl = false);  ///< residual == nullptr: plain rmsnorm of x
+/// Widths the 16-byte (bf16 × 8) norm kernels take: a multiple of 8, a row's chunks within one block.
+bool norm_bf16x8_fits(int width);
 /// bf16: delta[n, width] = Σ_s parts[s][n, width] (+ bias), rounded as the linear would store it;
 /// residual += delta; out = rmsnorm(residual) * w (as launch_rmsnorm with a residual). False (nothing
 /// launched) where the shape or alignment does not suit the kernel.

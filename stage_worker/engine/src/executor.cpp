@@ -342,15 +342,9 @@ status stage_executor::run_ops(int n) {
   kernels::backend& b = backend_;
   const int h = config_.hidden_size;
   if (range_.has_embedding) b.embedding(pv_.ids, n, weights_->embedding, residual_.get());
-  normed_ahead_ = false;
+  normed_ahead_ = false;  // also after a step that failed between a down projection and the next layer
   if (!run_fused_layers(n)) {
-    for (int li = 0; li < range_.num_layers(); ++li) {
-      const status st = run_layer(li, n, li == 0);
-      if (!st.ok()) {
-        normed_ahead_ = false;
-        return st;
-      }
-    }
+    for (int li = 0; li < range_.num_layers(); ++li) CONVEYOR_TRY(run_layer(li, n, li == 0));
   }
   const bool ran_layers = range_.num_layers() > 0;
   if (!range_.has_head) {
