@@ -5,8 +5,9 @@
 // session 10: that stream ran at 2.2-2.5 TB/s where the GEMV's reads the same bytes at ~4 TB/s; this
 // tool separates the shapes the two differ in). A plain 16-byte-load kernel is the reference.
 //
-// usage: stream_probe [MB]   (MB of weights a run reads, default 256; every run reads a region the
-//        runs before it did not touch, so nothing comes from L2)
+// usage: stream_probe [MB [CONFIG...]]   (MB of weights a run reads, default 256; every run reads a
+//        region the runs before it did not touch, so nothing comes from L2; a CONFIG is
+//        bps,stages,pieces,piece,row,order,release,issue and replaces the named rows)
 // A configuration: bps (blocks an SM), stages, pieces (P rows a stage), piece bytes S, row bytes R,
 // order (0: block b takes tiles b, b + grid, ...; 1: a contiguous run of tiles), release (0: the
 // stage's warp (stage mod 8, or its slot's with fewer than 8 stages) alone; 1: all 8 warps), issue
@@ -193,7 +194,26 @@ int main(int argc, char** argv) {
       {2, 3, 16, 2048, 4096, 1, 1, 0},    // GEMV shape, contiguous shares
       {1, 4, 16, 2048, 4096, 0, 1, 0},    // GEMV shape, one block, 4 stages (128 KB)
       {1, 6, 16, 2048, 16384, 0, 0, 0},   // GEMV shape on down's rows, one block, one warp a stage
+      {1, 3, 16, 2048, 16384, 0, 1, 0},   // down today (128 tiles: one block an SM, 96 KB ring)
+      {1, 3, 16, 2048, 4096, 0, 1, 0},    // GEMV shape, one block an SM with one block's ring
+      {2, 3, 16, 2048, 8192, 0, 1, 0},    // down cut in two along K (two blocks an SM)
   };
+  // Configurations on the command line (bps,stages,pieces,piece,row,order,release,issue each)
+  // replace the named rows.
+  if (argc > 2) {
+    cfgs.clear();
+    for (int i = 2; i < argc; ++i) {
+      config c{};
+      if (std::sscanf(argv[i], "%d,%d,%d,%d,%d,%d,%d,%d", &c.bps, &c.stages, &c.pieces, &c.piece, &c.row, &c.order,
+                      &c.release, &c.issue) != 8 ||
+          c.bps < 1 || c.stages < 1 || c.pieces < 1 || c.piece < 16 || c.piece % 16 != 0 || c.row < c.piece) {
+        std::fprintf(stderr, "stream_probe: bad configuration '%s' (want bps,stages,pieces,piece,row,order,release,issue"
+                             " with piece a multiple of 16 and row >= piece)\n", argv[i]);
+        return 2;
+      }
+      cfgs.push_back(c);
+    }
+  }
   std::printf("%-4s %-6s %-6s %-7s %-7s %-5s %-7s %-5s %10s %8s\n", "bps", "stages", "pieces", "piece", "row", "order",
               "release", "issue", "us", "TB/s");
   for (const config& c : cfgs) {
