@@ -9,9 +9,13 @@
 //        region the runs before it did not touch, so nothing comes from L2; a CONFIG is
 //        bps,stages,pieces,piece,row,order,release,issue and replaces the named rows)
 // A configuration: bps (blocks an SM), stages, pieces (P rows a stage), piece bytes S, row bytes R,
-// order (0: block b takes tiles b, b + grid, ...; 1: a contiguous run of tiles), release (0: the
+// order (0: block b takes tiles b, b + grid, ...; 1: a contiguous run of tiles; 2: gate/up pairs,
+// two pieces R bytes apart in matrices of 2R, stages interleaved over the blocks; 3: the fused
+// decode kernel's stream of the 1B's 16 layers, 16 KB stages; 4: the same with gate_up's stages one
+// contiguous 16 KB instead of gate and up halves 32 MB apart), release (0: the
 // stage's warp (stage mod 8, or its slot's with fewer than 8 stages) alone; 1: all 8 warps), issue
-// (0: lane p issues piece p; 1: lane 0 issues all pieces).
+// (0: lane p issues piece p; 1: lane 0 issues all pieces), and optionally skew (bytes the ring starts
+// past a 1024-byte boundary).
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -35,21 +39,54 @@ namespace {
 
 struct config {
   int bps, stages, pieces, piece, row, order, release, issue;
+  int skew;  // bytes the ring starts past its 1024-byte aligned place (a multiple of 16)
 };
 
 struct probe_args {
   const unsigned char* src;
   long long bytes;  // multiple of row × pieces
-  int stages, pieces, piece, row, order, release, issue;
+  int stages, pieces, piece, row, order, release, issue, skew;
 };
 
 constexpr int warps = 8;
+
+// order 3: the fused decode kernel's whole stream for Llama-3.2-1B's 16 layers, laid out back to
+// back: per layer qkv (3072 × 2048), o (2048 × 2048), gate_up (2 × 8192 × 2048: a stage is two
+// rows of gate and the same two rows of up, 32 MB further), down (2048 × 8192), each cut into
+// 16 KB stages that block b takes as b, b + grid, ...
+__host__ __device__ constexpr long long l1b_matrix_bytes(int m) {
+  return m == 0 ? 3072LL * 2048 * 2 : m == 1 ? 2048LL * 2048 * 2 : m == 2 ? 2LL * 8192 * 2048 * 2 : 2048LL * 8192 * 2;
+}
+constexpr long long l1b_layer_bytes = l1b_matrix_bytes(0) + l1b_matrix_bytes(1) + l1b_matrix_bytes(2) + l1b_matrix_bytes(3);
+constexpr int l1b_layers = 16;
+constexpr int l1b_stage = 16384;
+__device__ long long l1b_count(int m) {  // this block's stages of matrix m
+  const long long n = l1b_matrix_bytes(m) / l1b_stage;
+  return n > blockIdx.x ? (n - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
+}
+struct l1b_cursor {  // the producer's place in the stream
+  int l = 0, m = 0;
+  long long k = 0;
+  __device__ void settle() {
+    while (l < l1b_layers && k >= l1b_count(m)) {
+      k = 0;
+      if (++m == 4) m = 0, ++l;
+    }
+  }
+  __device__ long long offset(bool pairs) const {  // of the stage's first byte
+    long long o = l * l1b_layer_bytes;
+    for (int i = 0; i < m; ++i) o += l1b_matrix_bytes(i);
+    const long long s = k * gridDim.x + blockIdx.x;
+    if (m == 2 && pairs) return o + s * (l1b_stage / 2);  // gate rows here, up rows 32 MB on
+    return o + s * l1b_stage;
+  }
+};
 
 __global__ void __launch_bounds__(warps * 32 + 32) probe_kernel(probe_args a) {
   extern __shared__ __align__(128) unsigned char smem[];
   std::uint64_t* full = reinterpret_cast<std::uint64_t*>(smem);
   std::uint64_t* empty = full + 64;
-  unsigned char* ring = smem + 1024;
+  unsigned char* ring = smem + 1024 + a.skew;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (threadIdx.x == 0) {
     for (int i = 0; i < a.stages; ++i) {
@@ -72,25 +109,62 @@ __global__ void __launch_bounds__(warps * 32 + 32) probe_kernel(probe_args a) {
     tstep = 1;
     tn = tiles * (blockIdx.x + 1) / gridDim.x - t0;
   }
-  const long long total = tn * slices;
+  long long total = tn * slices;
+  // order 2 (gate/up pairs, as the fused kernel's gate_up stages): matrices of 2 × row bytes, stage i
+  // of one = piece i of its first half and piece i of its second (row bytes apart); global stage
+  // s = k × grid + b is block b's k-th.
+  const long long pair_spm = a.row / a.piece;  // stages a matrix
+  if (a.order >= 3) {
+    total = 0;
+    for (int l = 0; l < l1b_layers; ++l)
+      for (int m = 0; m < 4; ++m) total += l1b_count(m);
+  }
+  if (a.order == 2) {
+    const long long stages_all = a.bytes / (2LL * a.row) * pair_spm;
+    total = stages_all > blockIdx.x ? (stages_all - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
+  }
+  auto piece_src = [&](long long u, int p) -> const unsigned char* {
+    if (a.order == 2) {
+      const long long s = blockIdx.x + u * gridDim.x, m = s / pair_spm, i = s % pair_spm;
+      return a.src + m * 2LL * a.row + i * a.piece + static_cast<long long>(p) * a.row;
+    }
+    const long long t = t0 + (u / slices) * tstep;
+    return a.src + t * tile_bytes + (u % slices) * a.piece + static_cast<long long>(p) * a.row;
+  };
   const int stage_bytes = a.pieces * a.piece;
+  if (warp == warps && a.order >= 3) {
+    const bool pairs = a.order == 3;  // 4: gate_up's stages as one contiguous 16 KB instead
+    l1b_cursor c;
+    c.settle();
+    for (long long u = 0; u < total; ++u, ++c.k, c.settle()) {
+      const int slot = static_cast<int>(u % a.stages);
+      const unsigned use = static_cast<unsigned>(u / a.stages);
+      if (use > 0) cuda::mbar_wait(empty + slot, (use - 1) & 1);
+      if (lane == 0) cuda::mbar_expect_tx(full + slot, static_cast<unsigned>(l1b_stage));
+      __syncwarp();
+      unsigned char* dst = ring + static_cast<long long>(slot) * l1b_stage;
+      const unsigned char* src = a.src + c.offset(pairs);
+      if (lane == 0 && c.m == 2 && pairs) {
+        cuda::bulk_copy(dst, src, l1b_stage / 2, full + slot);
+        cuda::bulk_copy(dst + l1b_stage / 2, src + l1b_matrix_bytes(2) / 2, l1b_stage / 2, full + slot);
+      } else if (lane == 0) {
+        cuda::bulk_copy(dst, src, l1b_stage, full + slot);
+      }
+    }
+    return;
+  }
   if (warp == warps) {
     for (long long u = 0; u < total; ++u) {
       const int slot = static_cast<int>(u % a.stages);
       const unsigned use = static_cast<unsigned>(u / a.stages);
-      const long long t = t0 + (u / slices) * tstep;
-      const int k0 = static_cast<int>(u % slices) * a.piece;
       if (use > 0) cuda::mbar_wait(empty + slot, (use - 1) & 1);
       if (lane == 0) cuda::mbar_expect_tx(full + slot, static_cast<unsigned>(stage_bytes));
       __syncwarp();
-      const unsigned char* base = a.src + t * tile_bytes + k0;
       unsigned char* dst = ring + static_cast<long long>(slot) * stage_bytes;
       if (a.issue == 0) {
-        for (int p = lane; p < a.pieces; p += 32)
-          cuda::bulk_copy(dst + p * a.piece, base + static_cast<long long>(p) * a.row, a.piece, full + slot);
+        for (int p = lane; p < a.pieces; p += 32) cuda::bulk_copy(dst + p * a.piece, piece_src(u, p), a.piece, full + slot);
       } else if (lane == 0) {
-        for (int p = 0; p < a.pieces; ++p)
-          cuda::bulk_copy(dst + p * a.piece, base + static_cast<long long>(p) * a.row, a.piece, full + slot);
+        for (int p = 0; p < a.pieces; ++p) cuda::bulk_copy(dst + p * a.piece, piece_src(u, p), a.piece, full + slot);
       }
     }
     return;
@@ -204,28 +278,40 @@ int main(int argc, char** argv) {
     cfgs.clear();
     for (int i = 2; i < argc; ++i) {
       config c{};
-      if (std::sscanf(argv[i], "%d,%d,%d,%d,%d,%d,%d,%d", &c.bps, &c.stages, &c.pieces, &c.piece, &c.row, &c.order,
-                      &c.release, &c.issue) != 8 ||
-          c.bps < 1 || c.stages < 1 || c.pieces < 1 || c.piece < 16 || c.piece % 16 != 0 || c.row < c.piece) {
+      const int got = std::sscanf(argv[i], "%d,%d,%d,%d,%d,%d,%d,%d,%d", &c.bps, &c.stages, &c.pieces, &c.piece, &c.row,
+                                  &c.order, &c.release, &c.issue, &c.skew);
+      if ((got != 8 && got != 9) || c.bps < 1 || c.stages < 1 || c.pieces < 1 || c.piece < 16 || c.piece % 16 != 0 ||
+          c.row < c.piece || c.skew < 0 || c.skew % 16 != 0 || c.order < 0 || c.order > 4 ||
+          (c.order == 2 && c.pieces != 2) || (c.order >= 3 && (c.pieces != 1 || c.piece != 16384 || c.row != 16384))) {
         std::fprintf(stderr, "stream_probe: bad configuration '%s' (want bps,stages,pieces,piece,row,order,release,issue"
-                             " with piece a multiple of 16 and row >= piece)\n", argv[i]);
+                             "[,skew] with piece and skew multiples of 16, row >= piece, order 0-4, 2 pieces"
+                             " with order 2, one 16384-byte piece and row with orders 3 and 4)\n", argv[i]);
         return 2;
       }
       cfgs.push_back(c);
     }
   }
-  std::printf("%-4s %-6s %-6s %-7s %-7s %-5s %-7s %-5s %10s %8s\n", "bps", "stages", "pieces", "piece", "row", "order",
-              "release", "issue", "us", "TB/s");
+  std::printf("%-4s %-6s %-6s %-7s %-7s %-5s %-7s %-5s %-5s %10s %8s\n", "bps", "stages", "pieces", "piece", "row",
+              "order", "release", "issue", "skew", "us", "TB/s");
   for (const config& c : cfgs) {
     const int stage_bytes = c.pieces * c.piece;
-    const std::size_t smem = 1024 + static_cast<std::size_t>(c.stages) * stage_bytes;
+    const std::size_t smem = 1024 + static_cast<std::size_t>(c.skew) + static_cast<std::size_t>(c.stages) * stage_bytes;
     if (smem > 227u * 1024 || c.stages > 64 || c.pieces > 32 || c.row % c.piece != 0) {
-      std::printf("%-4d %-6d %-6d %-7d %-7d %-5d %-7d %-5d   (does not fit: %zu B a block)\n", c.bps, c.stages,
-                  c.pieces, c.piece, c.row, c.order, c.release, c.issue, smem);
+      std::printf("%-4d %-6d %-6d %-7d %-7d %-5d %-7d %-5d %-5d   (does not fit: %zu B a block)\n", c.bps, c.stages,
+                  c.pieces, c.piece, c.row, c.order, c.release, c.issue, c.skew, smem);
       continue;
     }
     probe_args a{};
     a.bytes = bytes / (static_cast<long long>(c.row) * c.pieces) * c.row * c.pieces;
+    if (c.order == 2 && a.bytes < 2LL * c.row) {
+      std::printf("(order 2 needs a run of at least 2 x row bytes)\n");
+      continue;
+    }
+    if (c.order >= 3 && bytes < l1b_layers * l1b_layer_bytes) {
+      std::printf("(order 3 needs a run of at least %lld MB)\n", (l1b_layers * l1b_layer_bytes >> 20) + 1);
+      continue;
+    }
+    if (c.order >= 3) a.bytes = l1b_layers * l1b_layer_bytes;
     a.stages = c.stages;
     a.pieces = c.pieces;
     a.piece = c.piece;
@@ -233,14 +319,15 @@ int main(int argc, char** argv) {
     a.order = c.order;
     a.release = c.release;
     a.issue = c.issue;
+    a.skew = c.skew;
     const float ms = time_it([&](const unsigned char* src) {
       a.src = src;
       probe_kernel<<<sms * c.bps, warps * 32 + 32, smem>>>(a);
     });
     int resident = 0;
     CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, probe_kernel, warps * 32 + 32, smem));
-    std::printf("%-4d %-6d %-6d %-7d %-7d %-5d %-7d %-5d %10.1f %8.2f%s\n", c.bps, c.stages, c.pieces, c.piece, c.row,
-                c.order, c.release, c.issue, ms * 1e3, a.bytes / (ms * 1e-3) / 1e12,
+    std::printf("%-4d %-6d %-6d %-7d %-7d %-5d %-7d %-5d %-5d %10.1f %8.2f%s\n", c.bps, c.stages, c.pieces, c.piece,
+                c.row, c.order, c.release, c.issue, c.skew, ms * 1e3, a.bytes / (ms * 1e-3) / 1e12,
                 resident < c.bps ? "  (fewer blocks an SM fit)" : "");
   }
   return 0;
