@@ -167,6 +167,7 @@ __device__ __forceinline__ matrix matrix_of(const fused_decode_args& a, const fu
     case 1:
       return {L.o, a.hidden, a.heads * a.head_dim, false};
     case 2:
+      if (a.gate_up_rows != 0) return {L.gate_up, 2 * a.ffn, a.hidden, false};
       return {L.gate_up, a.ffn, a.hidden, true};
     default:
       return {L.down, a.hidden, a.ffn, false};
@@ -377,9 +378,11 @@ constexpr int kv_prefetch_bytes = 16 * 1024;
 __host__ __device__ constexpr int prefetch_keys(int hd) {
   return kv_prefetch_bytes / (4 * hd) < 64 ? kv_prefetch_bytes / (4 * hd) : 64;
 }
-// Key splits of the attention: at most prefetch_keys a unit where the blocks a KV head gets allow.
-__device__ __forceinline__ int splits_for(int span, int blocks, int kv_heads, int hd) {
-  const int cap = prefetch_keys(hd);
+// Key splits of the attention: at most unit_keys (and prefetch_keys) a unit where the blocks a KV
+// head gets allow. A unit's keys are a dependent chain per warp (a warp sum and two exps a key and
+// query head), so fewer keys a unit on more blocks shorten the phase every block waits for.
+__device__ __forceinline__ int splits_for(int span, int blocks, int kv_heads, int hd, int unit_keys) {
+  const int cap = max(1, min(prefetch_keys(hd), unit_keys));
   return max(1, min((span + cap - 1) / cap, blocks / kv_heads));
 }
 
@@ -392,7 +395,7 @@ __device__ __forceinline__ unit_keys keys_of(const fused_decode_args& a, const f
   k.ctx = a.ctx_len[0];
   const int start = L.window > 0 ? max(0, k.ctx - L.window) : 0;
   const int span = k.ctx - start;
-  k.S = splits_for(span, gridDim.x, a.kv_heads, a.head_dim);
+  k.S = splits_for(span, gridDim.x, a.kv_heads, a.head_dim, a.attn_unit_keys);
   k.units = a.kv_heads * k.S;
   k.kvh = unit / k.S;
   k.sp = unit % k.S;
@@ -625,6 +628,25 @@ __device__ void load_vector(bf16* dst, const bf16* src, int count) {
   consumer_sync();
 }
 
+// dst = silu(gate) * up from gate_up's outputs [gate (count) | up (count)] in global memory (other
+// blocks wrote them this launch: L2 loads), rounded as silu_mul_kernel rounds it.
+__device__ void load_silu(bf16* dst, const bf16* gate_up, int count) {
+  const int chunks = count / 8;
+  for (int c = threadIdx.x; c < chunks; c += consumers) {
+    const uint4 g = __ldcg(reinterpret_cast<const uint4*>(gate_up) + c);
+    const uint4 u = __ldcg(reinterpret_cast<const uint4*>(gate_up + count) + c);
+    const std::uint32_t gs[4] = {g.x, g.y, g.z, g.w}, us[4] = {u.x, u.y, u.z, u.w};
+    std::uint32_t o[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float g0 = bf_lo(gs[e]), g1 = bf_hi(gs[e]);
+      o[e] = pack_bf16x2(g0 / (1.0f + expf(-g0)) * bf_lo(us[e]), g1 / (1.0f + expf(-g1)) * bf_hi(us[e]));
+    }
+    reinterpret_cast<uint4*>(dst)[c] = make_uint4(o[0], o[1], o[2], o[3]);
+  }
+  consumer_sync();
+}
+
 __device__ __forceinline__ float bias_at(const float* b, int i) { return b != nullptr ? b[i] : 0.0f; }
 
 __device__ __forceinline__ unsigned long long global_ns() {
@@ -718,15 +740,25 @@ __device__ void compute_layers(const fused_decode_args& a, const block_smem& sm,
     stamp();
     norm_into(res, a.o_out, a.hidden, L.post_norm, a.eps, xs, red);
     stamp();
-    consume(matrix_of(a, L, 2), xs, seq, ring, full, empty, nstages, warp, lane, a.interleave != 0, [&](int u, float sg, float su) {
-      const float g = __bfloat162float(__float2bfloat16_rn(sg + bias_at(L.gate_up_bias, u)));
-      const float up = __bfloat162float(__float2bfloat16_rn(su + bias_at(L.gate_up_bias, a.ffn + u)));
-      a.act[u] = __float2bfloat16_rn(g / (1.0f + expf(-g)) * up);
-    });
+    if (a.gate_up_rows != 0) {
+      consume(matrix_of(a, L, 2), xs, seq, ring, full, empty, nstages, warp, lane, a.interleave != 0, [&](int r, float s, float) {
+        a.gate_up_out[r] = __float2bfloat16_rn(s + bias_at(L.gate_up_bias, r));
+      });
+    } else {
+      consume(matrix_of(a, L, 2), xs, seq, ring, full, empty, nstages, warp, lane, a.interleave != 0, [&](int u, float sg, float su) {
+        const float g = __bfloat162float(__float2bfloat16_rn(sg + bias_at(L.gate_up_bias, u)));
+        const float up = __bfloat162float(__float2bfloat16_rn(su + bias_at(L.gate_up_bias, a.ffn + u)));
+        a.act[u] = __float2bfloat16_rn(g / (1.0f + expf(-g)) * up);
+      });
+    }
     stamp();
     sync_grid();
     stamp();
-    load_vector(xs, a.act, a.ffn);
+    if (a.gate_up_rows != 0) {
+      load_silu(xs, a.gate_up_out, a.ffn);
+    } else {
+      load_vector(xs, a.act, a.ffn);
+    }
     stamp();
     consume(matrix_of(a, L, 3), xs, seq, ring, full, empty, nstages, warp, lane, a.interleave != 0, [&](int r, float s, float) {
       a.delta[r] = __float2bfloat16_rn(s + bias_at(L.down_bias, r));
