@@ -629,20 +629,35 @@ __device__ void load_vector(bf16* dst, const bf16* src, int count) {
 }
 
 // dst = silu(gate) * up from gate_up's outputs [gate (count) | up (count)] in global memory (other
-// blocks wrote them this launch: L2 loads), rounded as silu_mul_kernel rounds it.
+// blocks wrote them this launch: L2 loads), rounded as silu_mul_kernel rounds it. Every thread's
+// loads first, then its arithmetic and stores (with one pair of loads at a time this phase took
+// 3.5 µs against load_vector's 0.5).
 __device__ void load_silu(bf16* dst, const bf16* gate_up, int count) {
+  constexpr int U = 4;
   const int chunks = count / 8;
-  for (int c = threadIdx.x; c < chunks; c += consumers) {
-    const uint4 g = __ldcg(reinterpret_cast<const uint4*>(gate_up) + c);
-    const uint4 u = __ldcg(reinterpret_cast<const uint4*>(gate_up + count) + c);
-    const std::uint32_t gs[4] = {g.x, g.y, g.z, g.w}, us[4] = {u.x, u.y, u.z, u.w};
-    std::uint32_t o[4];
+  for (int base = threadIdx.x; base < chunks; base += U * consumers) {
+    uint4 g[U], u[U];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float g0 = bf_lo(gs[e]), g1 = bf_hi(gs[e]);
-      o[e] = pack_bf16x2(g0 / (1.0f + expf(-g0)) * bf_lo(us[e]), g1 / (1.0f + expf(-g1)) * bf_hi(us[e]));
+    for (int k = 0; k < U; ++k) {
+      const int c = base + k * consumers;
+      if (c < chunks) {
+        g[k] = __ldcg(reinterpret_cast<const uint4*>(gate_up) + c);
+        u[k] = __ldcg(reinterpret_cast<const uint4*>(gate_up + count) + c);
+      }
     }
-    reinterpret_cast<uint4*>(dst)[c] = make_uint4(o[0], o[1], o[2], o[3]);
+#pragma unroll
+    for (int k = 0; k < U; ++k) {
+      const int c = base + k * consumers;
+      if (c >= chunks) break;
+      const std::uint32_t gs[4] = {g[k].x, g[k].y, g[k].z, g[k].w}, us[4] = {u[k].x, u[k].y, u[k].z, u[k].w};
+      std::uint32_t o[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float g0 = bf_lo(gs[e]), g1 = bf_hi(gs[e]);
+        o[e] = pack_bf16x2(g0 / (1.0f + expf(-g0)) * bf_lo(us[e]), g1 / (1.0f + expf(-g1)) * bf_hi(us[e]));
+      }
+      reinterpret_cast<uint4*>(dst)[c] = make_uint4(o[0], o[1], o[2], o[3]);
+    }
   }
   consumer_sync();
 }
