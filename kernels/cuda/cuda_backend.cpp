@@ -365,9 +365,9 @@ class cuda_backend final : public backend {
     if (c.num_layers <= 0 || c.batch.num_seqs != 1 || c.batch.max_q_len != 1) return false;
     const attn_shape& sh = c.shape;
     if (!fused_decode_supported(c.hidden, c.ffn, sh.num_heads, sh.num_kv_heads, sh.head_dim)) return false;
-    // The attention's partials, then gate_up's outputs ([2 ffn] bf16 = ffn floats, 16-byte aligned).
-    const std::size_t attn_floats = (fused_decode_partial_floats(sh.num_heads, sh.num_kv_heads, sh.head_dim, fused_blocks_) + 3) / 4 * 4;
-    if (attn_floats + static_cast<std::size_t>(c.ffn) > partial_floats_) return false;
+    if (fused_decode_partial_floats(sh.num_heads, sh.num_kv_heads, sh.head_dim, fused_blocks_) > partial_floats_) {
+      return false;
+    }
     auto bf16_matrix = [](const weight& w) { return w.type == dtype::bf16 && aligned(w.data); };
     for (int i = 0; i < c.num_layers; ++i) {
       const layer_ref& l = c.layers[i];
@@ -410,7 +410,6 @@ class cuda_backend final : public backend {
       a.act = static_cast<bf*>(c.act);
       a.attn_out = static_cast<bf*>(c.attn);
       a.partials = partials_;
-      a.gate_up_out = reinterpret_cast<bf*>(partials_ + attn_floats);
       a.sync = counter_ + fused_sync_word;
       a.head_sync = counter_ + fused_head_sync_word;
       launch_fused_decode(a, fused_blocks_, stream_);

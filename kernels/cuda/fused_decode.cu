@@ -167,7 +167,6 @@ __device__ __forceinline__ matrix matrix_of(const fused_decode_args& a, const fu
     case 1:
       return {L.o, a.hidden, a.heads * a.head_dim, false};
     case 2:
-      if (a.gate_up_rows != 0) return {L.gate_up, 2 * a.ffn, a.hidden, false};
       return {L.gate_up, a.ffn, a.hidden, true};
     default:
       return {L.down, a.hidden, a.ffn, false};
@@ -628,40 +627,6 @@ __device__ void load_vector(bf16* dst, const bf16* src, int count) {
   consumer_sync();
 }
 
-// dst = silu(gate) * up from gate_up's outputs [gate (count) | up (count)] in global memory (other
-// blocks wrote them this launch: L2 loads), rounded as silu_mul_kernel rounds it. Every thread's
-// loads first, then its arithmetic and stores (with one pair of loads at a time this phase took
-// 3.5 µs against load_vector's 0.5).
-__device__ void load_silu(bf16* dst, const bf16* gate_up, int count) {
-  constexpr int U = 4;
-  const int chunks = count / 8;
-  for (int base = threadIdx.x; base < chunks; base += U * consumers) {
-    uint4 g[U], u[U];
-#pragma unroll
-    for (int k = 0; k < U; ++k) {
-      const int c = base + k * consumers;
-      if (c < chunks) {
-        g[k] = __ldcg(reinterpret_cast<const uint4*>(gate_up) + c);
-        u[k] = __ldcg(reinterpret_cast<const uint4*>(gate_up + count) + c);
-      }
-    }
-#pragma unroll
-    for (int k = 0; k < U; ++k) {
-      const int c = base + k * consumers;
-      if (c >= chunks) break;
-      const std::uint32_t gs[4] = {g[k].x, g[k].y, g[k].z, g[k].w}, us[4] = {u[k].x, u[k].y, u[k].z, u[k].w};
-      std::uint32_t o[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float g0 = bf_lo(gs[e]), g1 = bf_hi(gs[e]);
-        o[e] = pack_bf16x2(g0 / (1.0f + expf(-g0)) * bf_lo(us[e]), g1 / (1.0f + expf(-g1)) * bf_hi(us[e]));
-      }
-      reinterpret_cast<uint4*>(dst)[c] = make_uint4(o[0], o[1], o[2], o[3]);
-    }
-  }
-  consumer_sync();
-}
-
 __device__ __forceinline__ float bias_at(const float* b, int i) { return b != nullptr ? b[i] : 0.0f; }
 
 __device__ __forceinline__ unsigned long long global_ns() {
@@ -755,25 +720,15 @@ __device__ void compute_layers(const fused_decode_args& a, const block_smem& sm,
     stamp();
     norm_into(res, a.o_out, a.hidden, L.post_norm, a.eps, xs, red);
     stamp();
-    if (a.gate_up_rows != 0) {
-      consume(matrix_of(a, L, 2), xs, seq, ring, full, empty, nstages, warp, lane, a.interleave != 0, [&](int r, float s, float) {
-        a.gate_up_out[r] = __float2bfloat16_rn(s + bias_at(L.gate_up_bias, r));
-      });
-    } else {
-      consume(matrix_of(a, L, 2), xs, seq, ring, full, empty, nstages, warp, lane, a.interleave != 0, [&](int u, float sg, float su) {
-        const float g = __bfloat162float(__float2bfloat16_rn(sg + bias_at(L.gate_up_bias, u)));
-        const float up = __bfloat162float(__float2bfloat16_rn(su + bias_at(L.gate_up_bias, a.ffn + u)));
-        a.act[u] = __float2bfloat16_rn(g / (1.0f + expf(-g)) * up);
-      });
-    }
+    consume(matrix_of(a, L, 2), xs, seq, ring, full, empty, nstages, warp, lane, a.interleave != 0, [&](int u, float sg, float su) {
+      const float g = __bfloat162float(__float2bfloat16_rn(sg + bias_at(L.gate_up_bias, u)));
+      const float up = __bfloat162float(__float2bfloat16_rn(su + bias_at(L.gate_up_bias, a.ffn + u)));
+      a.act[u] = __float2bfloat16_rn(g / (1.0f + expf(-g)) * up);
+    });
     stamp();
     sync_grid();
     stamp();
-    if (a.gate_up_rows != 0) {
-      load_silu(xs, a.gate_up_out, a.ffn);
-    } else {
-      load_vector(xs, a.act, a.ffn);
-    }
+    load_vector(xs, a.act, a.ffn);
     stamp();
     consume(matrix_of(a, L, 3), xs, seq, ring, full, empty, nstages, warp, lane, a.interleave != 0, [&](int r, float s, float) {
       a.delta[r] = __float2bfloat16_rn(s + bias_at(L.down_bias, r));

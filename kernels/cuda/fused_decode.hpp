@@ -50,12 +50,6 @@ struct fused_decode_args {
   __nv_bfloat16* act = nullptr;       ///< [ffn]
   __nv_bfloat16* attn_out = nullptr;  ///< [heads head_dim]
   float* partials = nullptr;          ///< fused_decode_partial_floats()
-  /// [2 ffn] (gate_up_rows): gate_up's outputs, as the op-by-op linear leaves them
-  __nv_bfloat16* gate_up_out = nullptr;
-  /// 1: gate_up streams as the plain [2 ffn, hidden] matrix (4 whole rows a stage, the GEMV's order)
-  /// into gate_up_out, and silu(gate) * up is taken when the act is loaded after the barrier; 0: a
-  /// stage is 2 gate rows and the same 2 up rows, 32 MB apart in the 1B (bench/NOTES.md, session 11)
-  int gate_up_rows = 1;
   /// keys an attention unit takes at most (and prefetch_keys): units = KV heads × splits, splits up
   /// to blocks / KV heads. 64 was the rule before session 11 (32 units of ~50 keys at context 200);
   /// 8 spreads the keys over up to 128 blocks (bench/NOTES.md, session 11)

@@ -396,7 +396,6 @@ void time_fused_decode(kernels::backend& b, int ctx, int barrier_mode, int reps 
   if (const char* e = std::getenv("FUSED_COPY_SPLIT")) a.copy_split = std::atoi(e);
   if (const char* e = std::getenv("FUSED_STREAM_ONLY")) a.stream_only = std::atoi(e);
   if (const char* e = std::getenv("FUSED_INTERLEAVE")) a.interleave = std::atoi(e);
-  if (const char* e = std::getenv("FUSED_GATE_UP_ROWS")) a.gate_up_rows = std::atoi(e);
   if (const char* e = std::getenv("FUSED_UNIT_KEYS")) a.attn_unit_keys = std::atoi(e);
   const bool pdl = std::getenv("FUSED_PDL") == nullptr || std::atoi(std::getenv("FUSED_PDL")) != 0;
   const bool coop = std::getenv("FUSED_COOP") != nullptr && std::atoi(std::getenv("FUSED_COOP")) != 0;
@@ -440,7 +439,6 @@ void time_fused_decode(kernels::backend& b, int ctx, int barrier_mode, int reps 
   a.qkv_out = static_cast<bf*>(dev_alloc(qkv_rows * 2, 0));
   a.o_out = static_cast<bf*>(dev_alloc(hidden * 2, 0));
   a.act = static_cast<bf*>(dev_alloc(ffn * 2, 0));
-  a.gate_up_out = static_cast<bf*>(dev_alloc(2 * ffn * 2, 0));
   a.attn_out = static_cast<bf*>(dev_alloc(heads * hd * 2, 0));
   a.partials = static_cast<float*>(dev_alloc(kernels::cuda::fused_decode_partial_floats(heads, kv_heads, hd, blocks) * 4, 0));
   a.sync = static_cast<unsigned*>(dev_alloc(256, 0));
@@ -472,8 +470,8 @@ void time_fused_decode(kernels::backend& b, int ctx, int barrier_mode, int reps 
   const double us = ms[ms.size() / 2] * 1e3;
   const double bytes = double(layers) * 2.0 * (double(qkv_rows) * hidden + double(hidden) * heads * hd +
                                                2.0 * ffn * hidden + double(hidden) * ffn);
-  std::printf("fused decode, 16 layers of the 1B, ctx %d, %d blocks, barrier mode %d, copy split %d, interleave %d, gate_up rows %d, unit keys %d%s: %.1f us a launch (%.1f a layer), %.2f TB/s of weights\n",
-              ctx, blocks, barrier_mode, a.copy_split, a.interleave, a.gate_up_rows, a.attn_unit_keys, a.stream_only ? ", stream only" : "", us, us / layers, bytes / (us * 1e-6) / 1e12);
+  std::printf("fused decode, 16 layers of the 1B, ctx %d, %d blocks, barrier mode %d, copy split %d, interleave %d, unit keys %d%s: %.1f us a launch (%.1f a layer), %.2f TB/s of weights\n",
+              ctx, blocks, barrier_mode, a.copy_split, a.interleave, a.attn_unit_keys, a.stream_only ? ", stream only" : "", us, us / layers, bytes / (us * 1e-6) / 1e12);
   if (!a.stream_only) {  // the stream-only run stamps nothing
     const std::size_t n = std::size_t(blocks) * layers * kernels::cuda::fused_trace_points;
     void* tr = dev_alloc(n * 8, 0);
