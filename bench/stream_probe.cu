@@ -132,16 +132,21 @@ __global__ void __launch_bounds__(warps * 32 + 32) probe_kernel(probe_args a) {
     return a.src + t * tile_bytes + (u % slices) * a.piece + static_cast<long long>(p) * a.row;
   };
   const int stage_bytes = a.pieces * a.piece;
+  // The producer's turn for stage u of `bytes`: its slot free again, its barrier armed; the slot.
+  auto acquire = [&](long long u, int bytes) {
+    const int slot = static_cast<int>(u % a.stages);
+    const unsigned use = static_cast<unsigned>(u / a.stages);
+    if (use > 0) cuda::mbar_wait(empty + slot, (use - 1) & 1);
+    if (lane == 0) cuda::mbar_expect_tx(full + slot, static_cast<unsigned>(bytes));
+    __syncwarp();
+    return slot;
+  };
   if (warp == warps && a.order >= 3) {
     const bool pairs = a.order == 3;  // 4: gate_up's stages as one contiguous 16 KB instead
     l1b_cursor c;
     c.settle();
     for (long long u = 0; u < total; ++u, ++c.k, c.settle()) {
-      const int slot = static_cast<int>(u % a.stages);
-      const unsigned use = static_cast<unsigned>(u / a.stages);
-      if (use > 0) cuda::mbar_wait(empty + slot, (use - 1) & 1);
-      if (lane == 0) cuda::mbar_expect_tx(full + slot, static_cast<unsigned>(l1b_stage));
-      __syncwarp();
+      const int slot = acquire(u, l1b_stage);
       unsigned char* dst = ring + static_cast<long long>(slot) * l1b_stage;
       const unsigned char* src = a.src + c.offset(pairs);
       if (lane == 0 && c.m == 2 && pairs) {
@@ -155,11 +160,7 @@ __global__ void __launch_bounds__(warps * 32 + 32) probe_kernel(probe_args a) {
   }
   if (warp == warps) {
     for (long long u = 0; u < total; ++u) {
-      const int slot = static_cast<int>(u % a.stages);
-      const unsigned use = static_cast<unsigned>(u / a.stages);
-      if (use > 0) cuda::mbar_wait(empty + slot, (use - 1) & 1);
-      if (lane == 0) cuda::mbar_expect_tx(full + slot, static_cast<unsigned>(stage_bytes));
-      __syncwarp();
+      const int slot = acquire(u, stage_bytes);
       unsigned char* dst = ring + static_cast<long long>(slot) * stage_bytes;
       if (a.issue == 0) {
         for (int p = lane; p < a.pieces; p += 32) cuda::bulk_copy(dst + p * a.piece, piece_src(u, p), a.piece, full + slot);
