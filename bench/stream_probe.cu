@@ -22,20 +22,12 @@
 #include <cstdlib>
 #include <vector>
 
+#include "check.hpp"
 #include "mbarrier.cuh"
 
 namespace cuda = conveyor::kernels::cuda;
 
 namespace {
-
-#define CHECK(x)                                                                          \
-  do {                                                                                    \
-    cudaError_t e_ = (x);                                                                 \
-    if (e_ != cudaSuccess) {                                                              \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                       \
-    }                                                                                     \
-  } while (0)
 
 struct config {
   int bps, stages, pieces, piece, row, order, release, issue;
@@ -208,43 +200,13 @@ __global__ void __launch_bounds__(256) load_kernel(const uint4* src, long long n
 }  // namespace
 
 int main(int argc, char** argv) {
-  const long long mb = argc > 1 ? std::atoll(argv[1]) : 256;
-  const long long bytes = mb << 20;
-  int dev = 0, sms = 0;
-  CHECK(cudaGetDevice(&dev));
-  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  const int regions = 8;  // runs rotate over 8 regions: 2 GB at 256 MB, far past the 50 MB L2
-  unsigned char* buf = nullptr;
-  unsigned* sink = nullptr;
-  CHECK(cudaMalloc(&buf, bytes * regions));
-  CHECK(cudaMalloc(&sink, 4));
-  CHECK(cudaMemset(buf, 1, bytes * regions));
-  CHECK(cudaFuncSetAttribute(probe_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024));
-  cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
-  int run = 0;
-  auto time_it = [&](auto launch) {
-    float best = 1e30f;
-    for (int rep = 0; rep < 4; ++rep) {
-      const unsigned char* src = buf + (run++ % regions) * bytes;
-      CHECK(cudaEventRecord(e0));
-      launch(src);
-      CHECK(cudaEventRecord(e1));
-      CHECK(cudaEventSynchronize(e1));
-      CHECK(cudaGetLastError());
-      float ms = 0;
-      CHECK(cudaEventElapsedTime(&ms, e0, e1));
-      if (rep > 0 && ms < best) best = ms;  // the first run warms up
-    }
-    return best;
-  };
-  for (int bpsm : {4, 8}) {
-    const float ms = time_it([&](const unsigned char* src) {
-      load_kernel<<<sms * bpsm, 256>>>(reinterpret_cast<const uint4*>(src), bytes / 16, sink);
-    });
-    std::printf("ld16 blocks=%d x 256 threads: %.1f us, %.2f TB/s\n", sms * bpsm, ms * 1e3, bytes / (ms * 1e-3) / 1e12);
+  char* end = nullptr;
+  const long long mb = argc > 1 ? std::strtoll(argv[1], &end, 10) : 256;
+  if (argc > 1 && (*end != '\0' || mb < 1 || mb > 16384)) {
+    std::fprintf(stderr, "stream_probe: bad MB '%s' (want 1 to 16384: the MB a run reads)\n", argv[1]);
+    return 2;
   }
+  const long long bytes = mb << 20;
   // Named rows: the fused kernel's stream today, the GEMV's (96 KB ring, two blocks an SM), and the
   // steps between them one at a time.
   std::vector<config> cfgs = {
@@ -292,6 +254,41 @@ int main(int argc, char** argv) {
       cfgs.push_back(c);
     }
   }
+  int dev = 0, sms = 0;
+  CONVEYOR_CUDA_CHECK(cudaGetDevice(&dev));
+  CONVEYOR_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  const int regions = 8;  // runs rotate over 8 regions: 2 GB at 256 MB, far past the 50 MB L2
+  unsigned char* buf = nullptr;
+  unsigned* sink = nullptr;
+  CONVEYOR_CUDA_CHECK(cudaMalloc(&buf, bytes * regions));
+  CONVEYOR_CUDA_CHECK(cudaMalloc(&sink, 4));
+  CONVEYOR_CUDA_CHECK(cudaMemset(buf, 1, bytes * regions));
+  CONVEYOR_CUDA_CHECK(cudaFuncSetAttribute(probe_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024));
+  cudaEvent_t e0, e1;
+  CONVEYOR_CUDA_CHECK(cudaEventCreate(&e0));
+  CONVEYOR_CUDA_CHECK(cudaEventCreate(&e1));
+  int run = 0;
+  auto time_it = [&](auto launch) {
+    float best = 1e30f;
+    for (int rep = 0; rep < 4; ++rep) {
+      const unsigned char* src = buf + (run++ % regions) * bytes;
+      CONVEYOR_CUDA_CHECK(cudaEventRecord(e0));
+      launch(src);
+      CONVEYOR_CUDA_CHECK(cudaEventRecord(e1));
+      CONVEYOR_CUDA_CHECK(cudaEventSynchronize(e1));
+      CONVEYOR_CUDA_CHECK(cudaGetLastError());
+      float ms = 0;
+      CONVEYOR_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+      if (rep > 0 && ms < best) best = ms;  // the first run warms up
+    }
+    return best;
+  };
+  for (int bpsm : {4, 8}) {
+    const float ms = time_it([&](const unsigned char* src) {
+      load_kernel<<<sms * bpsm, 256>>>(reinterpret_cast<const uint4*>(src), bytes / 16, sink);
+    });
+    std::printf("ld16 blocks=%d x 256 threads: %.1f us, %.2f TB/s\n", sms * bpsm, ms * 1e3, bytes / (ms * 1e-3) / 1e12);
+  }
   std::printf("%-4s %-6s %-6s %-7s %-7s %-5s %-7s %-5s %-5s %10s %8s\n", "bps", "stages", "pieces", "piece", "row",
               "order", "release", "issue", "skew", "us", "TB/s");
   for (const config& c : cfgs) {
@@ -326,7 +323,7 @@ int main(int argc, char** argv) {
       probe_kernel<<<sms * c.bps, warps * 32 + 32, smem>>>(a);
     });
     int resident = 0;
-    CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, probe_kernel, warps * 32 + 32, smem));
+    CONVEYOR_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, probe_kernel, warps * 32 + 32, smem));
     std::printf("%-4d %-6d %-6d %-7d %-7d %-5d %-7d %-5d %-5d %10.1f %8.2f%s\n", c.bps, c.stages, c.pieces, c.piece,
                 c.row, c.order, c.release, c.issue, c.skew, ms * 1e3, a.bytes / (ms * 1e-3) / 1e12,
                 resident < c.bps ? "  (fewer blocks an SM fit)" : "");

@@ -19,9 +19,9 @@
 //                block's shared memory: every block computes the same values); attention blocks
 //                start their cached keys' K/V loads (cp.async)
 //   qkv rows of this block -> qkv_out                                    | barrier
-//   attention units (kv head, split of <= 64 keys): rope of q and the new k (the unit holding the
-//   last key writes k and v to the cache), flash-decoding partials; the last split of a KV head
-//   to finish combines its group's heads -> attn_out                     | barrier
+//   attention units (kv head, split of <= attn_unit_keys keys): rope of q and the new k (the unit
+//   holding the last key writes k and v to the cache), flash-decoding partials; the last split of a
+//   KV head to finish combines its group's heads -> attn_out             | barrier
 //   every block: xs = attn_out; o rows -> o_out                          | barrier
 //   every block: residual += o_out; xs = rmsnorm(residual) * post_norm
 //   (gate, up) row pairs -> act = silu(gate) * up                        | barrier
