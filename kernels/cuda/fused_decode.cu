@@ -90,8 +90,29 @@ __device__ __forceinline__ void fence_acq_rel() { asm volatile("fence.acq_rel.gp
 // 1: fence + red.add (no return), poll the count with relaxed loads and a short back-off, fence;
 // 2: the last block to arrive (atom.add's return) publishes `index` in sync[2]; the others poll
 //    that word, which no atomic touches while they poll.
-__device__ void grid_sync(unsigned* sync, unsigned index, int mode) {
+// 3: as 1 without the back-off.
+// 4 (with `flags`, else 2): no atomic; block b publishes `index` in its own 128-byte line flags[32 b]
+//    (fence, then a relaxed store), and thread t < grid of every block polls block t's line: one
+//    store and one load round trip on the critical path instead of an atomic's round trip, the
+//    last block's store and a poll.
+__device__ __forceinline__ void store_relaxed(unsigned* p, unsigned v) {
+  asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ void grid_sync(unsigned* sync, unsigned* flags, unsigned index, int mode) {
   consumer_sync();
+  if (mode == 4 && flags != nullptr) {
+    if (threadIdx.x == 0) {
+      fence_acq_rel();
+      store_relaxed(flags + 32 * blockIdx.x, index);
+    }
+    if (threadIdx.x < gridDim.x) {
+      while (load_relaxed(flags + 32 * threadIdx.x) < index) {
+      }
+      fence_acq_rel();
+    }
+    consumer_sync();
+    return;
+  }
   if (threadIdx.x == 0) {
     const unsigned target = index * gridDim.x;
     if (mode == 0) {
@@ -100,10 +121,12 @@ __device__ void grid_sync(unsigned* sync, unsigned index, int mode) {
       while (load_acquire(sync) < target) {
       }
       __threadfence();
-    } else if (mode == 1) {
+    } else if (mode == 1 || mode == 3) {
       fence_acq_rel();
       asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(sync) : "memory");
-      while (load_relaxed(sync) < target) __nanosleep(32);
+      while (load_relaxed(sync) < target) {
+        if (mode == 1) __nanosleep(32);
+      }
       fence_acq_rel();
     } else {
       fence_acq_rel();
@@ -199,8 +222,11 @@ struct stream_cursor {
       }
     }
   }
+  // The matrix and the share are recomputed only when the cursor leaves a matrix: the producer's
+  // per-stage work is in series with its copies (matrix_of's parameter loads and share_of's
+  // divisions at every stage: stream-only 1350 µs a launch against 754, bench/NOTES.md session 12).
   __device__ void advance(const fused_decode_args& a) {
-    ++k;
+    if (++k < s.stages) return;
     settle(a);
   }
   // The stage's rows: `cnt` units from unit u (a gate/up pair: rows u.. and ffn + u..).
@@ -216,6 +242,10 @@ __device__ void produce(const fused_decode_args& a, unsigned char* ring, std::ui
   const int split = max(1, min(32, a.copy_split));
   stream_cursor c;
   c.settle(a);
+  // l2_ahead: a second cursor walks up to l2_ahead stages past the one waited for; each stage it
+  // passes while the ring is full is asked of L2, so the copy finds it there when its slot frees.
+  stream_cursor pf = c;
+  unsigned pf_seq = 0;
   for (unsigned seq = 0; c.valid(a); ++seq, c.advance(a)) {
     const int slot = static_cast<int>(seq % nstages);
     const unsigned use = seq / nstages;
@@ -224,7 +254,27 @@ __device__ void produce(const fused_decode_args& a, unsigned char* ring, std::ui
     const unsigned bytes = cnt * row_bytes;  // of each region (a pair stage has two: gate rows, up rows)
     if (lane == 0) {
       if (a.progress != nullptr) publish(a.progress + gridDim.x + blockIdx.x, seq);
-      if (use > 0) mbar_wait(empty + slot, (use - 1) & 1);
+      if (use > 0) {
+        if (a.l2_ahead > 0) {
+          while (!mbar_test(empty + slot, (use - 1) & 1)) {
+            while (pf_seq <= seq && pf.valid(a)) {  // stages already copied need no prefetch
+              pf.advance(a);
+              ++pf_seq;
+            }
+            if (pf_seq > seq + static_cast<unsigned>(a.l2_ahead) || !pf.valid(a)) {
+              mbar_wait(empty + slot, (use - 1) & 1);
+              break;
+            }
+            const unsigned pb = static_cast<unsigned>(pf.units()) * static_cast<unsigned>(pf.m.cols) * 2;
+            bulk_prefetch_l2(pf.m.w + static_cast<std::size_t>(pf.first_unit()) * pf.m.cols, pb);
+            if (pf.m.pair) bulk_prefetch_l2(pf.m.w + static_cast<std::size_t>(a.ffn + pf.first_unit()) * pf.m.cols, pb);
+            pf.advance(a);
+            ++pf_seq;
+          }
+        } else {
+          mbar_wait(empty + slot, (use - 1) & 1);
+        }
+      }
       mbar_expect_tx(full + slot, bytes * (c.m.pair ? 2 : 1));
     }
     __syncwarp();
@@ -681,7 +731,7 @@ __device__ void compute_layers(const fused_decode_args& a, const block_smem& sm,
   unsigned seq = 0, barriers = 0;
   auto sync_grid = [&] {
     ++barriers;
-    grid_sync(a.sync, barriers, a.barrier_mode);
+    grid_sync(a.sync, a.flags, barriers, a.barrier_mode);
   };
   for (int l = 0; l < a.num_layers; ++l) {
     const fused_layer& L = a.layer[l];
@@ -749,6 +799,9 @@ __device__ void compute_layers(const fused_decode_args& a, const block_smem& sm,
       a.sync[0] = 0;
       a.sync[1] = 0;
       a.sync[2] = 0;
+      if (a.flags != nullptr) {
+        for (unsigned b = 0; b < gridDim.x; ++b) a.flags[32 * b] = 0;
+      }
       __threadfence();
     }
   }

@@ -56,6 +56,9 @@ struct fused_decode_args {
   int attn_unit_keys = 8;
   unsigned* sync = nullptr;           ///< three zeroed words; the kernel leaves them zero
   unsigned* head_sync = nullptr;      ///< kv_heads zeroed words; the kernel leaves them zero
+  /// nullptr, or [32 × blocks] zeroed words for barrier_mode 4 (a 128-byte line a block's arrival);
+  /// the kernel leaves them zero
+  unsigned* flags = nullptr;
   /// nullptr, or [blocks][num_layers][fused_trace_points] %globaltimer stamps (ns) of each block's
   /// computing warps at the end of each phase (bench: where a layer's time goes)
   unsigned long long* trace = nullptr;
@@ -78,6 +81,11 @@ struct fused_decode_args {
   /// bench only (time_cuda_ops): 1 = the computing warps only hand every stage back, no arithmetic
   /// and no barriers: the weight stream's own rate
   int stream_only = 0;
+  /// stages beyond the one the producer waits for that it asks L2 to fetch while the ring is full
+  /// (the computing warps at a barrier or in attention: HBM idle); 0 = none. Stream-only 754 → 520
+  /// µs a launch with 8; the full kernel 1072-1088 µs with 4 against 1085-1105 with none, worse
+  /// beyond 8 (bench/NOTES.md, session 12): off until it pays
+  int l2_ahead = 0;
 };
 
 /// Stamps a layer: its start, then the ends of norm, qkv, barrier, attention, barrier, attention

@@ -397,6 +397,7 @@ void time_fused_decode(kernels::backend& b, int ctx, int barrier_mode, int reps 
   if (const char* e = std::getenv("FUSED_STREAM_ONLY")) a.stream_only = std::atoi(e);
   if (const char* e = std::getenv("FUSED_INTERLEAVE")) a.interleave = std::atoi(e);
   if (const char* e = std::getenv("FUSED_UNIT_KEYS")) a.attn_unit_keys = std::atoi(e);
+  if (const char* e = std::getenv("FUSED_L2_AHEAD")) a.l2_ahead = std::atoi(e);
   const bool pdl = std::getenv("FUSED_PDL") == nullptr || std::atoi(std::getenv("FUSED_PDL")) != 0;
   const bool coop = std::getenv("FUSED_COOP") != nullptr && std::atoi(std::getenv("FUSED_COOP")) != 0;
   for (int l = 0; l < layers; ++l) {
@@ -443,6 +444,7 @@ void time_fused_decode(kernels::backend& b, int ctx, int barrier_mode, int reps 
   a.partials = static_cast<float*>(dev_alloc(kernels::cuda::fused_decode_partial_floats(heads, kv_heads, hd, blocks) * 4, 0));
   a.sync = static_cast<unsigned*>(dev_alloc(256, 0));
   a.head_sync = a.sync + 32;
+  a.flags = static_cast<unsigned*>(dev_alloc(static_cast<std::size_t>(blocks) * 128, 0));
   b.synchronize();
   cudaStream_t s = nullptr;
   cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
@@ -545,7 +547,8 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (argc > 1 && std::string(argv[1]) == "fused-one") {  // one configuration (FUSED_* variables) at ctx 200
-    time_fused_decode(b, 200, kernels::cuda::fused_decode_args{}.barrier_mode);
+    const char* mode = std::getenv("FUSED_BARRIER");
+    time_fused_decode(b, 200, mode != nullptr ? std::atoi(mode) : kernels::cuda::fused_decode_args{}.barrier_mode);
     return 0;
   }
   if (argc > 1 && std::string(argv[1]) == "fused") {  // the fused decode kernel only
