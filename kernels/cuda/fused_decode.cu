@@ -90,29 +90,8 @@ __device__ __forceinline__ void fence_acq_rel() { asm volatile("fence.acq_rel.gp
 // 1: fence + red.add (no return), poll the count with relaxed loads and a short back-off, fence;
 // 2: the last block to arrive (atom.add's return) publishes `index` in sync[2]; the others poll
 //    that word, which no atomic touches while they poll.
-// 3: as 1 without the back-off.
-// 4 (with `flags`, else 2): no atomic; block b publishes `index` in its own 128-byte line flags[32 b]
-//    (fence, then a relaxed store), and thread t < grid of every block polls block t's line: one
-//    store and one load round trip on the critical path instead of an atomic's round trip, the
-//    last block's store and a poll.
-__device__ __forceinline__ void store_relaxed(unsigned* p, unsigned v) {
-  asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-__device__ void grid_sync(unsigned* sync, unsigned* flags, unsigned index, int mode) {
+__device__ void grid_sync(unsigned* sync, unsigned index, int mode) {
   consumer_sync();
-  if (mode == 4 && flags != nullptr) {
-    if (threadIdx.x == 0) {
-      fence_acq_rel();
-      store_relaxed(flags + 32 * blockIdx.x, index);
-    }
-    if (threadIdx.x < gridDim.x) {
-      while (load_relaxed(flags + 32 * threadIdx.x) < index) {
-      }
-      fence_acq_rel();
-    }
-    consumer_sync();
-    return;
-  }
   if (threadIdx.x == 0) {
     const unsigned target = index * gridDim.x;
     if (mode == 0) {
@@ -121,12 +100,10 @@ __device__ void grid_sync(unsigned* sync, unsigned* flags, unsigned index, int m
       while (load_acquire(sync) < target) {
       }
       __threadfence();
-    } else if (mode == 1 || mode == 3) {
+    } else if (mode == 1) {
       fence_acq_rel();
       asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(sync) : "memory");
-      while (load_relaxed(sync) < target) {
-        if (mode == 1) __nanosleep(32);
-      }
+      while (load_relaxed(sync) < target) __nanosleep(32);
       fence_acq_rel();
     } else {
       fence_acq_rel();
@@ -731,7 +708,7 @@ __device__ void compute_layers(const fused_decode_args& a, const block_smem& sm,
   unsigned seq = 0, barriers = 0;
   auto sync_grid = [&] {
     ++barriers;
-    grid_sync(a.sync, a.flags, barriers, a.barrier_mode);
+    grid_sync(a.sync, barriers, a.barrier_mode);
   };
   for (int l = 0; l < a.num_layers; ++l) {
     const fused_layer& L = a.layer[l];
@@ -799,9 +776,6 @@ __device__ void compute_layers(const fused_decode_args& a, const block_smem& sm,
       a.sync[0] = 0;
       a.sync[1] = 0;
       a.sync[2] = 0;
-      if (a.flags != nullptr) {
-        for (unsigned b = 0; b < gridDim.x; ++b) a.flags[32 * b] = 0;
-      }
       __threadfence();
     }
   }

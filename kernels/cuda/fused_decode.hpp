@@ -56,9 +56,6 @@ struct fused_decode_args {
   int attn_unit_keys = 8;
   unsigned* sync = nullptr;           ///< three zeroed words; the kernel leaves them zero
   unsigned* head_sync = nullptr;      ///< kv_heads zeroed words; the kernel leaves them zero
-  /// nullptr, or [32 × blocks] zeroed words for barrier_mode 4 (a 128-byte line a block's arrival);
-  /// the kernel leaves them zero
-  unsigned* flags = nullptr;
   /// nullptr, or [blocks][num_layers][fused_trace_points] %globaltimer stamps (ns) of each block's
   /// computing warps at the end of each phase (bench: where a layer's time goes)
   unsigned long long* trace = nullptr;
@@ -67,8 +64,9 @@ struct fused_decode_args {
   /// = stages its producer has issued. They show where every block stands when a launch hangs.
   unsigned* progress = nullptr;
   int ring_stages = 0;                ///< set by launch_fused_decode (what shared memory allows)
-  /// grid barrier variant (fused_decode.cu, grid_sync); the default is the fastest measured
-  int barrier_mode = 2;
+  /// grid barrier variant (fused_decode.cu, grid_sync); the default is the fastest measured (session
+  /// 12, one call: mode 1 1065.0 µs a launch, 0 1070.8, 2 1114.7 / 1121.3)
+  int barrier_mode = 1;
   /// 1: attention units prefetch their cached keys' K/V rows while qkv streams (0: read them in place)
   int prefetch = 1;
   /// 1: block b streams stages b, b + grid, ... of each matrix (neighbouring blocks read neighbouring

@@ -444,7 +444,6 @@ void time_fused_decode(kernels::backend& b, int ctx, int barrier_mode, int reps 
   a.partials = static_cast<float*>(dev_alloc(kernels::cuda::fused_decode_partial_floats(heads, kv_heads, hd, blocks) * 4, 0));
   a.sync = static_cast<unsigned*>(dev_alloc(256, 0));
   a.head_sync = a.sync + 32;
-  a.flags = static_cast<unsigned*>(dev_alloc(static_cast<std::size_t>(blocks) * 128, 0));
   b.synchronize();
   cudaStream_t s = nullptr;
   cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
