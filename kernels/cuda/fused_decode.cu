@@ -201,7 +201,8 @@ struct stream_cursor {
   }
   // The matrix and the share are recomputed only when the cursor leaves a matrix: the producer's
   // per-stage work is in series with its copies (matrix_of's parameter loads and share_of's
-  // divisions at every stage: stream-only 1350 µs a launch against 754, bench/NOTES.md session 12).
+  // divisions at every stage: stream-only 784 µs a launch in session 11, 754 with this; bench/NOTES.md
+  // session 12).
   __device__ void advance(const fused_decode_args& a) {
     if (++k < s.stages) return;
     settle(a);
