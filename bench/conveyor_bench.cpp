@@ -286,6 +286,9 @@ std::vector<variant> all_variants() {
   kernels::cuda_backend_options fused = o;  // one-token steps: every layer in one persistent kernel (session 7)
   fused.fused_decode = true;
   v.push_back({"fused", fused});
+  kernels::cuda_backend_options fused_l2 = fused;  // ... its producer asking L2 for 4 stages ahead while its ring is full
+  fused_l2.fused_l2_ahead = 4;
+  v.push_back({"fused-l2", fused_l2});
   kernels::cuda_backend_options nosplit = o;  // linear_add_rmsnorm as linear + add_rmsnorm (before session 10)
   nosplit.split_linears = false;
   v.push_back({"nosplit", nosplit});

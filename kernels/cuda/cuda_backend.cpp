@@ -412,6 +412,7 @@ class cuda_backend final : public backend {
       a.partials = partials_;
       a.sync = counter_ + fused_sync_word;
       a.head_sync = counter_ + fused_head_sync_word;
+      a.l2_ahead = fused_l2_ahead_;
       launch_fused_decode(a, fused_blocks_, stream_);
     }
     return true;
@@ -659,6 +660,7 @@ class cuda_backend final : public backend {
     tune_no_ring_.ring_decode = 0;
     ring_decode_max_seqs_ = o.ring_decode_max_seqs;
     fused_decode_ = o.fused_decode;
+    fused_l2_ahead_ = std::max(0, o.fused_l2_ahead);
     split_linears_ = o.split_linears;
     split_margin_us_ = o.split_linear_margin_us;
     split_max_n_ = o.split_linear_max_n;
@@ -909,6 +911,7 @@ class cuda_backend final : public backend {
   static constexpr int fused_head_sync_word = 32;
   static_assert(fused_head_sync_word + fused_max_kv_heads <= 64, "counter_ holds 64 words");
   bool fused_decode_ = false;
+  int fused_l2_ahead_ = 0;
   bool split_linears_ = true;  ///< cuda_backend_options::split_linears
   float split_margin_us_ = 0.5f;  ///< cuda_backend_options::split_linear_margin_us
   int split_max_n_ = 128;         ///< cuda_backend_options::split_linear_max_n

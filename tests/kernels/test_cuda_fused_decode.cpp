@@ -4,8 +4,8 @@
 // residual and the last down output after every layer, and every byte of both KV caches (the new
 // key and value close, everything else untouched). Shapes: Llama-3.2-1B's layer (the bench model),
 // the fixtures' small ones (most blocks own no rows), a group of 8, head_dim 128, a sliding window
-// and qkv biases; contexts from 1 key to several splits of 64. The whole-model run against HF's
-// goldens is test_cuda_model's `fused` cases.
+// and qkv biases, the producer's L2 look-ahead on; contexts from 1 key to several splits of 64. The
+// whole-model run against HF's goldens is test_cuda_model's `fused` cases.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -26,6 +26,7 @@ struct shape_case {
   bool bias;
   int window;
   std::vector<int> contexts;  ///< decode steps run in this order on the same caches
+  int l2_ahead = 0;           ///< cuda_backend_options::fused_l2_ahead (the producer's L2 look-ahead)
 };
 
 std::vector<shape_case> cases() {
@@ -36,6 +37,7 @@ std::vector<shape_case> cases() {
       {"group8", 96, 256, 8, 1, 16, 2, false, 0, {3, 129}},
       {"window", 128, 352, 4, 2, 32, 2, false, 24, {10, 100}},
       {"hd128_bias", 1024, 2816, 8, 2, 128, 2, true, 0, {300}},
+      {"llama1b_l2_ahead", 2048, 8192, 32, 8, 64, 2, false, 0, {37, 200}, 4},
   };
 }
 
@@ -44,6 +46,7 @@ class fused_decode : public ::testing::TestWithParam<shape_case> {
   void SetUp() override {
     kernels::cuda_backend_options o;
     o.fused_decode = true;
+    o.fused_l2_ahead = GetParam().l2_ahead;
     std::string why;
     backend_ = testing::try_cuda_backend(o, why);
     if (!backend_) GTEST_SKIP() << "no CUDA device: " << why;

@@ -136,8 +136,13 @@ struct cuda_backend_options {
   /// 1). Its repeated launches failed now and then until session 8 found the cause (a ring slot's
   /// full-barrier parity wait passed a phase early; bench/NOTES.md, session 8). Session 10: its
   /// weight stream alone (no arithmetic, no barriers) runs at 2.5 TB/s, ~60% of the copy rate, and
-  /// its waits cost ~40 µs a layer besides; 1.35 ms a step against 0.89 op by op.
+  /// its waits cost ~40 µs a layer besides; 1.35 ms a step against 0.89 op by op. Session 12: the
+  /// stream alone 2.6 TB/s (3.7 with fused_l2_ahead 8), the kernel 1065 µs for the 1B's 16 layers
+  /// against ~750 op by op: five grid barriers a layer of >= 3.4 µs each are its critical path.
   bool fused_decode = false;
+  /// with fused_decode: stages the producer asks L2 for while its ring is full
+  /// (fused_decode_args::l2_ahead; 0 = none, the default: the whole kernel measured within noise)
+  int fused_l2_ahead = 0;
 
   /// Between decode graphs, no copy-engine ops: a step's plan (uploads ≤ 64 KB) is read by a kernel
   /// straight from the pinned staging slot, with the previous draw's ids laid over it in the same
