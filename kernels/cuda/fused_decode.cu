@@ -210,6 +210,12 @@ struct stream_cursor {
   // The stage's rows: `cnt` units from unit u (a gate/up pair: rows u.. and ffn + u..).
   __device__ int first_unit() const { return s.first(k); }
   __device__ int units() const { return s.count(k); }
+  // Bytes of each of the stage's regions (a pair stage has two: gate rows, then the same up rows),
+  // and where region `up` (0 or 1) starts in global memory.
+  __device__ unsigned region_bytes() const { return static_cast<unsigned>(units()) * static_cast<unsigned>(m.cols) * 2; }
+  __device__ const unsigned char* region(const fused_decode_args& a, int up) const {
+    return reinterpret_cast<const unsigned char*>(m.w + static_cast<std::size_t>(first_unit() + up * a.ffn) * m.cols);
+  }
 };
 
 // The producer warp: every stage of every matrix of every layer, as soon as its slot is free. Lane 0
@@ -224,34 +230,25 @@ __device__ void produce(const fused_decode_args& a, unsigned char* ring, std::ui
   // passes while the ring is full is asked of L2, so the copy finds it there when its slot frees.
   stream_cursor pf = c;
   unsigned pf_seq = 0;
+  // The next stage after `seq` within l2_ahead asked of L2; false when there is none left to ask.
+  auto prefetch_next = [&](unsigned seq) {
+    for (; pf_seq <= seq && pf.valid(a); ++pf_seq) pf.advance(a);  // stages already copied need none
+    if (pf_seq > seq + static_cast<unsigned>(a.l2_ahead) || !pf.valid(a)) return false;
+    for (int r = 0; r < (pf.m.pair ? 2 : 1); ++r) bulk_prefetch_l2(pf.region(a, r), pf.region_bytes());
+    pf.advance(a);
+    ++pf_seq;
+    return true;
+  };
   for (unsigned seq = 0; c.valid(a); ++seq, c.advance(a)) {
     const int slot = static_cast<int>(seq % nstages);
     const unsigned use = seq / nstages;
-    const unsigned row_bytes = static_cast<unsigned>(c.m.cols) * 2;
-    const int u = c.first_unit(), cnt = c.units();
-    const unsigned bytes = cnt * row_bytes;  // of each region (a pair stage has two: gate rows, up rows)
+    const unsigned bytes = c.region_bytes();
     if (lane == 0) {
       if (a.progress != nullptr) publish(a.progress + gridDim.x + blockIdx.x, seq);
       if (use > 0) {
-        if (a.l2_ahead > 0) {
-          while (!mbar_test(empty + slot, (use - 1) & 1)) {
-            while (pf_seq <= seq && pf.valid(a)) {  // stages already copied need no prefetch
-              pf.advance(a);
-              ++pf_seq;
-            }
-            if (pf_seq > seq + static_cast<unsigned>(a.l2_ahead) || !pf.valid(a)) {
-              mbar_wait(empty + slot, (use - 1) & 1);
-              break;
-            }
-            const unsigned pb = static_cast<unsigned>(pf.units()) * static_cast<unsigned>(pf.m.cols) * 2;
-            bulk_prefetch_l2(pf.m.w + static_cast<std::size_t>(pf.first_unit()) * pf.m.cols, pb);
-            if (pf.m.pair) bulk_prefetch_l2(pf.m.w + static_cast<std::size_t>(a.ffn + pf.first_unit()) * pf.m.cols, pb);
-            pf.advance(a);
-            ++pf_seq;
-          }
-        } else {
-          mbar_wait(empty + slot, (use - 1) & 1);
+        while (a.l2_ahead > 0 && !mbar_test(empty + slot, (use - 1) & 1) && prefetch_next(seq)) {
         }
+        mbar_wait(empty + slot, (use - 1) & 1);
       }
       mbar_expect_tx(full + slot, bytes * (c.m.pair ? 2 : 1));
     }
@@ -261,13 +258,7 @@ __device__ void produce(const fused_decode_args& a, unsigned char* ring, std::ui
       const unsigned p0 = bytes / 16 * lane / split * 16, p1 = bytes / 16 * (lane + 1) / split * 16;
       if (p1 > p0) {
         unsigned char* dst = ring + static_cast<std::size_t>(slot) * stage_bytes;
-        const unsigned char* src = reinterpret_cast<const unsigned char*>(c.m.w + static_cast<std::size_t>(u) * c.m.cols);
-        bulk_copy(dst + p0, src + p0, p1 - p0, full + slot);
-        if (c.m.pair) {
-          const unsigned char* up =
-              reinterpret_cast<const unsigned char*>(c.m.w + static_cast<std::size_t>(a.ffn + u) * c.m.cols);
-          bulk_copy(dst + bytes + p0, up + p0, p1 - p0, full + slot);
-        }
+        for (int r = 0; r < (c.m.pair ? 2 : 1); ++r) bulk_copy(dst + r * bytes + p0, c.region(a, r) + p0, p1 - p0, full + slot);
       }
     }
   }
