@@ -277,6 +277,16 @@ std::vector<variant> all_variants() {
   kernels::cuda_backend_options wgmma = o;  // decode batches of 17..128 tokens on the TMA + wgmma GEMM
   wgmma.skinny_wgmma = true;
   v.push_back({"wgmma", wgmma});
+  kernels::cuda_backend_options nowgmmaqkv = o;  // qkv on cuBLAS at every batch, attention's tc kernel after it
+  nowgmmaqkv.wgmma_qkv = false;
+  v.push_back({"nowgmmaqkv", nowgmmaqkv});
+  kernels::cuda_backend_options wgmmaqkv_tc = o;  // qkv on the wgmma GEMM, then the tc decode kernel
+  wgmmaqkv_tc.wgmma_qkv_ring_decode = 0;
+  v.push_back({"wgmmaqkv-tc", wgmmaqkv_tc});
+  kernels::cuda_backend_options wgmmaqkv_wide = o;  // ... at 17-128 tokens
+  wgmmaqkv_wide.wgmma_qkv_min_n = 17;
+  wgmmaqkv_wide.wgmma_qkv_max_n = 128;
+  v.push_back({"wgmmaqkv-wide", wgmmaqkv_wide});
   kernels::cuda_backend_options nowgmma = o;  // cuBLAS for every linear above the GEMV's range
   nowgmma.skinny_wgmma = false;
   v.push_back({"nowgmma", nowgmma});

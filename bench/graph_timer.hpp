@@ -70,6 +70,10 @@ class graph_timer final : public kernels::backend {
                           void* r, int width, const kernels::weight& g, float eps, void* norm_out) override {
     inner_.linear_add_rmsnorm(x, n, w, b, out, r, width, g, eps, norm_out);
   }
+  void linear_into_attention(const void* x, int n, const kernels::weight& w, const kernels::weight& b,
+                             void* out) override {
+    inner_.linear_into_attention(x, n, w, b, out);
+  }
   void rope(void* qkv, int n, const kernels::attn_shape& sh, const std::int32_t* pos, const float* f,
             float sc) override {
     inner_.rope(qkv, n, sh, pos, f, sc);

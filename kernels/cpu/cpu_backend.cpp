@@ -89,6 +89,9 @@ class cpu_backend final : public backend {
     linear(x, n, w, bias, out);
     add_rmsnorm(residual, out, n, width, norm_w, eps, norm_out);
   }
+  void linear_into_attention(const void* x, int n, const weight& w, const weight& bias, void* out) override {
+    linear(x, n, w, bias, out);
+  }
   void add(void* acc, const void* x, std::size_t count) override {
     float* a = f(acc);
     const float* b = f(x);

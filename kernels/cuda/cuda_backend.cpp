@@ -220,6 +220,33 @@ class cuda_backend final : public backend {
     set_device();
     launch_add(t_, acc, x, count, stream_);
   }
+  // qkv on the wgmma GEMM at wgmma_qkv's token counts: it waits for its input with
+  // griddepcontrol.wait and releases the attention kernel right after, so attention's blocks and
+  // their pre-wait K/V requests (the ring kernel) start before qkv ends; after cuBLAS's GEMM they
+  // wait for its completion (bench/NOTES.md, session 14). attention() reads qkv_early_.
+  void linear_into_attention(const void* x, int n, const weight& w, const weight& bias, void* out) override {
+    qkv_early_ = false;
+    const int rows = static_cast<int>(w.rows), cols = static_cast<int>(w.cols);
+    if (wgmma_qkv_ && n >= wgmma_qkv_min_n_ && n <= wgmma_qkv_max_n_ && t_ == dtype::bf16 && w.type == dtype::bf16 &&
+        skinny_gemm_supported(n, rows, cols) && skinny_wgmma_supported(n, rows, cols) && aligned(x) &&
+        aligned(w.data) && aligned(out)) {
+      flush();
+      set_device();
+      skinny_gemm_args a;
+      a.w = static_cast<const __nv_bfloat16*>(w.data);
+      a.bias = bias.empty() ? nullptr : static_cast<const float*>(bias.data);
+      a.x = static_cast<const __nv_bfloat16*>(x);
+      a.out = static_cast<__nv_bfloat16*>(out);
+      a.rows = rows;
+      a.cols = cols;
+      a.n = n;
+      if (launch_skinny_wgmma(a, pdl_, num_sms_, stream_)) {
+        qkv_early_ = pdl_;
+        return;
+      }
+    }
+    linear(x, n, w, bias, out);
+  }
   // Row-major out[n, rows] = x[n, cols] · Wᵀ is, in cuBLAS's column-major terms,
   // out(rows × n) = op_T(W: cols × rows) · x(cols × n).
   void linear(const void* x, int n, const weight& w, const weight& bias, void* out) override {
@@ -297,7 +324,12 @@ class cuda_backend final : public backend {
     set_device();
     // The ring decode kernel only where the step is small enough (ring_decode_max_seqs): there the
     // qkv GEMV before it releases it early; after cuBLAS's qkv GEMM it measured no faster.
-    const attention_tuning& tune = batch.num_seqs <= ring_decode_max_seqs_ ? tune_ : tune_no_ring_;
+    // After a qkv that releases it early (linear_into_attention), the ring kernel's pre-wait K/V
+    // requests pay at larger batches too: wgmma_qkv_ring_decode's chunks a warp.
+    const attention_tuning& tune = batch.num_seqs <= ring_decode_max_seqs_ ? tune_
+                                   : qkv_early_                             ? tune_after_early_qkv_
+                                                                            : tune_no_ring_;
+    qkv_early_ = false;
     const held_op& h = held_;
     if (h.kind == held_kind::rope_kv && h.a == qkv && h.k_cache == k_cache && h.v_cache == v_cache &&
         h.shape.num_heads == shape.num_heads && h.shape.num_kv_heads == shape.num_kv_heads &&
@@ -658,6 +690,11 @@ class cuda_backend final : public backend {
     }
     tune_no_ring_ = tune_;
     tune_no_ring_.ring_decode = 0;
+    tune_after_early_qkv_ = tune_;
+    tune_after_early_qkv_.ring_decode = std::clamp(o.wgmma_qkv_ring_decode, 0, 2);
+    wgmma_qkv_ = o.wgmma_qkv;
+    wgmma_qkv_min_n_ = o.wgmma_qkv_min_n;
+    wgmma_qkv_max_n_ = o.wgmma_qkv_max_n;
     ring_decode_max_seqs_ = o.ring_decode_max_seqs;
     fused_decode_ = o.fused_decode;
     fused_l2_ahead_ = std::max(0, o.fused_l2_ahead);
@@ -708,6 +745,7 @@ class cuda_backend final : public backend {
     skinny_gemm_init();
     if (fused_decode_) fused_blocks_ = fused_decode_blocks(num_sms_);
     if (skinny_wgmma_) skinny_wgmma_ = skinny_wgmma_init();  // off where the GPU or driver lacks it
+    if (wgmma_qkv_) wgmma_qkv_ = skinny_wgmma_init();
     quant_scratch_ = alloc(quant_scratch_bytes_);
     if (quant_scratch_ == nullptr) return make_error(errc::out_of_memory, "CUDA backend: no device memory for its workspace");
     {
@@ -899,7 +937,11 @@ class cuda_backend final : public backend {
   static constexpr int gemm_tune_max_n = 256;
   std::unique_ptr<lt_gemm> lt_;
   attention_tuning tune_;
-  attention_tuning tune_no_ring_;  // tune_ with ring_decode 0 (steps over ring_decode_max_seqs)
+  attention_tuning tune_no_ring_;
+  attention_tuning tune_after_early_qkv_;  // tune_ with wgmma_qkv_ring_decode (after an early-releasing qkv)
+  bool wgmma_qkv_ = false;                 ///< cuda_backend_options::wgmma_qkv (and the GPU has the kernel)
+  int wgmma_qkv_min_n_ = 0, wgmma_qkv_max_n_ = 0;
+  bool qkv_early_ = false;  ///< the last linear_into_attention released its dependents early  // tune_ with ring_decode 0 (steps over ring_decode_max_seqs)
   int ring_decode_max_seqs_ = 0;
   held_op held_;
   bool capturing_ = false;

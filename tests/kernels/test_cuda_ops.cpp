@@ -1087,6 +1087,59 @@ TEST_P(cuda_ops, ring_decode_matches_tc_decode_bit_for_bit) {
   }
 }
 
+// The decode step's qkv through linear_into_attention: at wgmma_qkv's token counts (the default
+// 33..64) the wgmma GEMM, then the ring decode kernel it releases early (wgmma_qkv_ring_decode);
+// elsewhere linear(). qkv against the CPU linear, the attention output against the CPU attention
+// of the GPU's own roped qkv and caches, at the token counts on both sides of the range.
+TEST_P(cuda_ops, linear_into_attention_then_decode_matches_cpu) {
+  if (t() != dtype::bf16) GTEST_SKIP() << "wgmma_qkv is a bf16 path";
+  const int heads = 32, kv_heads = 8, d = 64, hidden = 2048, block_size = 16;
+  const int width = (heads + 2 * kv_heads) * d;
+  kernels::attn_shape sh{heads, kv_heads, d, 0.125f, 0};
+  auto wh = testing::random_values(rng_, static_cast<std::size_t>(width) * hidden, t(), 0.05f);
+  kernels::weight w = upload_matrix(wh, width, hidden);
+  std::uniform_int_distribution<int> len(1, 300);
+  for (int n : {32, 33, 40, 64, 65}) {
+    std::vector<int> ctx;
+    for (int i = 0; i < n; ++i) ctx.push_back(len(rng_));
+    const auto [real_max, max_blocks, num_blocks, table, q_start, slots] = make_paged_decode(ctx, block_size, rng_);
+    int max_ctx = 256;
+    while (max_ctx < real_max) max_ctx *= 2;
+    std::vector<std::int32_t> pos;
+    for (int s0 = 0; s0 < n; ++s0) pos.push_back(ctx[s0] - 1);
+    const std::size_t cache = static_cast<std::size_t>(num_blocks) * block_size * kv_heads * d;
+    const auto k0 = testing::random_values(rng_, cache, t()), v0 = testing::random_values(rng_, cache, t());
+    const auto x = testing::random_values(rng_, static_cast<std::size_t>(n) * hidden, t());
+    std::vector<float> inv_freq(d / 2);
+    for (int i = 0; i < d / 2; ++i) inv_freq[i] = std::pow(5e5f, -2.0f * i / d);
+    const std::string shape = " seqs " + std::to_string(n);
+    dev_acts xd(*b_, x), qd(*b_, static_cast<std::size_t>(n) * width), kd(*b_, k0), vd(*b_, v0),
+        out(*b_, static_cast<std::size_t>(n) * heads * d);
+    dev_bytes pos_d(*b_, pos), slot_d(*b_, slots), freq_d(*b_, inv_freq), qs_d(*b_, q_start), ctx_d(*b_, ctx),
+        table_d(*b_, table);
+    const kernels::kv_layout layout{num_blocks, block_size};
+    kernels::attention_batch batch{n, qs_d.as<std::int32_t>(), ctx_d.as<std::int32_t>(), table_d.as<std::int32_t>(),
+                                   max_blocks, max_ctx, 1};
+    qd.poison();
+    out.poison();
+    b_->linear_into_attention(xd.get_ptr(), n, w, {}, qd.get_ptr());
+    const std::vector<float> qkv_lin = qd.get();
+    std::vector<float> ref_lin(static_cast<std::size_t>(n) * width);
+    kernels::cpu::linear(x.data(), n, wh.data(), width, hidden, nullptr, ref_lin.data());
+    EXPECT_CLOSE(qkv_lin, ref_lin, t(), tag("linear_into_attention" + shape));
+    b_->linear_into_attention(xd.get_ptr(), n, w, {}, qd.get_ptr());
+    b_->rope(qd.get_ptr(), n, sh, pos_d.as<std::int32_t>(), freq_d.as<float>(), 1.0f);
+    b_->kv_write(qd.get_ptr(), n, sh, slot_d.as<std::int32_t>(), layout, kd.get_ptr(), vd.get_ptr());
+    b_->attention(qd.get_ptr(), sh, batch, layout, kd.get_ptr(), vd.get_ptr(), out.get_ptr());
+    const auto q_after = qd.get(), k_after = kd.get(), v_after = vd.get();
+    std::vector<float> ref(static_cast<std::size_t>(n) * heads * d);
+    kernels::attention_batch hb{n, q_start.data(), ctx.data(), table.data(), max_blocks, max_ctx, 1};
+    kernels::cpu::attention(q_after.data(), sh, hb, layout, k_after.data(), v_after.data(), ref.data());
+    EXPECT_CLOSE(out.get(), ref, t(), tag("attention after linear_into_attention" + shape));
+  }
+  b_->release(const_cast<void*>(w.data));
+}
+
 // A decode-sized linear seen first while recording: the default backend times its algorithms then
 // (on a side stream, lt_gemm.hpp), and the recording replays with the inputs present at replay time.
 TEST_P(cuda_ops, capture_with_linear_tuned_while_recording) {

@@ -260,7 +260,7 @@ status stage_executor::run_layer(int li, int n, bool first) {
   } else {
     b.add_rmsnorm(residual_.get(), delta_.get(), n, h, w.input_norm, config_.rms_norm_eps, normed_.get());
   }
-  b.linear(normed_.get(), n, w.qkv, w.qkv_bias, qkv_.get());
+  b.linear_into_attention(normed_.get(), n, w.qkv, w.qkv_bias, qkv_.get());
   kernels::attn_shape shape = shape_;
   shape.sliding_window = config_.sliding_window[layer];
   b.rope(qkv_.get(), n, shape, pv_.positions, inv_freq_.as<const float>(), attention_scaling_);

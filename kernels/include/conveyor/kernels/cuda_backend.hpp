@@ -106,6 +106,17 @@ struct cuda_backend_options {
   bool skinny_gemm = false;
   int skinny_gemm_min_n = 17;
   int skinny_gemm_max_n = 128;
+  /// bf16 qkv projections (backend::linear_into_attention) of wgmma_qkv_min_n ..
+  /// wgmma_qkv_max_n tokens on the wgmma GEMM (sm_90; elsewhere as without it), whatever
+  /// skinny_wgmma says: it releases the decode attention kernel right after its own wait, so
+  /// attention starts before qkv ends, and runs as decode_gqa_ring_kernel with
+  /// wgmma_qkv_ring_decode chunks a warp (its K/V requested before its wait; 0: the tc kernel).
+  /// Batch 64 on the H200: 1.212 / 1.222 ms a step against 1.249 / 1.249 with cuBLAS's qkv and the
+  /// tc kernel; at 128 no gain (the wgmma qkv alone +67 µs); bench/NOTES.md, session 14.
+  bool wgmma_qkv = true;
+  int wgmma_qkv_min_n = 33;
+  int wgmma_qkv_max_n = 64;
+  int wgmma_qkv_ring_decode = 1;
   /// bf16 linears of skinny_gemm_min_n ≤ n ≤ skinny_gemm_max_n tokens on the Hopper skinny GEMM
   /// (kernels/cuda/skinny_wgmma.cu: TMA weight ring, wgmma with the weights as A, K split in a
   /// cluster); takes precedence over skinny_gemm; sm_90 only (elsewhere cuBLAS as without it).
