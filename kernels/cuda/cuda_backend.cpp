@@ -220,6 +220,17 @@ class cuda_backend final : public backend {
     set_device();
     launch_add(t_, acc, x, count, stream_);
   }
+  static skinny_gemm_args skinny_args(const void* x, int n, const weight& w, const weight& bias, void* out) {
+    skinny_gemm_args a;
+    a.w = static_cast<const __nv_bfloat16*>(w.data);
+    a.bias = bias.empty() ? nullptr : static_cast<const float*>(bias.data);
+    a.x = static_cast<const __nv_bfloat16*>(x);
+    a.out = static_cast<__nv_bfloat16*>(out);
+    a.rows = static_cast<int>(w.rows);
+    a.cols = static_cast<int>(w.cols);
+    a.n = n;
+    return a;
+  }
   // qkv on the wgmma GEMM at wgmma_qkv's token counts: it waits for its input with
   // griddepcontrol.wait and releases the attention kernel right after, so attention's blocks and
   // their pre-wait K/V requests (the ring kernel) start before qkv ends; after cuBLAS's GEMM they
@@ -232,14 +243,7 @@ class cuda_backend final : public backend {
         aligned(w.data) && aligned(out)) {
       flush();
       set_device();
-      skinny_gemm_args a;
-      a.w = static_cast<const __nv_bfloat16*>(w.data);
-      a.bias = bias.empty() ? nullptr : static_cast<const float*>(bias.data);
-      a.x = static_cast<const __nv_bfloat16*>(x);
-      a.out = static_cast<__nv_bfloat16*>(out);
-      a.rows = rows;
-      a.cols = cols;
-      a.n = n;
+      const skinny_gemm_args a = skinny_args(x, n, w, bias, out);
       if (launch_skinny_wgmma(a, pdl_, num_sms_, stream_)) {
         qkv_early_ = pdl_;
         return;
@@ -262,14 +266,7 @@ class cuda_backend final : public backend {
     const int rows = static_cast<int>(w.rows), cols = static_cast<int>(w.cols);
     if ((skinny_gemm_ || skinny_wgmma_) && n >= skinny_min_n_ && n <= skinny_max_n_ && t_ == dtype::bf16 &&
         w.type == dtype::bf16 && skinny_gemm_supported(n, rows, cols) && aligned(x) && aligned(w.data) && aligned(out)) {
-      skinny_gemm_args a;
-      a.w = static_cast<const __nv_bfloat16*>(w.data);
-      a.bias = bias.empty() ? nullptr : static_cast<const float*>(bias.data);
-      a.x = static_cast<const __nv_bfloat16*>(x);
-      a.out = static_cast<__nv_bfloat16*>(out);
-      a.rows = rows;
-      a.cols = cols;
-      a.n = n;
+      const skinny_gemm_args a = skinny_args(x, n, w, bias, out);
       // The wgmma kernel where it runs (sm_90, tensor maps encoded), else the mma.sync one if asked.
       if (skinny_wgmma_ && skinny_wgmma_supported(n, rows, cols) && launch_skinny_wgmma(a, pdl_, num_sms_, stream_)) return;
       if (skinny_gemm_) return launch_skinny_gemm(a, pdl_, num_sms_, stream_);
