@@ -111,10 +111,11 @@ struct cuda_backend_options {
   /// skinny_wgmma says: it releases the decode attention kernel right after its own wait, so
   /// attention starts before qkv ends, and runs as decode_gqa_ring_kernel with
   /// wgmma_qkv_ring_decode chunks a warp (its K/V requested before its wait; 0: the tc kernel).
-  /// Batch 64 on the H200: 1.212 / 1.222 ms a step against 1.249 / 1.249 with cuBLAS's qkv and the
-  /// tc kernel; at 128 no gain (the wgmma qkv alone +67 µs); bench/NOTES.md, session 14.
+  /// On the H200 (bench/NOTES.md, session 14), steps against cuBLAS's qkv and the tc kernel: batch
+  /// 64 1.242 / 1.233 ms against 1.259 / 1.265, batch 32 1.128 / 1.125 against 1.157 / 1.160; at
+  /// 128 no gain (the wgmma qkv alone +67 µs, the ring only wins that back).
   bool wgmma_qkv = true;
-  int wgmma_qkv_min_n = 33;
+  int wgmma_qkv_min_n = 17;
   int wgmma_qkv_max_n = 64;
   int wgmma_qkv_ring_decode = 1;
   /// bf16 linears of skinny_gemm_min_n ≤ n ≤ skinny_gemm_max_n tokens on the Hopper skinny GEMM
