@@ -287,6 +287,9 @@ std::vector<variant> all_variants() {
   wgmmaqkv_wide.wgmma_qkv_min_n = 17;
   wgmmaqkv_wide.wgmma_qkv_max_n = 128;
   v.push_back({"wgmmaqkv-wide", wgmmaqkv_wide});
+  kernels::cuda_backend_options wgmmaqkv_small = o;  // ... from 2 tokens (the decode batches 2-16 too)
+  wgmmaqkv_small.wgmma_qkv_min_n = 2;
+  v.push_back({"wgmmaqkv-small", wgmmaqkv_small});
   kernels::cuda_backend_options nowgmma = o;  // cuBLAS for every linear above the GEMV's range
   nowgmma.skinny_wgmma = false;
   v.push_back({"nowgmma", nowgmma});

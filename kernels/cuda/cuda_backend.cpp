@@ -238,7 +238,10 @@ class cuda_backend final : public backend {
   void linear_into_attention(const void* x, int n, const weight& w, const weight& bias, void* out) override {
     qkv_early_ = false;
     const int rows = static_cast<int>(w.rows), cols = static_cast<int>(w.cols);
-    if (wgmma_qkv_ && n >= wgmma_qkv_min_n_ && n <= wgmma_qkv_max_n_ && t_ == dtype::bf16 && w.type == dtype::bf16 &&
+    // Token counts the GEMV takes stay there, and so do those batch_invariant keeps row-invariant.
+    const bool gemv_takes = small_gemm_ && n <= small_gemm_max_n_;
+    if (wgmma_qkv_ && n >= wgmma_qkv_min_n_ && n <= wgmma_qkv_max_n_ && !gemv_takes && n > caps_.row_invariant_rows &&
+        t_ == dtype::bf16 && w.type == dtype::bf16 &&
         skinny_gemm_supported(n, rows, cols) && skinny_wgmma_supported(n, rows, cols) && aligned(x) &&
         aligned(w.data) && aligned(out)) {
       flush();

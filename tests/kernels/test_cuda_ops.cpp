@@ -1088,7 +1088,7 @@ TEST_P(cuda_ops, ring_decode_matches_tc_decode_bit_for_bit) {
 }
 
 // The decode step's qkv through linear_into_attention: at wgmma_qkv's token counts (the default
-// 17..64) the wgmma GEMM, then the ring decode kernel it releases early (wgmma_qkv_ring_decode);
+// 2..64, above the GEMV's token counts) the wgmma GEMM, then the ring decode kernel it releases early (wgmma_qkv_ring_decode);
 // elsewhere linear(). qkv against the CPU linear, the attention output against the CPU attention
 // of the GPU's own roped qkv and caches, at the token counts on both sides of the range.
 TEST_P(cuda_ops, linear_into_attention_then_decode_matches_cpu) {
@@ -1099,7 +1099,7 @@ TEST_P(cuda_ops, linear_into_attention_then_decode_matches_cpu) {
   auto wh = testing::random_values(rng_, static_cast<std::size_t>(width) * hidden, t(), 0.05f);
   kernels::weight w = upload_matrix(wh, width, hidden);
   std::uniform_int_distribution<int> len(1, 300);
-  for (int n : {16, 17, 32, 40, 64, 65}) {
+  for (int n : {1, 2, 8, 16, 17, 32, 40, 64, 65}) {
     std::vector<int> ctx;
     for (int i = 0; i < n; ++i) ctx.push_back(len(rng_));
     const auto [real_max, max_blocks, num_blocks, table, q_start, slots] = make_paged_decode(ctx, block_size, rng_);

@@ -108,14 +108,16 @@ struct cuda_backend_options {
   int skinny_gemm_max_n = 128;
   /// bf16 qkv projections (backend::linear_into_attention) of wgmma_qkv_min_n ..
   /// wgmma_qkv_max_n tokens on the wgmma GEMM (sm_90; elsewhere as without it), whatever
-  /// skinny_wgmma says: it releases the decode attention kernel right after its own wait, so
+  /// skinny_wgmma says, except token counts the GEMV takes (small_gemm_max_n) or batch_invariant
+  /// keeps row-invariant: it releases the decode attention kernel right after its own wait, so
   /// attention starts before qkv ends, and runs as decode_gqa_ring_kernel with
   /// wgmma_qkv_ring_decode chunks a warp (its K/V requested before its wait; 0: the tc kernel).
   /// On the H200 (bench/NOTES.md, session 14), steps against cuBLAS's qkv and the tc kernel: batch
-  /// 64 1.242 / 1.233 ms against 1.259 / 1.265, batch 32 1.128 / 1.125 against 1.157 / 1.160; at
+  /// 64 1.242 / 1.233 ms against 1.259 / 1.265, batch 32 1.128 / 1.125 against 1.157 / 1.160,
+  /// batch 16 1.084 / 1.082 against 1.121 / 1.124, batch 8 1.031 / 1.029 against 1.083 / 1.081; at
   /// 128 no gain (the wgmma qkv alone +67 µs, the ring only wins that back).
   bool wgmma_qkv = true;
-  int wgmma_qkv_min_n = 17;
+  int wgmma_qkv_min_n = 2;
   int wgmma_qkv_max_n = 64;
   int wgmma_qkv_ring_decode = 1;
   /// bf16 linears of skinny_gemm_min_n ≤ n ≤ skinny_gemm_max_n tokens on the Hopper skinny GEMM
