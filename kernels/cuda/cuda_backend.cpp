@@ -937,11 +937,11 @@ class cuda_backend final : public backend {
   static constexpr int gemm_tune_max_n = 256;
   std::unique_ptr<lt_gemm> lt_;
   attention_tuning tune_;
-  attention_tuning tune_no_ring_;
+  attention_tuning tune_no_ring_;  // tune_ with ring_decode 0 (steps over ring_decode_max_seqs)
   attention_tuning tune_after_early_qkv_;  // tune_ with wgmma_qkv_ring_decode (after an early-releasing qkv)
   bool wgmma_qkv_ = false;                 ///< cuda_backend_options::wgmma_qkv (and the GPU has the kernel)
   int wgmma_qkv_min_n_ = 0, wgmma_qkv_max_n_ = 0;
-  bool qkv_early_ = false;  ///< the last linear_into_attention released its dependents early  // tune_ with ring_decode 0 (steps over ring_decode_max_seqs)
+  bool qkv_early_ = false;  ///< the last linear_into_attention released its dependents early
   int ring_decode_max_seqs_ = 0;
   held_op held_;
   bool capturing_ = false;

@@ -166,8 +166,9 @@ class backend {
   virtual void linear_add_rmsnorm(const void* x, int n, const weight& w, const weight& bias, void* out,
                                   void* residual, int width, const weight& norm_w, float eps, void* norm_out) = 0;
   /// linear(x, n, w, bias, out) for the projection whose output the next attention() reads (qkv):
-  /// the same results, marked so that a backend may run it on a kernel that lets the attention
-  /// kernel start before it ends (cuda_backend's wgmma_qkv; bench/NOTES.md, session 14).
+  /// the same product, marked so that a backend may compute it on a kernel that lets the attention
+  /// kernel start before it ends (cuda_backend's wgmma_qkv, whose sums round as its other GEMMs'
+  /// do, not bit for bit as cuBLAS's; bench/NOTES.md, session 14).
   virtual void linear_into_attention(const void* x, int n, const weight& w, const weight& bias, void* out) = 0;
   /// Rotates the q and k heads of packed qkv rows in place (HF's rotate_half convention).
   /// inv_freq: [head_dim / 2] float32 in backend memory, scaling already applied.
