@@ -290,6 +290,9 @@ std::vector<variant> all_variants() {
   kernels::cuda_backend_options wgmmaqkv_small = o;  // ... from 2 tokens (the decode batches 2-16 too)
   wgmmaqkv_small.wgmma_qkv_min_n = 2;
   v.push_back({"wgmmaqkv-small", wgmmaqkv_small});
+  kernels::cuda_backend_options wgmma_split = o;  // o_proj and down as our GEMM's K slices (not yet run)
+  wgmma_split.wgmma_split = true;
+  v.push_back({"wgmma-split", wgmma_split});
   kernels::cuda_backend_options wgmma_small = o;  // every linear of 2-128 tokens on the wgmma GEMM (not yet run)
   wgmma_small.skinny_wgmma = true;
   wgmma_small.skinny_gemm_min_n = 2;

@@ -358,12 +358,12 @@ class cuda_backend final : public backend {
   // (whose own split-K, where cuBLAS picks one, adds a reduce kernel). False: nothing ran.
   bool split_linear_norm(const void* x, int n, const weight& w, const weight& bias, void* out, void* residual,
                          int width, const weight& norm_w, float eps, void* norm_out) {
-    if (!split_linears_ || lt_ == nullptr || t_ != dtype::bf16 || w.type != dtype::bf16 || n > split_max_n_ ||
-        n > gemm_tune_max_n) {
-      return false;
-    }
+    // wgmma_split: our kernel's K slices (a programmatic dependent that waits), at its token counts.
+    const bool ours = wgmma_split_ && n >= wgmma_qkv_min_n_ && n <= skinny_max_n_;
+    if (!ours && (!split_linears_ || lt_ == nullptr || n > split_max_n_)) return false;
+    if (t_ != dtype::bf16 || w.type != dtype::bf16 || n > gemm_tune_max_n) return false;
     if (small_gemm_ && n <= small_gemm_max_n_) return false;  // the GEMV, with the norm in the next one's prologue
-    if ((skinny_gemm_ || skinny_wgmma_) && n >= skinny_min_n_ && n <= skinny_max_n_) return false;
+    if (!ours && (skinny_gemm_ || skinny_wgmma_) && n >= skinny_min_n_ && n <= skinny_max_n_) return false;
     if (caps_.row_invariant_rows > 0) return false;  // batch_invariant keeps the op-by-op sums
     const int rows = static_cast<int>(w.rows), cols = static_cast<int>(w.cols);
     if (width != rows || !norm_bf16x8_fits(width) || norm_w.type != dtype::f32) return false;
@@ -380,10 +380,18 @@ class cuda_backend final : public backend {
     if (need > split_parts_floats_) return false;
     flush();
     set_device();
-    const int splits = lt_->split_for(w.data, x, split_parts_, rows, n, cols, stream_, capturing_, partials_,
-                                      partial_floats_ * sizeof(float), split_margin_us_, gemm_tune_);
-    if (splits == 0) return false;
-    lt_->run_split(w.data, x, split_parts_, rows, n, cols, splits, stream_);
+    int splits = 0;
+    if (ours) {
+      splits = launch_skinny_wgmma_slices(skinny_args(x, n, w, bias, out), split_parts_, lt_gemm::max_split, pdl_,
+                                          num_sms_, stream_);
+    }
+    if (splits == 0) {
+      if (!split_linears_ || lt_ == nullptr || n > split_max_n_) return false;
+      splits = lt_->split_for(w.data, x, split_parts_, rows, n, cols, stream_, capturing_, partials_,
+                              partial_floats_ * sizeof(float), split_margin_us_, gemm_tune_);
+      if (splits == 0) return false;
+      lt_->run_split(w.data, x, split_parts_, rows, n, cols, splits, stream_);
+    }
     const bool ran = launch_split_add_rmsnorm(split_parts_, splits, bias.empty() ? nullptr : static_cast<const float*>(bias.data),
                                               out, residual, n, width, static_cast<const float*>(norm_w.data), eps,
                                               norm_out, stream_, pdl_);
@@ -693,6 +701,7 @@ class cuda_backend final : public backend {
     tune_after_early_qkv_ = tune_;
     tune_after_early_qkv_.ring_decode = std::clamp(o.wgmma_qkv_ring_decode, 0, 2);
     wgmma_qkv_ = o.wgmma_qkv;
+    wgmma_split_ = o.wgmma_split;
     wgmma_qkv_min_n_ = o.wgmma_qkv_min_n;
     wgmma_qkv_max_n_ = o.wgmma_qkv_max_n;
     ring_decode_max_seqs_ = o.ring_decode_max_seqs;
@@ -746,6 +755,7 @@ class cuda_backend final : public backend {
     if (fused_decode_) fused_blocks_ = fused_decode_blocks(num_sms_);
     if (skinny_wgmma_) skinny_wgmma_ = skinny_wgmma_init();  // off where the GPU or driver lacks it
     if (wgmma_qkv_) wgmma_qkv_ = skinny_wgmma_init();
+    if (wgmma_split_) wgmma_split_ = skinny_wgmma_init();
     quant_scratch_ = alloc(quant_scratch_bytes_);
     if (quant_scratch_ == nullptr) return make_error(errc::out_of_memory, "CUDA backend: no device memory for its workspace");
     {
@@ -941,6 +951,7 @@ class cuda_backend final : public backend {
   attention_tuning tune_after_early_qkv_;  // tune_ with wgmma_qkv_ring_decode (after an early-releasing qkv)
   bool wgmma_qkv_ = false;                 ///< cuda_backend_options::wgmma_qkv (and the GPU has the kernel)
   int wgmma_qkv_min_n_ = 0, wgmma_qkv_max_n_ = 0;
+  bool wgmma_split_ = false;  ///< cuda_backend_options::wgmma_split (and the GPU has the kernel)
   bool qkv_early_ = false;  ///< the last linear_into_attention released its dependents early
   int ring_decode_max_seqs_ = 0;
   held_op held_;

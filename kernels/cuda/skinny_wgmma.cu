@@ -75,6 +75,10 @@ struct params {
   int rows_per_block;  // splits == 1
   int stages;
   int evict_first;  // weight copies with an L2 evict-first hint (read once; x and the rest stay)
+  // Slices mode (launch_skinny_wgmma_slices): with splits > 1 and no cluster, block (tile, split)
+  // stores its f32 partial sums (no bias) to parts[split][token][row] for a following kernel that
+  // sums the slices anyway (split_add_rmsnorm), instead of the cluster's DSMEM reduction.
+  float* parts;
 };
 
 // One 2D tensor tile (64 k × box rows) global → shared, counted on `bar`.
@@ -279,7 +283,14 @@ __global__ void __launch_bounds__(shape<N, WGS>::THREADS, 1)
 
       // Fragment e = 4 j + 2 h + c: row 16 (warp % 4) + g + 8 h of the warpgroup's 64, token 8 j + 2 q + c.
       const int r0 = wg * 64 + (warp % 4) * 16 + g;
-      if (p.splits == 1) {
+      if (p.parts != nullptr) {
+        float* part = p.parts + static_cast<std::size_t>(split) * n * rows;
+#pragma unroll
+        for (int e = 0; e < R; ++e) {
+          const int row = row_lo + r0 + ((e >> 1) & 1) * 8, t = (e >> 2) * 8 + 2 * q + (e & 1);
+          if (t < n && row < row_hi) part[static_cast<std::size_t>(t) * rows + row] = acc[e];
+        }
+      } else if (p.splits == 1) {
         const int lrow = load_row(i), slo = row_lo + BM * i, shi = min(slo + BM, row_hi);
 #pragma unroll
         for (int e = 0; e < R; ++e) {
@@ -299,7 +310,7 @@ __global__ void __launch_bounds__(shape<N, WGS>::THREADS, 1)
       }
     }
   }
-  if (p.splits == 1) return;
+  if (p.splits == 1 || p.parts != nullptr) return;
 
   // Sum over the cluster's K splits (fixed order) and store; each block stores 1/splits of the tile.
   const int splits = p.splits;
@@ -449,6 +460,37 @@ bool launch_cfg(const skinny_gemm_args& a, bool pdl, int sms, cudaStream_t s) {
   return true;
 }
 
+// Slices mode: 64-row tiles (one consumer warpgroup), K cut into S ≤ max_splits slices of
+// separate blocks (no cluster: a cluster of S can only start where S SMs of one GPC are free, which
+// after a kernel that fills every SM is late), S the most that keeps the grid within one block an
+// SM and ≥ 4 k tiles a slice; 0 (nothing launched) where S would be 1 or the maps fail.
+template <int N>
+int launch_slices(const skinny_gemm_args& a, float* parts, int max_splits, bool pdl, int sms, cudaStream_t s) {
+  using S = shape<N, 1>;
+  params p{};
+  p.bias = nullptr;
+  p.out = nullptr;
+  p.rows = a.rows;
+  p.n = a.n;
+  p.ktiles = (a.cols + BK - 1) / BK;
+  p.parts = parts;
+  const int tiles = (a.rows + S::BM - 1) / S::BM;
+  int splits = 1;
+  while (splits * 2 <= std::min(max_splits, MAX_SPLITS) && tiles * splits * 2 <= sms && p.ktiles >= splits * 2 * 4) {
+    splits *= 2;
+  }
+  if (splits == 1) return 0;
+  CUtensorMap tw, tx;
+  if (!make_map(&tw, a.w, a.cols, a.rows, S::BM) || !make_map(&tx, a.x, a.cols, a.n, N)) return 0;
+  p.splits = splits;
+  const int per = (p.ktiles + splits - 1) / splits;
+  p.stages = std::clamp(std::min((smem_limit - HEAD_BYTES) / S::STAGE, per), 2, MAX_STAGES);
+  launch_kx(launch_extras{pdl, -1, 1}, skinny_wgmma_kernel<N, 1>, dim3(static_cast<unsigned>(tiles * splits)),
+            dim3(S::THREADS), static_cast<std::size_t>(HEAD_BYTES + std::max(p.stages * S::STAGE, S::RED_BYTES)), s,
+            tw, tx, p);
+  return splits;
+}
+
 template <int N>
 bool launch_n(const skinny_gemm_args& a, bool pdl, int sms, cudaStream_t s) {
   static const int force_bm = env_int("SKINNY_WGMMA_BM");
@@ -485,6 +527,10 @@ bool skinny_wgmma_init() {
   allow_smem<64, 4>();
   allow_smem<96, 4>();
   allow_smem<128, 4>();
+  allow_smem<32, 1>();
+  allow_smem<64, 1>();
+  allow_smem<96, 1>();
+  allow_smem<128, 1>();
   return true;
 }
 
@@ -494,6 +540,14 @@ bool launch_skinny_wgmma(const skinny_gemm_args& a, bool pdl, int sms, cudaStrea
   if (a.n <= 64) return launch_n<64>(a, pdl, sms, s);
   if (a.n <= 96) return launch_n<96>(a, pdl, sms, s);
   return launch_n<128>(a, pdl, sms, s);
+}
+
+int launch_skinny_wgmma_slices(const skinny_gemm_args& a, float* parts, int max_splits, bool pdl, int sms,
+                               cudaStream_t s) {
+  if (a.n <= 32) return launch_slices<32>(a, parts, max_splits, pdl, sms, s);
+  if (a.n <= 64) return launch_slices<64>(a, parts, max_splits, pdl, sms, s);
+  if (a.n <= 96) return launch_slices<96>(a, parts, max_splits, pdl, sms, s);
+  return launch_slices<128>(a, parts, max_splits, pdl, sms, s);
 }
 
 }  // namespace conveyor::kernels::cuda

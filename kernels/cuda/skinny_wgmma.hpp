@@ -17,5 +17,12 @@ bool skinny_wgmma_init();
 /// tensor maps could not be encoded. `pdl`: launch as a programmatic dependent of the previous kernel
 /// (the first stages' weights are requested before it waits).
 bool launch_skinny_wgmma(const skinny_gemm_args& a, bool pdl, int sms, cudaStream_t s);
+/// The same product cut along K into S slices of separate blocks (64-row tiles, no cluster), each
+/// slice's f32 sums without the bias in parts[s][n, rows] (as lt_gemm::run_split lays them out), for
+/// a following kernel that sums the slices (launch_split_add_rmsnorm). S ≤ max_splits is the most
+/// that keeps one block an SM; returns S, or 0 (nothing launched) where S would be 1 or the tensor
+/// maps could not be encoded. a.bias and a.out are not used.
+int launch_skinny_wgmma_slices(const skinny_gemm_args& a, float* parts, int max_splits, bool pdl, int sms,
+                               cudaStream_t s);
 
 }  // namespace conveyor::kernels::cuda

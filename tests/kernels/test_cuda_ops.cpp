@@ -539,18 +539,22 @@ TEST_P(cuda_ops, small_uploads_and_draw_overlay) {
 // the linear along K into float32 slices summed by the norm's kernel (forced here, whatever the
 // timing says; at n ≤ 16 the GEMV path runs). Repeated calls give the same bits.
 TEST_P(cuda_ops, linear_add_rmsnorm_matches_cpu) {
-  for (const bool force : {false, true}) {
+  // 0: the default; 1: cuBLASLt's K split forced; 2: the wgmma GEMM's K slices (wgmma_split).
+  for (const int config : {0, 1, 2}) {
+    const bool force = config == 1;
     kernels::cuda_backend_options o;
     o.compute_dtype = t();
     if (force) o.split_linear_margin_us = -1e9f;
+    o.wgmma_split = config == 2;
     auto made = kernels::make_cuda_backend(o);
     ASSERT_TRUE(made.ok()) << made.err().message;
     b_ = std::move(made).value();
-    for (auto [n, rows, cols] : {std::tuple{64, 2048, 8192}, {64, 2048, 2048}, {20, 256, 1024}, {100, 512, 768},
-                                 {1, 256, 512}, {256, 128, 64}}) {
+    for (auto [n, rows, cols] : {std::tuple{64, 2048, 8192}, {64, 2048, 2048}, {8, 2048, 8192}, {20, 256, 1024},
+                                 {100, 512, 768}, {33, 296, 2056}, {1, 256, 512}, {256, 128, 64}}) {
       for (const bool with_bias : {false, true}) {
         const std::string shape = " n" + std::to_string(n) + " " + std::to_string(rows) + "x" + std::to_string(cols) +
-                                  (with_bias ? " bias" : "") + (force ? " [split forced]" : "");
+                                  (with_bias ? " bias" : "") +
+                                  (config == 1 ? " [split forced]" : config == 2 ? " [wgmma slices]" : "");
         auto x = testing::random_values(rng_, static_cast<std::size_t>(n) * cols, t());
         auto wh = testing::random_values(rng_, static_cast<std::size_t>(rows) * cols, t(), 0.05f);
         kernels::weight w = upload_matrix(wh, rows, cols);
