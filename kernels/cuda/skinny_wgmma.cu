@@ -409,6 +409,17 @@ bool clusters_fit(int splits, int clusters, int smem) {
   return fit[splits] >= clusters;
 }
 
+// The product's shape and outputs; the launchers add the split and the stages.
+params params_of(const skinny_gemm_args& a) {
+  params p{};
+  p.bias = a.bias;
+  p.out = a.out;
+  p.rows = a.rows;
+  p.n = a.n;
+  p.ktiles = (a.cols + BK - 1) / BK;
+  return p;
+}
+
 template <int N, int WGS>
 bool launch_cfg(const skinny_gemm_args& a, bool pdl, int sms, cudaStream_t s) {
   using S = shape<N, WGS>;
@@ -418,12 +429,7 @@ bool launch_cfg(const skinny_gemm_args& a, bool pdl, int sms, cudaStream_t s) {
   static const bool no_pdl = env_int("SKINNY_WGMMA_NOPDL") != 0;
   static const int evict_first = env_int("SKINNY_WGMMA_EVICT");
   static const int only = env_int("SKINNY_WGMMA_ONLY");  // timing: 1 = split grids only, 2 = unsplit only
-  params p{};
-  p.bias = a.bias;
-  p.out = a.out;
-  p.rows = a.rows;
-  p.n = a.n;
-  p.ktiles = (a.cols + BK - 1) / BK;
+  params p = params_of(a);
   p.evict_first = evict_first;
   const int tiles = (a.rows + S::BM - 1) / S::BM;
   // Row tiles that leave a quarter of the GPU idle: split K over a cluster while the blocks stay
@@ -467,12 +473,9 @@ bool launch_cfg(const skinny_gemm_args& a, bool pdl, int sms, cudaStream_t s) {
 template <int N>
 int launch_slices(const skinny_gemm_args& a, float* parts, int max_splits, bool pdl, int sms, cudaStream_t s) {
   using S = shape<N, 1>;
-  params p{};
+  params p = params_of(a);
   p.bias = nullptr;
   p.out = nullptr;
-  p.rows = a.rows;
-  p.n = a.n;
-  p.ktiles = (a.cols + BK - 1) / BK;
   p.parts = parts;
   const int tiles = (a.rows + S::BM - 1) / S::BM;
   int splits = 1;
