@@ -287,9 +287,6 @@ std::vector<variant> all_variants() {
   wgmmaqkv_wide.wgmma_qkv_min_n = 17;
   wgmmaqkv_wide.wgmma_qkv_max_n = 128;
   v.push_back({"wgmmaqkv-wide", wgmmaqkv_wide});
-  kernels::cuda_backend_options wgmmaqkv_small = o;  // ... from 2 tokens (the decode batches 2-16 too)
-  wgmmaqkv_small.wgmma_qkv_min_n = 2;
-  v.push_back({"wgmmaqkv-small", wgmmaqkv_small});
   kernels::cuda_backend_options wgmma_split = o;  // o_proj and down as our GEMM's K slices (not yet run)
   wgmma_split.wgmma_split = true;
   v.push_back({"wgmma-split", wgmma_split});

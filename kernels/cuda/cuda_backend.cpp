@@ -360,7 +360,8 @@ class cuda_backend final : public backend {
                          int width, const weight& norm_w, float eps, void* norm_out) {
     // wgmma_split: our kernel's K slices (a programmatic dependent that waits), at its token counts.
     const bool ours = wgmma_split_ && n >= wgmma_qkv_min_n_ && n <= skinny_max_n_;
-    if (!ours && (!split_linears_ || lt_ == nullptr || n > split_max_n_)) return false;
+    const bool lt_split = split_linears_ && lt_ != nullptr && n <= split_max_n_;  // cuBLASLt's slices
+    if (!ours && !lt_split) return false;
     if (t_ != dtype::bf16 || w.type != dtype::bf16 || n > gemm_tune_max_n) return false;
     if (small_gemm_ && n <= small_gemm_max_n_) return false;  // the GEMV, with the norm in the next one's prologue
     if (!ours && (skinny_gemm_ || skinny_wgmma_) && n >= skinny_min_n_ && n <= skinny_max_n_) return false;
@@ -386,7 +387,7 @@ class cuda_backend final : public backend {
                                           num_sms_, stream_);
     }
     if (splits == 0) {
-      if (!split_linears_ || lt_ == nullptr || n > split_max_n_) return false;
+      if (!lt_split) return false;
       splits = lt_->split_for(w.data, x, split_parts_, rows, n, cols, stream_, capturing_, partials_,
                               partial_floats_ * sizeof(float), split_margin_us_, gemm_tune_);
       if (splits == 0) return false;
@@ -753,9 +754,11 @@ class cuda_backend final : public backend {
     gemv_init();
     skinny_gemm_init();
     if (fused_decode_) fused_blocks_ = fused_decode_blocks(num_sms_);
-    if (skinny_wgmma_) skinny_wgmma_ = skinny_wgmma_init();  // off where the GPU or driver lacks it
-    if (wgmma_qkv_) wgmma_qkv_ = skinny_wgmma_init();
-    if (wgmma_split_) wgmma_split_ = skinny_wgmma_init();
+    // The wgmma paths are off where the GPU or driver lacks the kernel (one init for all three).
+    const bool have_wgmma = (skinny_wgmma_ || wgmma_qkv_ || wgmma_split_) && skinny_wgmma_init();
+    skinny_wgmma_ = skinny_wgmma_ && have_wgmma;
+    wgmma_qkv_ = wgmma_qkv_ && have_wgmma;
+    wgmma_split_ = wgmma_split_ && have_wgmma;
     quant_scratch_ = alloc(quant_scratch_bytes_);
     if (quant_scratch_ == nullptr) return make_error(errc::out_of_memory, "CUDA backend: no device memory for its workspace");
     {

@@ -1092,8 +1092,8 @@ TEST_P(cuda_ops, ring_decode_matches_tc_decode_bit_for_bit) {
 }
 
 // The decode step's qkv through linear_into_attention: at wgmma_qkv's token counts (the default
-// 2..64, above the GEMV's token counts) the wgmma GEMM, then the ring decode kernel it releases early (wgmma_qkv_ring_decode);
-// elsewhere linear(). qkv against the CPU linear, the attention output against the CPU attention
+// 2..64, above the GEMV's) the wgmma GEMM, then the ring decode kernel it releases early
+// (wgmma_qkv_ring_decode); elsewhere linear(). qkv against the CPU linear, the attention output against the CPU attention
 // of the GPU's own roped qkv and caches, at the token counts on both sides of the range.
 TEST_P(cuda_ops, linear_into_attention_then_decode_matches_cpu) {
   if (t() != dtype::bf16) GTEST_SKIP() << "wgmma_qkv is a bf16 path";
