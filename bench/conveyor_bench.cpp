@@ -287,9 +287,15 @@ std::vector<variant> all_variants() {
   wgmmaqkv_wide.wgmma_qkv_min_n = 17;
   wgmmaqkv_wide.wgmma_qkv_max_n = 128;
   v.push_back({"wgmmaqkv-wide", wgmmaqkv_wide});
-  kernels::cuda_backend_options wgmma_split = o;  // o_proj and down as our GEMM's K slices (not yet run)
+  kernels::cuda_backend_options wgmma_split = o;  // o_proj and down as our GEMM's K slices
   wgmma_split.wgmma_split = true;
   v.push_back({"wgmma-split", wgmma_split});
+  kernels::cuda_backend_options swiglu = o;  // gate_up with the SwiGLU in the wgmma GEMM's epilogue
+  swiglu.wgmma_swiglu = true;
+  v.push_back({"swiglu", swiglu});
+  kernels::cuda_backend_options split_swiglu = swiglu;  // ... and o_proj / down as its K slices
+  split_swiglu.wgmma_split = true;
+  v.push_back({"split-swiglu", split_swiglu});
   kernels::cuda_backend_options wgmma_small = o;  // every linear of 2-128 tokens on the wgmma GEMM (not yet run)
   wgmma_small.skinny_wgmma = true;
   wgmma_small.skinny_gemm_min_n = 2;

@@ -74,6 +74,10 @@ class graph_timer final : public kernels::backend {
                              void* out) override {
     inner_.linear_into_attention(x, n, w, b, out);
   }
+  void linear_silu_mul(const void* x, int n, const kernels::weight& w, const kernels::weight& b, void* gu, int ffn,
+                       void* out) override {
+    inner_.linear_silu_mul(x, n, w, b, gu, ffn, out);
+  }
   void rope(void* qkv, int n, const kernels::attn_shape& sh, const std::int32_t* pos, const float* f,
             float sc) override {
     inner_.rope(qkv, n, sh, pos, f, sc);

@@ -92,6 +92,11 @@ class cpu_backend final : public backend {
   void linear_into_attention(const void* x, int n, const weight& w, const weight& bias, void* out) override {
     linear(x, n, w, bias, out);
   }
+  void linear_silu_mul(const void* x, int n, const weight& w, const weight& bias, void* gate_up, int ffn,
+                       void* out) override {
+    linear(x, n, w, bias, gate_up);
+    silu_mul(gate_up, n, ffn, out);
+  }
   void add(void* acc, const void* x, std::size_t count) override {
     float* a = f(acc);
     const float* b = f(x);

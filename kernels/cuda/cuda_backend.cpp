@@ -237,13 +237,7 @@ class cuda_backend final : public backend {
   // wait for its completion (bench/NOTES.md, session 14). attention() reads qkv_early_.
   void linear_into_attention(const void* x, int n, const weight& w, const weight& bias, void* out) override {
     qkv_early_ = false;
-    const int rows = static_cast<int>(w.rows), cols = static_cast<int>(w.cols);
-    // Token counts the GEMV takes stay there, and so do those batch_invariant keeps row-invariant.
-    const bool gemv_takes = small_gemm_ && n <= small_gemm_max_n_;
-    if (wgmma_qkv_ && n >= wgmma_qkv_min_n_ && n <= wgmma_qkv_max_n_ && !gemv_takes && n > caps_.row_invariant_rows &&
-        t_ == dtype::bf16 && w.type == dtype::bf16 &&
-        skinny_gemm_supported(n, rows, cols) && skinny_wgmma_supported(n, rows, cols) && aligned(x) &&
-        aligned(w.data) && aligned(out)) {
+    if (wgmma_qkv_ && n >= wgmma_qkv_min_n_ && n <= wgmma_qkv_max_n_ && wgmma_takes(x, n, w, out)) {
       flush();
       set_device();
       const skinny_gemm_args a = skinny_args(x, n, w, bias, out);
@@ -253,6 +247,19 @@ class cuda_backend final : public backend {
       }
     }
     linear(x, n, w, bias, out);
+  }
+  // gate_up with the SwiGLU in the wgmma GEMM's epilogue at wgmma_swiglu's token counts; elsewhere
+  // the GEMM and silu_mul (which the GEMV path may hold for the down projection's prologue).
+  void linear_silu_mul(const void* x, int n, const weight& w, const weight& bias, void* gate_up, int ffn,
+                       void* out) override {
+    if (wgmma_swiglu_ && n >= wgmma_swiglu_min_n_ && n <= wgmma_swiglu_max_n_ && wgmma_takes(x, n, w, out) &&
+        w.rows == 2 * static_cast<std::int64_t>(ffn)) {
+      flush();
+      set_device();
+      if (launch_skinny_wgmma_swiglu(skinny_args(x, n, w, bias, out), pdl_, num_sms_, stream_)) return;
+    }
+    linear(x, n, w, bias, gate_up);
+    silu_mul(gate_up, n, ffn, out);
   }
   // Row-major out[n, rows] = x[n, cols] · Wᵀ is, in cuBLAS's column-major terms,
   // out(rows × n) = op_T(W: cols × rows) · x(cols × n).
@@ -569,6 +576,15 @@ class cuda_backend final : public backend {
   bool can_hold() const { return fuse_ && t_ == dtype::bf16; }
   bool can_hold_for_gemv(int n) const { return can_hold() && small_gemm_ && n <= small_gemm_max_n_; }
   static bool aligned(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+  /// Whether the wgmma GEMM may take this bf16 product in place of the path linear() picks: not at
+  /// token counts the GEMV takes, nor at those batch_invariant keeps row-invariant.
+  bool wgmma_takes(const void* x, int n, const weight& w, const void* out) const {
+    const int rows = static_cast<int>(w.rows), cols = static_cast<int>(w.cols);
+    const bool gemv_takes = small_gemm_ && n <= small_gemm_max_n_;
+    return !gemv_takes && n > caps_.row_invariant_rows && t_ == dtype::bf16 && w.type == dtype::bf16 &&
+           skinny_gemm_supported(n, rows, cols) && skinny_wgmma_supported(n, rows, cols) && aligned(x) &&
+           aligned(w.data) && aligned(out);
+  }
 
   /// Launches the held upload (with its overlay), then records its staging slot's event.
   void flush_upload() {
@@ -703,6 +719,9 @@ class cuda_backend final : public backend {
     tune_after_early_qkv_.ring_decode = std::clamp(o.wgmma_qkv_ring_decode, 0, 2);
     wgmma_qkv_ = o.wgmma_qkv;
     wgmma_split_ = o.wgmma_split;
+    wgmma_swiglu_ = o.wgmma_swiglu;
+    wgmma_swiglu_min_n_ = o.wgmma_swiglu_min_n;
+    wgmma_swiglu_max_n_ = o.wgmma_swiglu_max_n;
     wgmma_qkv_min_n_ = o.wgmma_qkv_min_n;
     wgmma_qkv_max_n_ = o.wgmma_qkv_max_n;
     ring_decode_max_seqs_ = o.ring_decode_max_seqs;
@@ -755,10 +774,11 @@ class cuda_backend final : public backend {
     skinny_gemm_init();
     if (fused_decode_) fused_blocks_ = fused_decode_blocks(num_sms_);
     // The wgmma paths are off where the GPU or driver lacks the kernel (one init for all three).
-    const bool have_wgmma = (skinny_wgmma_ || wgmma_qkv_ || wgmma_split_) && skinny_wgmma_init();
+    const bool have_wgmma = (skinny_wgmma_ || wgmma_qkv_ || wgmma_split_ || wgmma_swiglu_) && skinny_wgmma_init();
     skinny_wgmma_ = skinny_wgmma_ && have_wgmma;
     wgmma_qkv_ = wgmma_qkv_ && have_wgmma;
     wgmma_split_ = wgmma_split_ && have_wgmma;
+    wgmma_swiglu_ = wgmma_swiglu_ && have_wgmma;
     quant_scratch_ = alloc(quant_scratch_bytes_);
     if (quant_scratch_ == nullptr) return make_error(errc::out_of_memory, "CUDA backend: no device memory for its workspace");
     {
@@ -955,6 +975,8 @@ class cuda_backend final : public backend {
   bool wgmma_qkv_ = false;                 ///< cuda_backend_options::wgmma_qkv (and the GPU has the kernel)
   int wgmma_qkv_min_n_ = 0, wgmma_qkv_max_n_ = 0;
   bool wgmma_split_ = false;  ///< cuda_backend_options::wgmma_split (and the GPU has the kernel)
+  bool wgmma_swiglu_ = false;  ///< cuda_backend_options::wgmma_swiglu (and the GPU has the kernel)
+  int wgmma_swiglu_min_n_ = 2, wgmma_swiglu_max_n_ = 128;
   bool qkv_early_ = false;  ///< the last linear_into_attention released its dependents early
   int ring_decode_max_seqs_ = 0;
   held_op held_;

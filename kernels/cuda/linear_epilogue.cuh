@@ -7,12 +7,18 @@ namespace conveyor::kernels::cuda {
 
 __device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 
-/// `*out` = the f32 sum `acc` rounded to bf16, plus `bias[row]` when there is a bias: the op-by-op
-/// path adds the bias to the rounded product, and rounds again.
+/// The bf16 value the op-by-op path stores for the f32 sum `acc` of output row `row`: the product
+/// rounded, plus `bias[row]` when there is a bias, rounded again.
+__device__ __forceinline__ float linear_out_value(float acc, const float* bias, int row) {
+  const float y = round_bf16(acc);
+  return bias != nullptr ? round_bf16(y + bias[row]) : y;
+}
 __device__ __forceinline__ void store_linear_out(float acc, const float* bias, int row, __nv_bfloat16* out) {
-  float y = round_bf16(acc);
-  if (bias != nullptr) y += bias[row];
-  *out = __float2bfloat16_rn(y);
+  *out = __float2bfloat16_rn(linear_out_value(acc, bias, row));
+}
+/// silu(g) * u of two stored (bf16-valued) gate and up entries, as silu_mul's kernels compute it.
+__device__ __forceinline__ __nv_bfloat16 silu_mul_out(float g, float u) {
+  return __float2bfloat16_rn(g / (1.0f + expf(-g)) * u);
 }
 
 }  // namespace conveyor::kernels::cuda

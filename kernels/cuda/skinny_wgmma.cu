@@ -79,6 +79,11 @@ struct params {
   // stores its f32 partial sums (no bias) to parts[split][token][row] for a following kernel that
   // sums the slices anyway (split_add_rmsnorm), instead of the cluster's DSMEM reduction.
   float* parts;
+  // SwiGLU mode (launch_skinny_wgmma_swiglu, WGS even, no split): the weight is gate_up [2 ffn, cols]
+  // and `rows` = ffn, the output's width. A block's tile is BM / 2 ffn indices f: the first WGS / 2
+  // warpgroups multiply gate rows f, the others up rows ffn + f (two TMA boxes of BM / 2 rows a
+  // stage), and out[t, f] = silu(gate) * up, each rounded as the op-by-op path rounds it.
+  int ffn;
 };
 
 // One 2D tensor tile (64 k × box rows) global → shared, counted on `bar`.
@@ -185,6 +190,7 @@ __global__ void __launch_bounds__(shape<N, WGS>::THREADS, 1)
 
   // This block's work: rows [row_lo, row_hi) in `items` tiles of BM rows, k tiles [kt0, kt0 + nkt).
   int row_lo, row_hi, items, kt0, nkt, split = 0;
+  const int bm = p.ffn > 0 ? BM / 2 : BM;  // output rows a tile
   if (p.splits > 1) {
     const int tile = blockIdx.x / p.splits;
     split = blockIdx.x % p.splits;  // the block's rank in its cluster (clusters run along x)
@@ -197,13 +203,13 @@ __global__ void __launch_bounds__(shape<N, WGS>::THREADS, 1)
   } else {
     row_lo = blockIdx.x * p.rows_per_block;
     row_hi = min(rows, row_lo + p.rows_per_block);
-    items = (row_hi - row_lo + BM - 1) / BM;
+    items = (row_hi - row_lo + bm - 1) / bm;
     kt0 = 0;
     nkt = p.ktiles;
   }
   // Tile i stores rows [row_lo + BM i, ...) and loads BM rows from here: the last tile of a run
   // ends at the run's end (its overlap with the tile before is in L2), unless the run is shorter.
-  auto load_row = [&](int i) { return max(row_lo, min(row_lo + BM * i, row_hi - BM)); };
+  auto load_row = [&](int i) { return max(row_lo, min(row_lo + bm * i, row_hi - bm)); };
 
   if (tid == CONSUMERS) {  // the producer's first copies need both descriptors
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<std::uint64_t>(&tw)) : "memory");
@@ -222,14 +228,18 @@ __global__ void __launch_bounds__(shape<N, WGS>::THREADS, 1)
     if (lane == 0) {
       std::uint64_t policy = 0;
       if (p.evict_first) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+      auto copy_w = [&](unsigned char* dst, int k, int row, std::uint64_t* bar) {
+        if (p.evict_first) {
+          tma_2d_hint(dst, &tw, k, row, bar, policy);
+        } else {
+          tma_2d(dst, &tw, k, row, bar);
+        }
+      };
       auto load_w = [&](int slot, int it) {
         unsigned char* dst = ring + slot * STAGE;
         const int k = (kt0 + it % nkt) * BK, row = load_row(it / nkt);
-        if (p.evict_first) {
-          tma_2d_hint(dst, &tw, k, row, full + slot, policy);
-        } else {
-          tma_2d(dst, &tw, k, row, full + slot);
-        }
+        copy_w(dst, k, row, full + slot);
+        if (p.ffn > 0) copy_w(dst + W_BYTES / 2, k, p.ffn + row, full + slot);  // the up rows of the same f
       };
       const int total = items * nkt;
       const int pre = min(stages, total);
@@ -290,6 +300,29 @@ __global__ void __launch_bounds__(shape<N, WGS>::THREADS, 1)
           const int row = row_lo + r0 + ((e >> 1) & 1) * 8, t = (e >> 2) * 8 + 2 * q + (e & 1);
           if (t < n && row < row_hi) part[static_cast<std::size_t>(t) * rows + row] = acc[e];
         }
+      } else if (p.ffn > 0) {
+        // The up half hands its sums to the gate half through shared memory past the ring (the same
+        // fragment slot: thread tid - CONSUMERS / 2 holds the up row of thread tid's gate row).
+        constexpr int HALF = CONSUMERS / 2;
+        float* xch = reinterpret_cast<float*>(ring + stages * STAGE);
+        if (tid >= HALF) {
+#pragma unroll
+          for (int e = 0; e < R; ++e) xch[e * HALF + tid - HALF] = acc[e];
+        }
+        asm volatile("bar.sync 1, %0;" ::"n"(CONSUMERS) : "memory");
+        if (tid < HALF) {
+          const int lrow = load_row(i), slo = row_lo + bm * i, shi = min(slo + bm, row_hi);
+#pragma unroll
+          for (int e = 0; e < R; ++e) {
+            const int f = lrow + r0 + ((e >> 1) & 1) * 8, t = (e >> 2) * 8 + 2 * q + (e & 1);
+            if (t < n && f >= slo && f < shi) {
+              const float gv = linear_out_value(acc[e], p.bias, f);
+              const float uv = linear_out_value(xch[e * HALF + tid], p.bias, p.ffn + f);
+              p.out[static_cast<std::size_t>(t) * rows + f] = silu_mul_out(gv, uv);
+            }
+          }
+        }
+        asm volatile("bar.sync 1, %0;" ::"n"(CONSUMERS) : "memory");  // xch is free for the next tile
       } else if (p.splits == 1) {
         const int lrow = load_row(i), slo = row_lo + BM * i, shi = min(slo + BM, row_hi);
 #pragma unroll
@@ -494,6 +527,30 @@ int launch_slices(const skinny_gemm_args& a, float* parts, int max_splits, bool 
   return splits;
 }
 
+// SwiGLU mode: two consumer warpgroups (gate, up) of BM / 2 = 64 rows each, no split (gate_up's
+// 2 ffn rows fill the GPU at decode sizes), the exchange tile after the ring.
+template <int N>
+bool launch_swiglu(const skinny_gemm_args& a, bool pdl, int sms, cudaStream_t s) {
+  using S = shape<N, 2>;
+  constexpr int HALF_ROWS = S::BM / 2;
+  constexpr int XCH_BYTES = S::CONSUMERS / 2 * (N / 2) * 4;
+  if (a.rows % 2 != 0) return false;
+  const int ffn = a.rows / 2;
+  CUtensorMap tw, tx;
+  if (!make_map(&tw, a.w, a.cols, a.rows, HALF_ROWS) || !make_map(&tx, a.x, a.cols, a.n, N)) return false;
+  params p = params_of(a);
+  p.rows = ffn;
+  p.ffn = ffn;
+  p.splits = 1;
+  const int tiles = (ffn + HALF_ROWS - 1) / HALF_ROWS;
+  p.rows_per_block = tiles <= sms ? HALF_ROWS : (ffn + sms - 1) / sms;
+  const int grid = (ffn + p.rows_per_block - 1) / p.rows_per_block;
+  p.stages = std::clamp((smem_limit - HEAD_BYTES - XCH_BYTES) / S::STAGE, 2, MAX_STAGES);
+  launch_kx(launch_extras{pdl, -1, 1}, skinny_wgmma_kernel<N, 2>, dim3(static_cast<unsigned>(grid)), dim3(S::THREADS),
+            static_cast<std::size_t>(HEAD_BYTES + p.stages * S::STAGE + XCH_BYTES), s, tw, tx, p);
+  return true;
+}
+
 template <int N>
 bool launch_n(const skinny_gemm_args& a, bool pdl, int sms, cudaStream_t s) {
   static const int force_bm = env_int("SKINNY_WGMMA_BM");
@@ -507,6 +564,7 @@ template <int N, int WGS>
 void allow_smem() {
   using S = shape<N, WGS>;
   static_assert(HEAD_BYTES + S::RED_BYTES <= smem_limit && HEAD_BYTES + 2 * S::STAGE <= smem_limit, "smem");
+  static_assert(HEAD_BYTES + 2 * S::STAGE + S::CONSUMERS / 2 * (N / 2) * 4 <= smem_limit, "smem (swiglu)");
   CONVEYOR_CUDA_CHECK(
       cudaFuncSetAttribute(skinny_wgmma_kernel<N, WGS>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_limit));
 }
@@ -543,6 +601,13 @@ bool launch_skinny_wgmma(const skinny_gemm_args& a, bool pdl, int sms, cudaStrea
   if (a.n <= 64) return launch_n<64>(a, pdl, sms, s);
   if (a.n <= 96) return launch_n<96>(a, pdl, sms, s);
   return launch_n<128>(a, pdl, sms, s);
+}
+
+bool launch_skinny_wgmma_swiglu(const skinny_gemm_args& a, bool pdl, int sms, cudaStream_t s) {
+  if (a.n <= 32) return launch_swiglu<32>(a, pdl, sms, s);
+  if (a.n <= 64) return launch_swiglu<64>(a, pdl, sms, s);
+  if (a.n <= 96) return launch_swiglu<96>(a, pdl, sms, s);
+  return launch_swiglu<128>(a, pdl, sms, s);
 }
 
 int launch_skinny_wgmma_slices(const skinny_gemm_args& a, float* parts, int max_splits, bool pdl, int sms,

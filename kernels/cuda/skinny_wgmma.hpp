@@ -17,6 +17,10 @@ bool skinny_wgmma_init();
 /// tensor maps could not be encoded. `pdl`: launch as a programmatic dependent of the previous kernel
 /// (the first stages' weights are requested before it waits).
 bool launch_skinny_wgmma(const skinny_gemm_args& a, bool pdl, int sms, cudaStream_t s);
+/// out[n, ffn] = silu(gate) * up of the product x · gate_upᵀ (a.w: gate_up [2 ffn, cols], gate rows
+/// first; a.rows = 2 ffn; a.out: [n, ffn]), one kernel instead of the GEMM and silu_mul, with the
+/// same bf16 roundings as that pair; false (nothing launched) when the maps could not be encoded.
+bool launch_skinny_wgmma_swiglu(const skinny_gemm_args& a, bool pdl, int sms, cudaStream_t s);
 /// The same product cut along K into S slices of separate blocks (64-row tiles, no cluster), each
 /// slice's f32 sums without the bias in parts[s][n, rows] (as lt_gemm::run_split lays them out), for
 /// a following kernel that sums the slices (launch_split_add_rmsnorm). S ≤ max_splits is the most

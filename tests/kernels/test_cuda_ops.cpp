@@ -596,6 +596,54 @@ TEST_P(cuda_ops, linear_add_rmsnorm_matches_cpu) {
   }
 }
 
+// gate_up then silu_mul as one call: the default path (GEMM, then silu_mul or the GEMV's held
+// silu) and wgmma_swiglu's fused epilogue (gate rows in one warpgroup, up rows in the other), with
+// ffn tails shorter than a 64-row tile, runs shorter than one, bias, and the GEMV's token count.
+TEST_P(cuda_ops, linear_silu_mul_matches_cpu) {
+  for (const bool fused : {false, true}) {
+    kernels::cuda_backend_options o;
+    o.compute_dtype = t();
+    o.wgmma_swiglu = fused;
+    auto made = kernels::make_cuda_backend(o);
+    ASSERT_TRUE(made.ok()) << made.err().message;
+    b_ = std::move(made).value();
+    for (auto [n, ffn, cols] : {std::tuple{64, 8192, 2048}, {8, 8192, 2048}, {2, 1024, 512}, {20, 300, 1024},
+                                {100, 512, 768}, {128, 1024, 512}, {33, 40, 2056}, {1, 512, 256}}) {
+      for (const bool with_bias : {false, true}) {
+        const int rows = 2 * ffn;
+        const std::string shape = " n" + std::to_string(n) + " ffn" + std::to_string(ffn) + " cols" +
+                                  std::to_string(cols) + (with_bias ? " bias" : "") + (fused ? " [wgmma_swiglu]" : "");
+        auto x = testing::random_values(rng_, static_cast<std::size_t>(n) * cols, t());
+        auto wh = testing::random_values(rng_, static_cast<std::size_t>(rows) * cols, t(), 0.05f);
+        kernels::weight w = upload_matrix(wh, rows, cols);
+        std::vector<float> bias_h = with_bias ? testing::random_values(rng_, rows, dtype::f32) : std::vector<float>{};
+        kernels::weight bias = with_bias ? upload_vector(bias_h) : kernels::weight{};
+        std::vector<float> ref_gu(static_cast<std::size_t>(n) * rows), ref(static_cast<std::size_t>(n) * ffn);
+        kernels::cpu::linear(x.data(), n, wh.data(), rows, cols, with_bias ? bias_h.data() : nullptr, ref_gu.data());
+        if (t() == dtype::bf16) {
+          for (float& v : ref_gu) v = kernels::bf16_to_f32(kernels::f32_to_bf16(v));  // gate_up is stored in bf16
+        }
+        kernels::cpu::silu_mul(ref_gu.data(), n, ffn, ref.data());
+        std::vector<float> first;
+        for (int rep = 0; rep < 2; ++rep) {
+          dev_acts xd(*b_, x), gu(*b_, ref_gu.size()), out(*b_, ref.size());
+          gu.poison();
+          out.poison();
+          b_->linear_silu_mul(xd.get_ptr(), n, w, bias, gu.get_ptr(), ffn, out.get_ptr());
+          if (rep == 0) {
+            first = out.get();
+            EXPECT_CLOSE(first, ref, t(), tag("linear_silu_mul" + shape));
+          } else {
+            EXPECT_EQ(out.get(), first) << tag("linear_silu_mul repeat" + shape);
+          }
+        }
+        b_->release(const_cast<void*>(w.data));
+        if (with_bias) b_->release(const_cast<void*>(bias.data));
+      }
+    }
+  }
+}
+
 TEST_P(cuda_ops, small_batch_linear) {
   for (int config = 0; config < gemv_configs; ++config) {
     use_opt_in_paths(config);

@@ -281,8 +281,7 @@ status stage_executor::run_layer(int li, int n, bool first) {
     CONVEYOR_TRY(reduce(delta_.get(), n));
     b.add_rmsnorm(residual_.get(), delta_.get(), n, h, w.post_norm, config_.rms_norm_eps, normed_.get());
   }
-  b.linear(normed_.get(), n, w.gate_up, w.gate_up_bias, gate_up_.get());
-  b.silu_mul(gate_up_.get(), n, ffn_, act_.get());
+  b.linear_silu_mul(normed_.get(), n, w.gate_up, w.gate_up_bias, gate_up_.get(), ffn_, act_.get());
   const kernels::weight* next = collective_ == nullptr && !observer_ ? norm_after(li) : nullptr;
   if (next != nullptr) {
     b.linear_add_rmsnorm(act_.get(), n, w.down, w.down_bias, delta_.get(), residual_.get(), h, *next,

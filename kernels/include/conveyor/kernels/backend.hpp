@@ -170,6 +170,11 @@ class backend {
   /// kernel start before it ends (cuda_backend's wgmma_qkv, whose sums round as its other GEMMs'
   /// do, not bit for bit as cuBLAS's; bench/NOTES.md, session 14).
   virtual void linear_into_attention(const void* x, int n, const weight& w, const weight& bias, void* out) = 0;
+  /// linear(x, n, w, bias, gate_up), then silu_mul(gate_up, n, ffn, out) (w: gate_up [2 ffn, cols]):
+  /// the same out, in one call so that a backend may apply the SwiGLU in the GEMM's epilogue and
+  /// never write gate_up (whose contents are unspecified afterwards; cuda_backend's wgmma_swiglu).
+  virtual void linear_silu_mul(const void* x, int n, const weight& w, const weight& bias, void* gate_up, int ffn,
+                               void* out) = 0;
   /// Rotates the q and k heads of packed qkv rows in place (HF's rotate_half convention).
   /// inv_freq: [head_dim / 2] float32 in backend memory, scaling already applied.
   virtual void rope(void* qkv, int n, const attn_shape& shape, const std::int32_t* positions,

@@ -120,6 +120,14 @@ struct cuda_backend_options {
   int wgmma_qkv_min_n = 2;
   int wgmma_qkv_max_n = 64;
   int wgmma_qkv_ring_decode = 1;
+  /// bf16 gate_up projections (backend::linear_silu_mul) of wgmma_swiglu_min_n ..
+  /// wgmma_swiglu_max_n tokens on the wgmma GEMM with the SwiGLU in its epilogue (sm_90; elsewhere,
+  /// and at token counts the GEMV takes or batch_invariant keeps row-invariant, the GEMM and silu_mul
+  /// as without it): the silu_mul kernel, its launch gap and gate_up's write and re-read go.
+  /// EXPERIMENTAL, off until measured (bench/NOTES.md, session 15).
+  bool wgmma_swiglu = false;
+  int wgmma_swiglu_min_n = 2;
+  int wgmma_swiglu_max_n = 128;
   /// linear_add_rmsnorm (o_proj, down_proj) at wgmma_qkv_min_n .. skinny_gemm_max_n tokens as the
   /// wgmma GEMM's K slices (separate blocks, no cluster, f32 sums summed by the add + rmsnorm
   /// kernel, as split_linears does with cuBLASLt), where one block an SM leaves room for ≥ 2 slices;
