@@ -67,6 +67,15 @@ struct shape {
   static constexpr int RED_BYTES = N * RED_PITCH * 4;
 };
 
+// The kernel's epilogue, fixed at compile time so that each instance holds only its own live
+// ranges: with the three behind run-time branches (sessions 14-15) ptxas gave every instance the
+// union, 128-168 registers and spills at N ≥ 96 (80-96 and none with the plain one alone).
+enum class epi {
+  plain,   // bf16 out (+ bias): one block's rows (splits == 1) or the cluster's DSMEM sum of K splits
+  slices,  // f32 partial sums of K slices to `parts` (launch_skinny_wgmma_slices)
+  swiglu,  // silu(gate) * up of gate_up's paired rows (launch_skinny_wgmma_swiglu)
+};
+
 struct params {
   const float* bias;
   bf16* out;
@@ -170,7 +179,7 @@ struct wgmma_n<128> {
 };
 
 
-template <int N, int WGS>
+template <int N, int WGS, epi E>
 __global__ void __launch_bounds__(shape<N, WGS>::THREADS, 1)
     skinny_wgmma_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tx, params p) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -190,8 +199,8 @@ __global__ void __launch_bounds__(shape<N, WGS>::THREADS, 1)
 
   // This block's work: rows [row_lo, row_hi) in `items` tiles of BM rows, k tiles [kt0, kt0 + nkt).
   int row_lo, row_hi, items, kt0, nkt, split = 0;
-  const int bm = p.ffn > 0 ? BM / 2 : BM;  // output rows a tile
-  if (p.splits > 1) {
+  constexpr int bm = E == epi::swiglu ? BM / 2 : BM;  // output rows a tile
+  if (E != epi::swiglu && p.splits > 1) {
     const int tile = blockIdx.x / p.splits;
     split = blockIdx.x % p.splits;  // the block's rank in its cluster (clusters run along x)
     row_lo = tile * BM;
@@ -239,7 +248,9 @@ __global__ void __launch_bounds__(shape<N, WGS>::THREADS, 1)
         unsigned char* dst = ring + slot * STAGE;
         const int k = (kt0 + it % nkt) * BK, row = load_row(it / nkt);
         copy_w(dst, k, row, full + slot);
-        if (p.ffn > 0) copy_w(dst + W_BYTES / 2, k, p.ffn + row, full + slot);  // the up rows of the same f
+        if constexpr (E == epi::swiglu) {  // the up rows of the same f
+          copy_w(dst + W_BYTES / 2, k, p.ffn + row, full + slot);
+        }
       };
       const int total = items * nkt;
       const int pre = min(stages, total);
@@ -293,14 +304,14 @@ __global__ void __launch_bounds__(shape<N, WGS>::THREADS, 1)
 
       // Fragment e = 4 j + 2 h + c: row 16 (warp % 4) + g + 8 h of the warpgroup's 64, token 8 j + 2 q + c.
       const int r0 = wg * 64 + (warp % 4) * 16 + g;
-      if (p.parts != nullptr) {
+      if constexpr (E == epi::slices) {
         float* part = p.parts + static_cast<std::size_t>(split) * n * rows;
 #pragma unroll
         for (int e = 0; e < R; ++e) {
           const int row = row_lo + r0 + ((e >> 1) & 1) * 8, t = (e >> 2) * 8 + 2 * q + (e & 1);
           if (t < n && row < row_hi) part[static_cast<std::size_t>(t) * rows + row] = acc[e];
         }
-      } else if (p.ffn > 0) {
+      } else if constexpr (E == epi::swiglu) {
         // The up half hands its sums to the gate half through shared memory past the ring (the same
         // fragment slot: thread tid - CONSUMERS / 2 holds the up row of thread tid's gate row).
         constexpr int HALF = CONSUMERS / 2;
@@ -343,7 +354,7 @@ __global__ void __launch_bounds__(shape<N, WGS>::THREADS, 1)
       }
     }
   }
-  if (p.splits == 1 || p.parts != nullptr) return;
+  if (E != epi::plain || p.splits == 1) return;
 
   // Sum over the cluster's K splits (fixed order) and store; each block stores 1/splits of the tile.
   const int splits = p.splits;
@@ -433,7 +444,7 @@ bool clusters_fit(int splits, int clusters, int smem) {
     cfg.attrs = &attr;
     cfg.numAttrs = 1;
     int n = 0;
-    if (cudaOccupancyMaxActiveClusters(&n, skinny_wgmma_kernel<N, WGS>, &cfg) != cudaSuccess) {
+    if (cudaOccupancyMaxActiveClusters(&n, skinny_wgmma_kernel<N, WGS, epi::plain>, &cfg) != cudaSuccess) {
       cudaGetLastError();
       n = 0;
     }
@@ -493,7 +504,7 @@ bool launch_cfg(const skinny_gemm_args& a, bool pdl, int sms, cudaStream_t s) {
     p.rows_per_block = tiles <= sms ? S::BM : (a.rows + sms - 1) / sms;
     grid = (a.rows + p.rows_per_block - 1) / p.rows_per_block;
   }
-  launch_kx(launch_extras{pdl && !no_pdl, -1, splits}, skinny_wgmma_kernel<N, WGS>, dim3(static_cast<unsigned>(grid)),
+  launch_kx(launch_extras{pdl && !no_pdl, -1, splits}, skinny_wgmma_kernel<N, WGS, epi::plain>, dim3(static_cast<unsigned>(grid)),
             dim3(S::THREADS), static_cast<std::size_t>(HEAD_BYTES + std::max(stages * S::STAGE, S::RED_BYTES)), s, tw,
             tx, p);
   return true;
@@ -521,7 +532,7 @@ int launch_slices(const skinny_gemm_args& a, float* parts, int max_splits, bool 
   p.splits = splits;
   const int per = (p.ktiles + splits - 1) / splits;
   p.stages = std::clamp(std::min((smem_limit - HEAD_BYTES) / S::STAGE, per), 2, MAX_STAGES);
-  launch_kx(launch_extras{pdl, -1, 1}, skinny_wgmma_kernel<N, 1>, dim3(static_cast<unsigned>(tiles * splits)),
+  launch_kx(launch_extras{pdl, -1, 1}, skinny_wgmma_kernel<N, 1, epi::slices>, dim3(static_cast<unsigned>(tiles * splits)),
             dim3(S::THREADS), static_cast<std::size_t>(HEAD_BYTES + std::max(p.stages * S::STAGE, S::RED_BYTES)), s,
             tw, tx, p);
   return splits;
@@ -546,7 +557,7 @@ bool launch_swiglu(const skinny_gemm_args& a, bool pdl, int sms, cudaStream_t s)
   p.rows_per_block = tiles <= sms ? HALF_ROWS : (ffn + sms - 1) / sms;
   const int grid = (ffn + p.rows_per_block - 1) / p.rows_per_block;
   p.stages = std::clamp((smem_limit - HEAD_BYTES - XCH_BYTES) / S::STAGE, 2, MAX_STAGES);
-  launch_kx(launch_extras{pdl, -1, 1}, skinny_wgmma_kernel<N, 2>, dim3(static_cast<unsigned>(grid)), dim3(S::THREADS),
+  launch_kx(launch_extras{pdl, -1, 1}, skinny_wgmma_kernel<N, 2, epi::swiglu>, dim3(static_cast<unsigned>(grid)), dim3(S::THREADS),
             static_cast<std::size_t>(HEAD_BYTES + p.stages * S::STAGE + XCH_BYTES), s, tw, tx, p);
   return true;
 }
@@ -560,13 +571,21 @@ bool launch_n(const skinny_gemm_args& a, bool pdl, int sms, cudaStream_t s) {
   return wide ? launch_cfg<N, 4>(a, pdl, sms, s) : launch_cfg<N, 2>(a, pdl, sms, s);
 }
 
-template <int N, int WGS>
+template <int N, int WGS, epi E>
 void allow_smem() {
   using S = shape<N, WGS>;
   static_assert(HEAD_BYTES + S::RED_BYTES <= smem_limit && HEAD_BYTES + 2 * S::STAGE <= smem_limit, "smem");
-  static_assert(HEAD_BYTES + 2 * S::STAGE + S::CONSUMERS / 2 * (N / 2) * 4 <= smem_limit, "smem (swiglu)");
+  static_assert(E != epi::swiglu || HEAD_BYTES + 2 * S::STAGE + S::CONSUMERS / 2 * (N / 2) * 4 <= smem_limit,
+                "smem (swiglu)");
   CONVEYOR_CUDA_CHECK(
-      cudaFuncSetAttribute(skinny_wgmma_kernel<N, WGS>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_limit));
+      cudaFuncSetAttribute(skinny_wgmma_kernel<N, WGS, E>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_limit));
+}
+template <int N>
+void allow_smem_n() {  // every instance the launchers use at this N
+  allow_smem<N, 2, epi::plain>();
+  allow_smem<N, 4, epi::plain>();
+  allow_smem<N, 1, epi::slices>();
+  allow_smem<N, 2, epi::swiglu>();
 }
 
 }  // namespace
@@ -580,18 +599,10 @@ bool skinny_wgmma_init() {
   CONVEYOR_CUDA_CHECK(cudaGetDevice(&dev));
   CONVEYOR_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
   if (major != 9 || encoder() == nullptr) return false;  // wgmma is sm_90a's alone
-  allow_smem<32, 2>();
-  allow_smem<64, 2>();
-  allow_smem<96, 2>();
-  allow_smem<128, 2>();
-  allow_smem<32, 4>();
-  allow_smem<64, 4>();
-  allow_smem<96, 4>();
-  allow_smem<128, 4>();
-  allow_smem<32, 1>();
-  allow_smem<64, 1>();
-  allow_smem<96, 1>();
-  allow_smem<128, 1>();
+  allow_smem_n<32>();
+  allow_smem_n<64>();
+  allow_smem_n<96>();
+  allow_smem_n<128>();
   return true;
 }
 

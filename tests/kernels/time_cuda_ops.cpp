@@ -58,6 +58,75 @@ void row(const char* what, double us, double bytes, double flops) {
   std::printf("[timing] %-44s %10.1f us  %8.1f GB/s  %8.1f TFLOP/s\n", what, us, bytes / us * 1e-3, flops / us * 1e-6);
 }
 
+/// Median time in microseconds of one call of `fn(i)` (i = 0 .. reps - 1), `reps` calls back to
+/// back on the backend's stream between two events, over `rounds` rounds of which the first warms up.
+double stream_us(kernels::backend& b, int reps, int rounds, const std::function<void(int)>& fn) {
+  auto s = static_cast<cudaStream_t>(kernels::cuda_stream_of(b));
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  std::vector<double> t;
+  for (int rep = 0; rep < rounds; ++rep) {
+    b.synchronize();
+    cudaEventRecord(e0, s);
+    for (int i = 0; i < reps; ++i) fn(i);
+    cudaEventRecord(e1, s);
+    cudaEventSynchronize(e1);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e0, e1);
+    if (rep > 0) t.push_back(ms * 1e3 / reps);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+/// gate_up + SwiGLU of the 1B (2 ffn × hidden) at decode batches: cuBLAS's GEMM + silu_mul, the
+/// wgmma GEMM + silu_mul, and the wgmma GEMM with the SwiGLU in its epilogue (wgmma_swiglu), each
+/// `reps` times back to back over ≥ 256 MB of weight copies (from HBM, as in a step), with PDL.
+/// The kernel on its own, apart from a step's neighbours (bench/NOTES.md, session 16).
+void time_swiglu(std::mt19937_64& rng, const std::vector<int>& ns) {
+  std::string why;
+  kernels::cuda_backend_options plain;
+  plain.compute_dtype = dtype::bf16;
+  kernels::cuda_backend_options wgmma = plain;
+  wgmma.skinny_wgmma = true;
+  kernels::cuda_backend_options fused = plain;
+  fused.wgmma_swiglu = true;
+  fused.wgmma_swiglu_min_n = 1;
+  auto bc = ct::try_cuda_backend(plain, why);
+  auto bw = ct::try_cuda_backend(wgmma, why);
+  auto bf = ct::try_cuda_backend(fused, why);
+  if (!bc || !bw || !bf) {
+    std::printf("time_cuda_ops: swiglu skipped: %s\n", why.c_str());
+    return;
+  }
+  const int hidden = 2048, ffn = 8192;
+  const double wbytes = 2.0 * 2 * ffn * hidden;
+  const int copies = static_cast<int>(std::ceil(256e6 / wbytes));
+  auto wh = fill(rng, static_cast<std::size_t>(2) * ffn * hidden, 0.02f);
+  std::vector<kernels::weight> ws;
+  for (int c = 0; c < copies; ++c) ws.push_back(bc->upload_weight(wh.data(), dtype::f32, 2 * ffn, hidden, false));
+  for (int n : ns) {
+    ct::dev_acts x(*bc, fill(rng, static_cast<std::size_t>(n) * hidden));
+    ct::dev_acts gate_up(*bc, static_cast<std::size_t>(n) * 2 * ffn);
+    ct::dev_acts act(*bc, static_cast<std::size_t>(n) * ffn);
+    double us[3];
+    kernels::backend* bs[3] = {bc.get(), bw.get(), bf.get()};
+    for (int which = 0; which < 3; ++which) {
+      kernels::backend& b = *bs[which];
+      us[which] = stream_us(b, std::max(20, copies * 2), 6, [&](int i) {
+        b.linear_silu_mul(x.get_ptr(), n, ws[i % copies], kernels::weight{}, gate_up.get_ptr(), ffn, act.get_ptr());
+      });
+    }
+    std::printf("[swiglu] gate_up+silu n=%-3d cuBLAS+silu %7.2f us (%4.2f TB/s)  wgmma+silu %7.2f us  fused %7.2f us "
+                "(%4.2f TB/s)  fused/cuBLAS %.3f\n",
+                n, us[0], wbytes / us[0] * 1e-6, us[1], us[2], wbytes / us[2] * 1e-6, us[2] / us[0]);
+  }
+  for (auto& w : ws) bc->release(const_cast<void*>(w.data));
+}
+
 /// Decode-batch linears (the 1B's shapes) on cuBLAS, the skinny GEMM and the wgmma one (x: cuBLAS's
 /// time over the wgmma kernel's), each timed in the same
 /// process: `reps` launches back to back on the backend's stream between two events, cycling over
@@ -97,26 +166,9 @@ void time_decode_linears(std::mt19937_64& rng, const std::vector<int>& ns, const
       double us[3];
       for (int which = 0; which < 3; ++which) {
         kernels::backend& b = which == 0 ? *bc : which == 1 ? *bs : *bw;
-        auto s = static_cast<cudaStream_t>(kernels::cuda_stream_of(b));
-        const int reps = only.empty() ? std::max(20, copies * 2) : 1;
-        cudaEvent_t e0, e1;
-        cudaEventCreate(&e0);
-        cudaEventCreate(&e1);
-        std::vector<double> t;
-        for (int rep = 0; rep < (only.empty() ? 6 : 2); ++rep) {
-          b.synchronize();
-          cudaEventRecord(e0, s);
-          for (int i = 0; i < reps; ++i) b.linear(x.get_ptr(), n, ws[i % copies], bias, out.get_ptr());
-          cudaEventRecord(e1, s);
-          cudaEventSynchronize(e1);
-          float ms = 0;
-          cudaEventElapsedTime(&ms, e0, e1);
-          if (rep > 0) t.push_back(ms * 1e3 / reps);  // the first round warms up
-        }
-        std::sort(t.begin(), t.end());
-        us[which] = t[t.size() / 2];
-        cudaEventDestroy(e0);
-        cudaEventDestroy(e1);
+        us[which] = stream_us(b, only.empty() ? std::max(20, copies * 2) : 1, only.empty() ? 6 : 2, [&](int i) {
+          b.linear(x.get_ptr(), n, ws[i % copies], bias, out.get_ptr());
+        });
       }
       std::printf(
           "[linear] %-24s n=%-3d cuBLAS %7.2f us (%4.2f TB/s)  skinny %7.2f us (%4.2f TB/s)  wgmma %7.2f us (%4.2f "
@@ -531,6 +583,10 @@ int main(int argc, char** argv) {
   std::mt19937_64 rng(1);
   if (!only.empty()) {
     time_decode_linears(rng, {only_n}, only);
+    return 0;
+  }
+  if (argc > 1 && std::string(argv[1]) == "--swiglu") {  // gate_up + SwiGLU: cuBLAS, wgmma, fused
+    time_swiglu(rng, {2, 8, 16, 32, 64, 96, 128});
     return 0;
   }
   if (linears_only) {  // opt-in: the skinny GEMM is off by default, and this adds ~10 s
