@@ -290,10 +290,13 @@ std::vector<variant> all_variants() {
   kernels::cuda_backend_options wgmma_split = o;  // o_proj and down as our GEMM's K slices
   wgmma_split.wgmma_split = true;
   v.push_back({"wgmma-split", wgmma_split});
-  kernels::cuda_backend_options swiglu = o;  // gate_up with the SwiGLU in the wgmma GEMM's epilogue
-  swiglu.wgmma_swiglu = true;
-  v.push_back({"swiglu", swiglu});
-  kernels::cuda_backend_options split_swiglu = swiglu;  // ... and o_proj / down as its K slices
+  kernels::cuda_backend_options swiglu = o;  // gate_up + SwiGLU as cuBLAS's GEMM and silu_mul at every batch
+  swiglu.wgmma_swiglu = false;
+  v.push_back({"noswiglu", swiglu});
+  kernels::cuda_backend_options swiglu_wide = o;  // the SwiGLU epilogue at 2-128 tokens (the default: 2-32)
+  swiglu_wide.wgmma_swiglu_max_n = 128;
+  v.push_back({"swiglu-wide", swiglu_wide});
+  kernels::cuda_backend_options split_swiglu = swiglu_wide;  // ... and o_proj / down as its K slices
   split_swiglu.wgmma_split = true;
   v.push_back({"split-swiglu", split_swiglu});
   kernels::cuda_backend_options wgmma_small = o;  // every linear of 2-128 tokens on the wgmma GEMM (not yet run)

@@ -556,8 +556,12 @@ bool launch_swiglu(const skinny_gemm_args& a, bool pdl, int sms, cudaStream_t s)
   const int tiles = (ffn + HALF_ROWS - 1) / HALF_ROWS;
   p.rows_per_block = tiles <= sms ? HALF_ROWS : (ffn + sms - 1) / sms;
   const int grid = (ffn + p.rows_per_block - 1) / p.rows_per_block;
-  p.stages = std::clamp((smem_limit - HEAD_BYTES - XCH_BYTES) / S::STAGE, 2, MAX_STAGES);
-  launch_kx(launch_extras{pdl, -1, 1}, skinny_wgmma_kernel<N, 2, epi::swiglu>, dim3(static_cast<unsigned>(grid)), dim3(S::THREADS),
+  // Timing overrides (bench/NOTES.md, session 16: why the 64-token tile loses in a step).
+  static const int force_stages = env_int("SKINNY_WGMMA_SWIGLU_STAGES");
+  static const bool no_pdl = env_int("SKINNY_WGMMA_SWIGLU_NOPDL") != 0;
+  const int most = std::clamp((smem_limit - HEAD_BYTES - XCH_BYTES) / S::STAGE, 2, MAX_STAGES);
+  p.stages = force_stages > 0 ? std::clamp(force_stages, 2, most) : most;
+  launch_kx(launch_extras{pdl && !no_pdl, -1, 1}, skinny_wgmma_kernel<N, 2, epi::swiglu>, dim3(static_cast<unsigned>(grid)), dim3(S::THREADS),
             static_cast<std::size_t>(HEAD_BYTES + p.stages * S::STAGE + XCH_BYTES), s, tw, tx, p);
   return true;
 }

@@ -604,6 +604,7 @@ TEST_P(cuda_ops, linear_silu_mul_matches_cpu) {
     kernels::cuda_backend_options o;
     o.compute_dtype = t();
     o.wgmma_swiglu = fused;
+    o.wgmma_swiglu_max_n = 128;  // every token tile of the fused kernel, not only the default's
     auto made = kernels::make_cuda_backend(o);
     ASSERT_TRUE(made.ok()) << made.err().message;
     b_ = std::move(made).value();

@@ -124,10 +124,12 @@ struct cuda_backend_options {
   /// wgmma_swiglu_max_n tokens on the wgmma GEMM with the SwiGLU in its epilogue (sm_90; elsewhere,
   /// and at token counts the GEMV takes or batch_invariant keeps row-invariant, the GEMM and silu_mul
   /// as without it): the silu_mul kernel, its launch gap and gate_up's write and re-read go.
-  /// EXPERIMENTAL, off until measured (bench/NOTES.md, session 15).
-  bool wgmma_swiglu = false;
+  /// On the H200 (bench/NOTES.md, session 16), step against cuBLAS's gate_up + silu_mul: batch 2
+  /// −31 µs, 4 −35, 8 −37, 16 −39, 32 −41; at 48 +50, 64 +52, 128 +295 (its 64- and 128-token
+  /// tiles lose to cuBLAS in a step, though at 64 it wins by 0.4 µs on its own), hence 32.
+  bool wgmma_swiglu = true;
   int wgmma_swiglu_min_n = 2;
-  int wgmma_swiglu_max_n = 128;
+  int wgmma_swiglu_max_n = 32;
   /// linear_add_rmsnorm (o_proj, down_proj) at wgmma_qkv_min_n .. skinny_gemm_max_n tokens as the
   /// wgmma GEMM's K slices (separate blocks, no cluster, f32 sums summed by the add + rmsnorm
   /// kernel, as split_linears does with cuBLASLt), where one block an SM leaves room for ≥ 2 slices;
