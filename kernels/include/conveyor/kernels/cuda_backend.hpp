@@ -133,9 +133,9 @@ struct cuda_backend_options {
   /// linear_add_rmsnorm (o_proj, down_proj) at wgmma_qkv_min_n .. skinny_gemm_max_n tokens as the
   /// wgmma GEMM's K slices (separate blocks, no cluster, f32 sums summed by the add + rmsnorm
   /// kernel, as split_linears does with cuBLASLt), where one block an SM leaves room for ≥ 2 slices;
-  /// elsewhere split_linears' path. EXPERIMENTAL, off: built after session 14's timeline (our o_proj
-  /// and down with the cluster reduction 3 and 2 µs a layer slower than cuBLASLt's K split at batch
-  /// 64), not yet run on a GPU.
+  /// elsewhere split_linears' path. Off: built after session 14's timeline (our o_proj and down
+  /// with the cluster reduction 3 and 2 µs a layer slower than cuBLASLt's K split at batch 64), it
+  /// measured −17 µs at batch 64 on one machine and +24 on another (bench/NOTES.md, session 15).
   bool wgmma_split = false;
   /// bf16 linears of skinny_gemm_min_n ≤ n ≤ skinny_gemm_max_n tokens on the Hopper skinny GEMM
   /// (kernels/cuda/skinny_wgmma.cu: TMA weight ring, wgmma with the weights as A, K split in a
