@@ -975,8 +975,8 @@ class cuda_backend final : public backend {
   bool wgmma_qkv_ = false;                 ///< cuda_backend_options::wgmma_qkv (and the GPU has the kernel)
   int wgmma_qkv_min_n_ = 0, wgmma_qkv_max_n_ = 0;
   bool wgmma_split_ = false;  ///< cuda_backend_options::wgmma_split (and the GPU has the kernel)
-  bool wgmma_swiglu_ = true;  ///< cuda_backend_options::wgmma_swiglu (and the GPU has the kernel)
-  int wgmma_swiglu_min_n_ = 2, wgmma_swiglu_max_n_ = 32;
+  bool wgmma_swiglu_ = false;  ///< cuda_backend_options::wgmma_swiglu (and the GPU has the kernel)
+  int wgmma_swiglu_min_n_ = 0, wgmma_swiglu_max_n_ = 0;  ///< set from the options, like wgmma_qkv's
   bool qkv_early_ = false;  ///< the last linear_into_attention released its dependents early
   int ring_decode_max_seqs_ = 0;
   held_op held_;

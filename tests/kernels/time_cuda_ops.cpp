@@ -90,11 +90,13 @@ void time_swiglu(std::mt19937_64& rng, const std::vector<int>& ns) {
   std::string why;
   kernels::cuda_backend_options plain;
   plain.compute_dtype = dtype::bf16;
+  plain.wgmma_swiglu = false;  // on by default (at ≤ 32 tokens): the first two columns are without it
   kernels::cuda_backend_options wgmma = plain;
   wgmma.skinny_wgmma = true;
   kernels::cuda_backend_options fused = plain;
   fused.wgmma_swiglu = true;
   fused.wgmma_swiglu_min_n = 1;
+  fused.wgmma_swiglu_max_n = 128;  // every token tile, not only the default's
   auto bc = ct::try_cuda_backend(plain, why);
   auto bw = ct::try_cuda_backend(wgmma, why);
   auto bf = ct::try_cuda_backend(fused, why);
