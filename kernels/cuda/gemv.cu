@@ -60,6 +60,21 @@ __device__ __forceinline__ std::uint32_t silu_pair(std::uint32_t g, std::uint32_
 
 constexpr int max_tokens = 16;
 
+// Diagnostics (gemv_args::stamps, time_cuda_ops gemv-stamps): where a block's time goes, as
+// %globaltimer nanoseconds. Slots of a block: 0 entry, 1 producer's last stage issued, 2 past
+// griddepcontrol.wait, 3 prologue done, 4 exit, 5 the SM's id, 6 the first stage consumed by
+// warp 0, 8 + u (u < 56) stage u seen full by warp 0, 64 + u (u < 64) stage u issued.
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ unsigned smid() {
+  unsigned id;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
+  return id;
+}
+
 template <int NT, int WARPS, int PRO, bool TMA>
 __global__ void __launch_bounds__(WARPS * 32 + (TMA ? 32 : 0)) gemv_kernel(gemv_args a) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -71,6 +86,11 @@ __global__ void __launch_bounds__(WARPS * 32 + (TMA ? 32 : 0)) gemv_kernel(gemv_
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, q = lane % 4;
   const int cols = a.cols, n = a.n;
+  unsigned long long* const stamp_at = a.stamps == nullptr ? nullptr : a.stamps + blockIdx.x * gemv_stamp_slots;
+  if (stamp_at != nullptr && threadIdx.x == 0) {
+    stamp_at[0] = global_ns();
+    stamp_at[5] = smid();
+  }
   constexpr int threads = WARPS * 32;  // the computing threads (TMA: plus one producer warp)
   // Barrier of the computing threads (with TMA the producer warp runs on its own).
   auto sync = [] {
@@ -150,7 +170,9 @@ __global__ void __launch_bounds__(WARPS * 32 + (TMA ? 32 : 0)) gemv_kernel(gemv_
                     a.w + static_cast<std::size_t>(t * 16 + lane) * cols + k0, static_cast<unsigned>(kc * sizeof(bf16)),
                     full + slot);
         }
+        if (stamp_at != nullptr && lane == 0 && u < 64) stamp_at[64 + u] = global_ns();
       }
+      if (stamp_at != nullptr && lane == 0) stamp_at[1] = global_ns();
       return;
     }
   } else {
@@ -158,6 +180,7 @@ __global__ void __launch_bounds__(WARPS * 32 + (TMA ? 32 : 0)) gemv_kernel(gemv_
   }
   grid_dep_wait();
   grid_dep_trigger();
+  if (stamp_at != nullptr && threadIdx.x == 0) stamp_at[2] = global_ns();
 
   const int stride = cols + 8;  // padded rows of x in shared memory: conflict-free 16-byte reads
   bf16* xs = reinterpret_cast<bf16*>(dyn);
@@ -314,6 +337,7 @@ __global__ void __launch_bounds__(WARPS * 32 + (TMA ? 32 : 0)) gemv_kernel(gemv_
     }
   };
 
+  if (stamp_at != nullptr && threadIdx.x == 0) stamp_at[3] = global_ns();
   [[maybe_unused]] int u = 0;  // TMA: stages consumed so far
   for (; tile < tiles; tile += gridDim.x) {
     const int row0 = tile * 16;
@@ -332,6 +356,7 @@ __global__ void __launch_bounds__(WARPS * 32 + (TMA ? 32 : 0)) gemv_kernel(gemv_
       for (int sl = 0; sl < slices; ++sl, ++u) {
         const int slot = u % nstages;
         mbar_wait(full + slot, (u / nstages) & 1);
+        if (stamp_at != nullptr && threadIdx.x == 0 && u < 56) stamp_at[8 + u] = global_ns();
         const int kbase = sl * kslice, kc = min(kslice, cols - kbase);
         const bf16* st = reinterpret_cast<const bf16*>(ring + slot * stage_bytes);
         const int lchunks = (kc + 31) / 32;
@@ -347,6 +372,7 @@ __global__ void __launch_bounds__(WARPS * 32 + (TMA ? 32 : 0)) gemv_kernel(gemv_
         }
         __syncwarp();
         if (lane == 0) mbar_arrive(empty + slot);  // this warp is done with the slot
+        if (stamp_at != nullptr && threadIdx.x == 0 && u == 0) stamp_at[6] = global_ns();
       }
     } else {
       for (int base = warp; base < chunks; base += WARPS * U) {
@@ -382,6 +408,7 @@ __global__ void __launch_bounds__(WARPS * 32 + (TMA ? 32 : 0)) gemv_kernel(gemv_
     }
     sync();  // red is rewritten by the next tile
   }
+  if (stamp_at != nullptr && threadIdx.x == 0) stamp_at[4] = global_ns();
 }
 
 template <int NT, int WARPS, int PRO, bool TMA>

@@ -78,7 +78,11 @@ struct gemv_args {
   int tma_ring_bytes = 96 * 1024;  ///< with tma: the ring's target size (bytes in flight per block)
   // Set by launch_gemv for the tma kernel: columns of a stage, stages, ring offset in dynamic smem.
   int tma_cols = 0, tma_stages = 0, tma_ring_offset = 0;
+  /// Diagnostics only (time_cuda_ops gemv-stamps; nullptr in the engine): gemv_stamp_slots
+  /// %globaltimer stamps a block at blockIdx.x * gemv_stamp_slots (gemv.cu says which is which).
+  unsigned long long* stamps = nullptr;
 };
+constexpr int gemv_stamp_slots = 128;
 /// Shapes launch_gemv takes (the caller also checks dtype and alignment).
 bool gemv_supported(int n, int rows, int cols);
 /// Dynamic shared memory of the norm prologue (x staged as [n][cols + 8] bf16).

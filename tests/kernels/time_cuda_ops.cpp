@@ -22,6 +22,7 @@
 
 #include "../../kernels/cuda/fused_decode.hpp"
 #include "cuda_test_util.hpp"
+#include "gemv_stamps.hpp"
 
 namespace {
 
@@ -585,6 +586,24 @@ int main(int argc, char** argv) {
   std::mt19937_64 rng(1);
   if (!only.empty()) {
     time_decode_linears(rng, {only_n}, only);
+    return 0;
+  }
+  if (argc > 1 && std::string(argv[1]) == "gemv-stamps") {  // the batch-1 GEMV chain, block by block
+    // Variants: LABEL:RING_KB:DOWN_RING_KB, comma-separated (default: the engine's 96 KB rings).
+    const std::string spec = argc > 2 ? argv[2] : "default:96:96";
+    std::size_t pos = 0;
+    while (pos < spec.size()) {
+      const std::size_t end = std::min(spec.find(',', pos), spec.size());
+      const std::string v = spec.substr(pos, end - pos);
+      pos = end + 1;
+      ct::gemv_stamps_options o;
+      const std::size_t c1 = v.find(':'), c2 = c1 == std::string::npos ? c1 : v.find(':', c1 + 1);
+      o.label = v.substr(0, c1);
+      if (c1 != std::string::npos) o.ring_kb = std::atoi(v.c_str() + c1 + 1);
+      if (c2 != std::string::npos) o.down_ring_kb = std::atoi(v.c_str() + c2 + 1);
+      if (const char* l = std::getenv("STAMPS_LAYERS")) o.layers_shown = std::atoi(l);
+      ct::gemv_stamps_table(o);
+    }
     return 0;
   }
   if (argc > 1 && std::string(argv[1]) == "--swiglu") {  // gate_up + SwiGLU: cuBLAS, wgmma, fused

@@ -1,0 +1,19 @@
+#pragma once
+// `time_cuda_ops gemv-stamps` (gemv_stamps.cpp): the batch-1 layer's GEMV chain, stamped block by block.
+#include <string>
+
+namespace conveyor::testing {
+
+struct gemv_stamps_options {
+  std::string label = "default";
+  int ring_kb = 96;       ///< gemv_args::tma_ring_bytes of every launch (the engine's default: 96)
+  int down_ring_kb = 0;   ///< down_proj's ring instead (0: ring_kb)
+  int first_layer = 8;    ///< the first layer whose launches are printed
+  int layers_shown = 1;
+};
+
+/// Builds 16 layers of the 1B's GEMV weights (2 GB), runs the chain as a CUDA graph and prints the
+/// stamps' table (gemv_stamps.cpp says what it holds).
+void gemv_stamps_table(const gemv_stamps_options& opt);
+
+}  // namespace conveyor::testing
