@@ -82,6 +82,7 @@ __global__ void __launch_bounds__(WARPS * 32 + (TMA ? 32 : 0)) gemv_kernel(gemv_
   __shared__ double ss_part[WARPS][NT * 8];
   __shared__ float inv_s[NT * 8];
   __shared__ int last_s;
+  __shared__ __align__(8) std::uint64_t go_bar;  // pre_wait_stages: the prologue is done
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, q = lane % 4;
@@ -110,6 +111,7 @@ __global__ void __launch_bounds__(WARPS * 32 + (TMA ? 32 : 0)) gemv_kernel(gemv_
         mbar_init(full + i, 1);
         mbar_init(empty + i, WARPS);
       }
+      mbar_init(&go_bar, 1);
       asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
@@ -154,7 +156,7 @@ __global__ void __launch_bounds__(WARPS * 32 + (TMA ? 32 : 0)) gemv_kernel(gemv_
       // Producer: every stage of every tile of this block, as soon as its slot is free. Weights do
       // not depend on the previous kernel: no griddepcontrol.wait, so the first stages stream while
       // it drains (the computing warps wait for it before they read x).
-      grid_dep_trigger();
+      if (a.late_trigger == 0) grid_dep_trigger();
       const int my_tiles = (tiles - static_cast<int>(blockIdx.x) + static_cast<int>(gridDim.x) - 1) / gridDim.x;
       const int total = my_tiles * slices;
       for (int u = 0; u < total; ++u) {
@@ -163,6 +165,7 @@ __global__ void __launch_bounds__(WARPS * 32 + (TMA ? 32 : 0)) gemv_kernel(gemv_
         const int k0 = (u % slices) * kslice, kc = min(kslice, cols - k0);
         const int valid_rows = min(16, a.rows - t * 16);
         if (use > 0) mbar_wait(empty + slot, (use - 1) & 1);
+        if (u == a.pre_wait_stages && u > 0) mbar_wait(&go_bar, 0);  // the rest after the prologue
         if (lane == 0) mbar_expect_tx(full + slot, static_cast<unsigned>(valid_rows * kc * sizeof(bf16)));
         __syncwarp();
         if (lane < valid_rows) {
@@ -178,8 +181,24 @@ __global__ void __launch_bounds__(WARPS * 32 + (TMA ? 32 : 0)) gemv_kernel(gemv_
   } else {
     load_w(warp);
   }
+  // The norm's weights never depend on the previous kernel: in registers before the wait (their
+  // round trip to L2 was one of the norm prologue's three, session 17's stamps).
+  constexpr int pre_nw = 2;  // chunks a thread (hidden ≤ 16 × 256 × ... : the 1B's 2048 needs one)
+  float4 nw_pre[pre_nw][2];
+  const int pre_nw_used = a.norm_early != 0 ? pre_nw : 0;
+  if constexpr (PRO == static_cast<int>(gemv_prologue::norm)) {
+#pragma unroll
+    for (int j = 0; j < pre_nw; ++j) {
+      if (j >= pre_nw_used) break;
+      const int i = threadIdx.x + j * threads;
+      if (i < cols / 8) {
+        nw_pre[j][0] = reinterpret_cast<const float4*>(a.norm_w)[i * 2];
+        nw_pre[j][1] = reinterpret_cast<const float4*>(a.norm_w)[i * 2 + 1];
+      }
+    }
+  }
   grid_dep_wait();
-  grid_dep_trigger();
+  if (a.late_trigger == 0) grid_dep_trigger();
   if (stamp_at != nullptr && threadIdx.x == 0) stamp_at[2] = global_ns();
 
   const int stride = cols + 8;  // padded rows of x in shared memory: conflict-free 16-byte reads
@@ -257,6 +276,10 @@ __global__ void __launch_bounds__(WARPS * 32 + (TMA ? 32 : 0)) gemv_kernel(gemv_
       if (lane == 0) ss_part[warp][t] = v;
     }
     sync();
+    // Every thread of this block has read its residual (and delta) chunks: the arrival that elects
+    // the block writing residual += delta goes out now, its round trip under the rest of the norm.
+    unsigned ticket = 0;
+    if (a.delta != nullptr && threadIdx.x == 0 && a.norm_early != 0) ticket = atomicAdd(a.counter, 1u);
     if (threadIdx.x < NT * 8) {
       double total = 0.0;
       for (int w = 0; w < WARPS; ++w) total += ss_part[w][threadIdx.x];
@@ -267,10 +290,22 @@ __global__ void __launch_bounds__(WARPS * 32 + (TMA ? 32 : 0)) gemv_kernel(gemv_
     const float4* nw = reinterpret_cast<const float4*>(a.norm_w);
     for (int t = 0; t < n; ++t) {
       const float inv = inv_s[t];
-      for (int i = threadIdx.x; i < vchunks; i += threads) {
+      for (int i = threadIdx.x, j = 0; i < vchunks; i += threads, ++j) {
         uint4* p = reinterpret_cast<uint4*>(xs + static_cast<std::size_t>(t) * stride + i * 8);
         uint4 v = *p;
-        const float4 w0 = nw[i * 2], w1 = nw[i * 2 + 1];
+        float4 w0, w1;
+        if (j < pre_nw_used) {
+#pragma unroll
+          for (int jj = 0; jj < pre_nw; ++jj) {  // a constant index: the array stays in registers
+            if (jj == j) {
+              w0 = nw_pre[jj][0];
+              w1 = nw_pre[jj][1];
+            }
+          }
+        } else {
+          w0 = nw[i * 2];
+          w1 = nw[i * 2 + 1];
+        }
         const float wv[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
         std::uint32_t* vp = reinterpret_cast<std::uint32_t*>(&v);
 #pragma unroll
@@ -285,7 +320,10 @@ __global__ void __launch_bounds__(WARPS * 32 + (TMA ? 32 : 0)) gemv_kernel(gemv_
     // updated residual, written by the last block to arrive (every other block has read it by then).
     bool writer = blockIdx.x == 0;
     if (a.delta != nullptr) {
-      if (threadIdx.x == 0) last_s = atomicAdd(a.counter, 1u) == gridDim.x - 1;
+      if (threadIdx.x == 0) {
+        if (a.norm_early == 0) ticket = atomicAdd(a.counter, 1u);
+        last_s = ticket == gridDim.x - 1;
+      }
       sync();
       writer = last_s != 0;
     }
@@ -338,6 +376,8 @@ __global__ void __launch_bounds__(WARPS * 32 + (TMA ? 32 : 0)) gemv_kernel(gemv_
   };
 
   if (stamp_at != nullptr && threadIdx.x == 0) stamp_at[3] = global_ns();
+  if (TMA && a.pre_wait_stages > 0 && threadIdx.x == 0) mbar_arrive(&go_bar);
+  if (a.late_trigger != 0) grid_dep_trigger();
   [[maybe_unused]] int u = 0;  // TMA: stages consumed so far
   for (; tile < tiles; tile += gridDim.x) {
     const int row0 = tile * 16;

@@ -78,6 +78,14 @@ struct gemv_args {
   int tma_ring_bytes = 96 * 1024;  ///< with tma: the ring's target size (bytes in flight per block)
   // Set by launch_gemv for the tma kernel: columns of a stage, stages, ring offset in dynamic smem.
   int tma_cols = 0, tma_stages = 0, tma_ring_offset = 0;
+  /// with tma: stages the producer issues before the computing warps are past their prologue (0:
+  /// the whole ring, as soon as slots are free); the rest follow the prologue.
+  int pre_wait_stages = 0;
+  /// 1: the next kernel is let launch after this one's prologue, not at its start (0).
+  int late_trigger = 0;
+  /// norm prologue: 1 loads the norm's weights before griddepcontrol.wait and sends the writer
+  /// election's atomic right after the sum of squares; 0 as before session 17 (for A/Bs).
+  int norm_early = 1;
   /// Diagnostics only (time_cuda_ops gemv-stamps; nullptr in the engine): gemv_stamp_slots
   /// %globaltimer stamps a block at blockIdx.x * gemv_stamp_slots (gemv.cu says which is which).
   unsigned long long* stamps = nullptr;

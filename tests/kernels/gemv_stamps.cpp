@@ -135,6 +135,10 @@ void gemv_stamps_table(const gemv_stamps_options& opt) {
     return a;
   };
   auto launch = [&](const char* name, kc::gemv_args a, kc::gemv_prologue pro) {
+    const char key = name[0] == 'q' ? 'q' : name[0] == 'o' ? 'o' : name[0] == 'g' ? 'g' : 'd';
+    if (opt.pre_mask.find(key) != std::string::npos) a.pre_wait_stages = opt.pre_wait_stages;
+    if (opt.late_mask.find(key) != std::string::npos) a.late_trigger = 1;
+    a.norm_early = opt.norm_early;
     kc::launch_gemv(a, pro, true, sms, s);
     STAMPS_CHECK(cudaGetLastError());
     // The grid launch_gemv chose: the blocks that stamped their entry (read back after the replay).
@@ -195,6 +199,8 @@ void gemv_stamps_table(const gemv_stamps_options& opt) {
   std::vector<unsigned long long> h(per_launch * recs.size());
   STAMPS_CHECK(cudaMemcpy(h.data(), stamps, h.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
 
+  std::printf("[gemv-stamps] %s (pre-wait stages %d on '%s', late trigger on '%s', norm_early %d):\n",
+              opt.label.c_str(), opt.pre_wait_stages, opt.pre_mask.c_str(), opt.late_mask.c_str(), opt.norm_early);
   std::printf("[gemv-stamps] %s: ring %d KB, down ring %d KB: graph of %d layers %.1f us (%.2f us a layer)\n",
               opt.label.c_str(), opt.ring_kb, opt.down_ring_kb > 0 ? opt.down_ring_kb : opt.ring_kb, layers,
               ms * 1e3 / reps, ms * 1e3 / reps / layers);

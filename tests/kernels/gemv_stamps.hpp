@@ -8,6 +8,10 @@ struct gemv_stamps_options {
   std::string label = "default";
   int ring_kb = 96;       ///< gemv_args::tma_ring_bytes of every launch (the engine's default: 96)
   int down_ring_kb = 0;   ///< down_proj's ring instead (0: ring_kb)
+  int pre_wait_stages = 0;   ///< gemv_args::pre_wait_stages of the launches in pre_mask
+  std::string pre_mask;      ///< which launches: q (qkv), o (o_proj), g (gate_up), d (down)
+  std::string late_mask;     ///< launches with gemv_args::late_trigger
+  int norm_early = 1;        ///< gemv_args::norm_early of every launch
   int first_layer = 8;    ///< the first layer whose launches are printed
   int layers_shown = 1;
 };
