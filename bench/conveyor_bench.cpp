@@ -351,6 +351,22 @@ std::vector<variant> all_variants() {
     r.gemv_tma_ring_kb = kb;
     v.push_back({"tma" + std::to_string(kb), r});
   }
+  // Session 17 (batch-1 GEMV prologues): the norm prologue as before, late triggers, fewer stages
+  // before the prologue (cuda_backend_options::gemv_* say which bit is which GEMV).
+  kernels::cuda_backend_options normlate = o;
+  normlate.gemv_norm_early = false;
+  v.push_back({"normlate", normlate});
+  for (auto [name, mask] : {std::pair{"lated", 1}, std::pair{"latedn", 3}, std::pair{"lateall", 7}}) {
+    kernels::cuda_backend_options l = o;
+    l.gemv_late_trigger = mask;
+    v.push_back({name, l});
+  }
+  for (auto [name, mask, stages] : {std::tuple{"pre1n", 2, 1}, std::tuple{"pre2all", 7, 2}}) {
+    kernels::cuda_backend_options p = o;
+    p.gemv_pre_wait_mask = mask;
+    p.gemv_pre_wait_stages = stages;
+    v.push_back({name, p});
+  }
   // Quantized weights on the default paths (issue 12): the linear layers, then the LM head too.
   for (auto k : {kernels::weight_quant::int8, kernels::weight_quant::fp8}) {
     const std::string name(kernels::weight_quant_name(k));

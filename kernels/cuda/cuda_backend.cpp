@@ -658,6 +658,10 @@ class cuda_backend final : public backend {
       flush();
       a.x = static_cast<const __nv_bfloat16*>(x);
     }
+    const int kind_bit = pro == gemv_prologue::silu ? 1 : pro == gemv_prologue::norm ? 2 : 4;
+    a.norm_early = gemv_norm_early_ ? 1 : 0;
+    a.late_trigger = (gemv_late_trigger_ & kind_bit) != 0 ? 1 : 0;
+    if ((gemv_pre_wait_mask_ & kind_bit) != 0) a.pre_wait_stages = gemv_pre_wait_stages_;
     launch_gemv(a, pro, pdl_, num_sms_, stream_);
   }
 
@@ -692,7 +696,7 @@ class cuda_backend final : public backend {
       : device_(o.device), t_(o.compute_dtype), rows_per_pass_(o.sample_rows_per_pass), graphs_(o.graphs),
         small_gemm_(o.small_gemm), small_gemm_max_n_(o.small_gemm_max_n), fuse_(o.fuse), fuse_norm_(o.fuse_norm), pdl_(o.pdl),
         gemv_cap_grid_(o.gemv_cap_grid), gemv_stage_capped_(o.gemv_stage_capped), gemv_tma_(o.gemv_tma),
-        gemv_tma_partial_wave_(o.gemv_tma_partial_wave), gemv_tma_ring_kb_(o.gemv_tma_ring_kb), gemm_tune_(o.gemm_tune), fuse_attention_(o.fuse && o.fuse_attention),
+        gemv_tma_partial_wave_(o.gemv_tma_partial_wave), gemv_tma_ring_kb_(o.gemv_tma_ring_kb), gemv_norm_early_(o.gemv_norm_early), gemv_late_trigger_(o.gemv_late_trigger), gemv_pre_wait_mask_(o.gemv_pre_wait_mask), gemv_pre_wait_stages_(o.gemv_pre_wait_stages), gemm_tune_(o.gemm_tune), fuse_attention_(o.fuse && o.fuse_attention),
         skinny_gemm_(o.skinny_gemm), skinny_wgmma_(o.skinny_wgmma), skinny_min_n_(o.skinny_gemm_min_n),
         skinny_max_n_(o.skinny_gemm_max_n) {
     tune_.gqa_decode = o.gqa_decode;
@@ -962,6 +966,8 @@ class cuda_backend final : public backend {
   int small_gemm_max_n_;
   bool fuse_, fuse_norm_, pdl_, gemv_cap_grid_, gemv_stage_capped_, gemv_tma_, gemv_tma_partial_wave_;
   int gemv_tma_ring_kb_;
+  bool gemv_norm_early_;
+  int gemv_late_trigger_, gemv_pre_wait_mask_, gemv_pre_wait_stages_;
   bool gemm_tune_, fuse_attention_;
   bool skinny_gemm_;
   bool skinny_wgmma_;

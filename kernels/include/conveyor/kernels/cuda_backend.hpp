@@ -58,6 +58,18 @@ struct cuda_backend_options {
   /// kernel, whose 8-warp grids compute the same bits (batch_invariant unchanged). Not yet measured
   /// in a step: variant `qkvreg` (bench/NOTES.md, session 4).
   bool gemv_tma_partial_wave = true;
+  /// GEMV norm prologue: the norm's weights are loaded before griddepcontrol.wait and the atomic that
+  /// elects the block writing residual += delta goes out right after the sum of squares (off: both
+  /// after, as before session 17). Same arithmetic, same bits (bench/NOTES.md, session 17).
+  bool gemv_norm_early = true;
+  /// GEMVs (bits: 1 the silu prologue (down_proj), 2 the norm prologue (qkv, gate_up, LM head), 4 the
+  /// rest (o_proj)) that let the next kernel launch only after their prologue, so its weight prefetch
+  /// does not queue in front of their prologue's loads (session 17's stamps).
+  int gemv_late_trigger = 0;
+  /// GEMVs (same bits) whose producer issues only gemv_pre_wait_stages stages before the prologue is
+  /// done (0: the whole ring at once).
+  int gemv_pre_wait_mask = 0;
+  int gemv_pre_wait_stages = 0;
   /// Decode-step kernels (GEMV, rmsnorm, rope_kv, silu_mul, decode attention) start as programmatic
   /// dependents: each launches while the one before drains (the GEMV prefetches its weights then).
   bool pdl = true;
