@@ -351,12 +351,13 @@ std::vector<variant> all_variants() {
     r.gemv_tma_ring_kb = kb;
     v.push_back({"tma" + std::to_string(kb), r});
   }
-  // Session 17 (batch-1 GEMV prologues): the norm prologue as before, late triggers, fewer stages
-  // before the prologue (cuda_backend_options::gemv_* say which bit is which GEMV).
+  // Session 17 (batch-1 GEMV prologues): the norm prologue as before, late triggers (the default:
+  // laten), fewer stages before the prologue (cuda_backend_options::gemv_* say which bit is which).
   kernels::cuda_backend_options normlate = o;
   normlate.gemv_norm_early = false;
   v.push_back({"normlate", normlate});
-  for (auto [name, mask] : {std::pair{"lated", 1}, std::pair{"latedn", 3}, std::pair{"lateall", 7}}) {
+  for (auto [name, mask] : {std::pair{"late0", 0}, std::pair{"lated", 1}, std::pair{"laten", 2}, std::pair{"latedn", 3},
+                            std::pair{"lateno", 6}, std::pair{"lateall", 7}}) {
     kernels::cuda_backend_options l = o;
     l.gemv_late_trigger = mask;
     v.push_back({name, l});

@@ -63,9 +63,11 @@ struct cuda_backend_options {
   /// after, as before session 17). Same arithmetic, same bits (bench/NOTES.md, session 17).
   bool gemv_norm_early = true;
   /// GEMVs (bits: 1 the silu prologue (down_proj), 2 the norm prologue (qkv, gate_up, LM head), 4 the
-  /// rest (o_proj)) that let the next kernel launch only after their prologue, so its weight prefetch
-  /// does not queue in front of their prologue's loads (session 17's stamps).
-  int gemv_late_trigger = 0;
+  /// rest (o_proj)) that let the next kernel launch only after their prologue, so what it requests
+  /// early (attention's K/V, then o_proj's weights behind it) does not queue in front of their
+  /// prologue's loads. 2 (the norm GEMVs): b=1 step −45 µs on an H100 against 0; 1 or 7 lose to 2
+  /// (bench/NOTES.md, session 17).
+  int gemv_late_trigger = 2;
   /// GEMVs (same bits) whose producer issues only gemv_pre_wait_stages stages before the prologue is
   /// done (0: the whole ring at once).
   int gemv_pre_wait_mask = 0;
