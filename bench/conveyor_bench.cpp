@@ -362,6 +362,15 @@ std::vector<variant> all_variants() {
     l.gemv_late_trigger = mask;
     v.push_back({name, l});
   }
+  kernels::cuda_backend_options attnlate = o;  // o_proj launched after the b=1 attention's prologue
+  attnlate.decode_late_trigger = true;
+  v.push_back({"attnlate", attnlate});
+  kernels::cuda_backend_options normtrig = o;  // the qkv GEMM launched once the norm's loads are in
+  normtrig.norm_late_trigger = true;
+  v.push_back({"normtrig", normtrig});
+  kernels::cuda_backend_options bothlate = attnlate;
+  bothlate.norm_late_trigger = true;
+  v.push_back({"bothlate", bothlate});
   for (auto [name, mask, stages] : {std::tuple{"pre1n", 2, 1}, std::tuple{"pre2all", 7, 2}}) {
     kernels::cuda_backend_options p = o;
     p.gemv_pre_wait_mask = mask;

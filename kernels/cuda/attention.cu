@@ -1080,7 +1080,7 @@ __global__ void __launch_bounds__(block_threads, 4) decode_gqa_ring_kernel(
 #pragma unroll
     for (int i = 0; i < P; ++i) request(warp + i * W, pos);
     grid_dep_wait();
-    grid_dep_trigger();
+    if (!rope.late_trigger) grid_dep_trigger();
     // The new key: chunk nc, row nr (pos is in [begin, end) with one split). Its chunk was requested
     // above without it when nc < S; a later chunk is requested after the prologue, from the cache.
     const int nc = (pos - begin) / 32, nr = (pos - begin) % 32;
@@ -1111,6 +1111,9 @@ __global__ void __launch_bounds__(block_threads, 4) decode_gqa_ring_kernel(
     }
   }
   __syncthreads();
+  if constexpr (ROPE) {
+    if (rope.late_trigger) grid_dep_trigger();
+  }
 
   const int g = lane / 4, q = lane % 4;
   std::uint32_t qa[D / 32][2][2];
@@ -1228,6 +1231,7 @@ void launch_gqa(const T* qkv, const attn_shape& sh, const attention_batch& b, co
       if (rope != nullptr && !fuse) run_rope_kv(*rope, dtype::bf16, sh, tune, s);
       attention_rope_kv r = fuse ? *rope : attention_rope_kv{};
       r.once = tune.rope_once;
+      r.late_trigger = tune.late_trigger;
       rope = nullptr;
       auto go = [&](auto kernel, int w) {
         launch_kx(decode_extras(tune), kernel, grid, dim3(32 * w), 0, s, qkv, sh.num_heads, sh.num_kv_heads, sh.scale,

@@ -197,7 +197,8 @@ class cuda_backend final : public backend {
                       width};
       return;
     }
-    launch_rmsnorm(t_, nullptr, x, n, width, static_cast<const float*>(w.data), eps, out, stream_, pdl_);
+    launch_rmsnorm(t_, nullptr, x, n, width, static_cast<const float*>(w.data), eps, out, stream_, pdl_,
+                   norm_late_trigger_);
   }
   void add_rmsnorm(void* residual, const void* x, int n, int width, const weight& w, float eps,
                    void* out) override {
@@ -207,7 +208,8 @@ class cuda_backend final : public backend {
       held_ = held_op{held_kind::norm, residual, x, static_cast<const float*>(w.data), eps, out, n, width};
       return;
     }
-    launch_rmsnorm(t_, residual, x, n, width, static_cast<const float*>(w.data), eps, out, stream_, pdl_);
+    launch_rmsnorm(t_, residual, x, n, width, static_cast<const float*>(w.data), eps, out, stream_, pdl_,
+                   norm_late_trigger_);
   }
   void linear_add_rmsnorm(const void* x, int n, const weight& w, const weight& bias, void* out, void* residual,
                           int width, const weight& norm_w, float eps, void* norm_out) override {
@@ -402,7 +404,7 @@ class cuda_backend final : public backend {
     }
     const bool ran = launch_split_add_rmsnorm(split_parts_, splits, bias.empty() ? nullptr : static_cast<const float*>(bias.data),
                                               out, residual, n, width, static_cast<const float*>(norm_w.data), eps,
-                                              norm_out, stream_, pdl_);
+                                              norm_out, stream_, pdl_, norm_late_trigger_);
     if (!ran) fail_cuda("linear_add_rmsnorm", "split add + rmsnorm refused a checked shape", __FILE__, __LINE__);
     return true;
   }
@@ -605,9 +607,9 @@ class cuda_backend final : public backend {
     switch (h.kind) {
       case held_kind::norm:
         if (h.b != nullptr) {
-          launch_rmsnorm(t_, h.a, h.b, h.n, h.width, h.w, h.eps, h.out, stream_, pdl_);
+          launch_rmsnorm(t_, h.a, h.b, h.n, h.width, h.w, h.eps, h.out, stream_, pdl_, norm_late_trigger_);
         } else {
-          launch_rmsnorm(t_, nullptr, h.a, h.n, h.width, h.w, h.eps, h.out, stream_, pdl_);
+          launch_rmsnorm(t_, nullptr, h.a, h.n, h.width, h.w, h.eps, h.out, stream_, pdl_, norm_late_trigger_);
         }
         break;
       case held_kind::silu: launch_silu_mul(t_, h.a, h.n, h.width, h.out, stream_, pdl_); break;
@@ -710,6 +712,8 @@ class cuda_backend final : public backend {
     tune_.early_decode = o.early_decode;
     tune_.decode_carveout = o.decode_carveout;
     tune_.rope_once = o.rope_once;
+    tune_.late_trigger = o.decode_late_trigger;
+    norm_late_trigger_ = o.norm_late_trigger;
     if (o.batch_invariant && o.compute_dtype == dtype::bf16) {
       // The GEMV for every bf16 linear of ≤ 16 rows, and fixed key splits in decode attention.
       small_gemm_ = true;
@@ -967,6 +971,7 @@ class cuda_backend final : public backend {
   bool fuse_, fuse_norm_, pdl_, gemv_cap_grid_, gemv_stage_capped_, gemv_tma_, gemv_tma_partial_wave_;
   int gemv_tma_ring_kb_;
   bool gemv_norm_early_;
+  bool norm_late_trigger_ = false;  ///< cuda_backend_options::norm_late_trigger
   int gemv_late_trigger_, gemv_pre_wait_mask_, gemv_pre_wait_stages_;
   bool gemm_tune_, fuse_attention_;
   bool skinny_gemm_;

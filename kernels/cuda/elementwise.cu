@@ -210,10 +210,10 @@ unsigned norm_bf16x8_threads(int width) {
   return static_cast<unsigned>(std::max(32, (per_block + 31) / 32 * 32));
 }
 __global__ void rmsnorm_bf16x8_kernel(bf16* residual, const bf16* x, int width, const float* w, float eps,
-                                      bf16* out) {
+                                      bf16* out, bool late_trigger) {
   __shared__ double partial[32];
   grid_dep_wait();
-  grid_dep_trigger();
+  if (!late_trigger) grid_dep_trigger();
   const std::size_t base = static_cast<std::size_t>(blockIdx.x) * width;
   const int chunks = width / 8;
   uint4 v[norm_chunks_per_thread];
@@ -238,6 +238,7 @@ __global__ void rmsnorm_bf16x8_kernel(bf16* residual, const bf16* x, int width, 
     }
   }
   ss = block_sum(ss, partial);
+  if (late_trigger) grid_dep_trigger();  // every load of this block is in
   const float inv = 1.0f / sqrtf(static_cast<float>(ss / width) + eps);
 #pragma unroll
   for (int j = 0; j < norm_chunks_per_thread; ++j) {
@@ -260,10 +261,10 @@ __global__ void rmsnorm_bf16x8_kernel(bf16* residual, const bf16* x, int width, 
 // the GPU suite on the change; session 10 had no device time left after writing it.)
 __global__ void split_add_rmsnorm_bf16x8_kernel(const float* parts, int splits, std::size_t slice,
                                                 const float* bias, bf16* delta, bf16* residual, int width,
-                                                const float* w, float eps, bf16* out) {
+                                                const float* w, float eps, bf16* out, bool late_trigger) {
   __shared__ double partial[32];
   grid_dep_wait();
-  grid_dep_trigger();
+  if (!late_trigger) grid_dep_trigger();
   const std::size_t base = static_cast<std::size_t>(blockIdx.x) * width;
   const int chunks = width / 8;
   uint4 v[norm_chunks_per_thread];
@@ -309,6 +310,7 @@ __global__ void split_add_rmsnorm_bf16x8_kernel(const float* parts, int splits, 
     }
   }
   ss = block_sum(ss, partial);
+  if (late_trigger) grid_dep_trigger();  // every load of this block is in
   const float inv = 1.0f / sqrtf(static_cast<float>(ss / width) + eps);
 #pragma unroll
   for (int j = 0; j < norm_chunks_per_thread; ++j) {
@@ -398,13 +400,13 @@ void launch_gather_rows(dtype t, const void* x, const std::int32_t* rows, int n,
 bool norm_bf16x8_fits(int width) { return width > 0 && width % 8 == 0 && width / 8 <= 1024 * norm_chunks_per_thread; }
 
 void launch_rmsnorm(dtype t, void* residual, const void* x, int n, int width, const float* w, float eps,
-                    void* out, cudaStream_t s, bool pdl) {
+                    void* out, cudaStream_t s, bool pdl, bool late_trigger) {
   if (n <= 0) return;
   if (t == dtype::bf16 && norm_bf16x8_fits(width) && aligned16(x) && aligned16(out) && aligned16(w) &&
       (residual == nullptr || aligned16(residual))) {
     const unsigned tpb = norm_bf16x8_threads(width);
     launch_k(pdl, rmsnorm_bf16x8_kernel, dim3(n), dim3(tpb), 0, s, static_cast<bf16*>(residual),
-             static_cast<const bf16*>(x), width, w, eps, static_cast<bf16*>(out));
+             static_cast<const bf16*>(x), width, w, eps, static_cast<bf16*>(out), pdl && late_trigger);
     CONVEYOR_CUDA_LAUNCHED("rmsnorm bf16x8");
     return;
   }
@@ -417,7 +419,8 @@ void launch_rmsnorm(dtype t, void* residual, const void* x, int n, int width, co
 }
 
 bool launch_split_add_rmsnorm(const float* parts, int splits, const float* bias, void* delta, void* residual, int n,
-                              int width, const float* w, float eps, void* out, cudaStream_t s, bool pdl) {
+                              int width, const float* w, float eps, void* out, cudaStream_t s, bool pdl,
+                              bool late_trigger) {
   if (n <= 0 || !norm_bf16x8_fits(width) || !aligned16(delta) || !aligned16(residual) || !aligned16(out) ||
       !aligned16(w) || !aligned16(parts)) {
     return false;
@@ -425,7 +428,7 @@ bool launch_split_add_rmsnorm(const float* parts, int splits, const float* bias,
   const unsigned tpb = norm_bf16x8_threads(width);
   launch_k(pdl, split_add_rmsnorm_bf16x8_kernel, dim3(n), dim3(tpb), 0, s, parts, splits,
            static_cast<std::size_t>(n) * width, bias, static_cast<bf16*>(delta), static_cast<bf16*>(residual), width, w,
-           eps, static_cast<bf16*>(out));
+           eps, static_cast<bf16*>(out), pdl && late_trigger);
   CONVEYOR_CUDA_LAUNCHED("split add rmsnorm bf16x8");
   return true;
 }

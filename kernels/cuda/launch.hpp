@@ -16,15 +16,18 @@ namespace conveyor::kernels::cuda {
 void launch_embedding(dtype t, const std::int32_t* ids, int n, const void* table, int width, void* out,
                       cudaStream_t s);
 /// `pdl` (here and below): launch as a programmatic dependent of the previous kernel (device_types.cuh).
+/// `late_trigger` (the 16-byte bf16 norm kernels): the next kernel may launch once this one's loads are
+/// in (after the sum of squares), not at its start, so its early requests do not queue before them.
 void launch_rmsnorm(dtype t, void* residual, const void* x, int n, int width, const float* w, float eps,
-                    void* out, cudaStream_t s, bool pdl = false);  ///< residual == nullptr: plain rmsnorm of x
+                    void* out, cudaStream_t s, bool pdl = false, bool late_trigger = false);  ///< residual == nullptr: plain rmsnorm of x
 /// Widths the 16-byte (bf16 × 8) norm kernels take: a multiple of 8, a row's chunks within one block.
 bool norm_bf16x8_fits(int width);
 /// bf16: delta[n, width] = Σ_s parts[s][n, width] (+ bias), rounded as the linear would store it;
 /// residual += delta; out = rmsnorm(residual) * w (as launch_rmsnorm with a residual). False (nothing
 /// launched) where the shape or alignment does not suit the kernel.
 bool launch_split_add_rmsnorm(const float* parts, int splits, const float* bias, void* delta, void* residual, int n,
-                              int width, const float* w, float eps, void* out, cudaStream_t s, bool pdl = false);
+                              int width, const float* w, float eps, void* out, cudaStream_t s, bool pdl = false,
+                              bool late_trigger = false);
 void launch_add(dtype t, void* acc, const void* x, std::size_t count, cudaStream_t s);
 void launch_add_bias(dtype t, void* out, const float* bias, int n, int width, cudaStream_t s);
 void launch_rope(dtype t, void* qkv, int n, const attn_shape& shape, const std::int32_t* positions,
@@ -140,6 +143,10 @@ struct attention_tuning {
   /// call has: a row's result then depends on its own context only (batch_invariant). 0: the split
   /// count is chosen to fill the GPU.
   int split_len = 0;
+  /// decode_gqa_ring_kernel with the fused prologue: the next kernel (o_proj) may launch only once the
+  /// rope prologue is done, so its weight prefetch does not queue in front of the prologue's loads
+  /// (off: right after griddepcontrol.wait). Session 17.
+  bool late_trigger = false;
 };
 /// rope + kv_write of the step's rows (launch_rope_kv's arguments), handed to launch_attention: the
 /// grouped decode kernel does them in its prologue where one block serves each (sequence, KV head),
@@ -156,6 +163,8 @@ struct attention_rope_kv {
   void* v_cache = nullptr;
   /// set by launch_attention from attention_tuning::rope_once (the prologue's variant)
   bool once = true;
+  /// set by launch_attention from attention_tuning::late_trigger (decode_gqa_ring_kernel)
+  bool late_trigger = false;
 };
 /// Scratch floats the decode kernel needs for `splits` partial results per (sequence, head).
 std::size_t attention_partial_floats(int num_seqs, int num_heads, int head_dim, int splits);
