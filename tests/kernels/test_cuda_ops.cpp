@@ -103,10 +103,16 @@ class cuda_ops : public ::testing::TestWithParam<dtype> {
   /// GEMV configurations the GEMV tests run under: the defaults (TMA stages), the register loads
   /// without the capped-grid staging (session 3's kernel), TMA with a small ring (more stages per
   /// tile, two blocks an SM), and TMA except for grids of one to two waves (qkv_proj's shape on the
-  /// register kernel).
-  static constexpr int gemv_configs = 4;
+  /// register kernel), and the launch-order options of session 17 turned the other way (norm prologue
+  /// without norm_early, every GEMV and norm kernel triggering late, one stage before the prologue:
+  /// timing only, so the same results, and no wait that could hang).
+  static constexpr int gemv_configs = 5;
   static const char* gemv_config_name(int c) {
-    return c == 0 ? "" : c == 1 ? " [legacy]" : c == 2 ? " [tma ring 40k]" : " [tma, register partial waves]";
+    return c == 0   ? ""
+           : c == 1 ? " [legacy]"
+           : c == 2 ? " [tma ring 40k]"
+           : c == 3 ? " [tma, register partial waves]"
+                    : " [late triggers, pre-wait 1]";
   }
   /// Re-creates the backend with the opt-in speed paths on (the small-batch GEMV and its fusions),
   /// in GEMV configuration `config`.
@@ -120,6 +126,13 @@ class cuda_ops : public ::testing::TestWithParam<dtype> {
     if (config == 1) o.gemv_tma = o.gemv_stage_capped = false;
     if (config == 2) o.gemv_tma_ring_kb = 40;
     if (config == 3) o.gemv_tma_partial_wave = false;
+    if (config == 4) {
+      o.gemv_norm_early = false;
+      o.gemv_late_trigger = 7;
+      o.gemv_pre_wait_mask = 7;
+      o.gemv_pre_wait_stages = 1;
+      o.norm_late_trigger = true;
+    }
     auto b = kernels::make_cuda_backend(o);
     ASSERT_TRUE(b.ok()) << b.err().message;
     b_ = std::move(b).value();
