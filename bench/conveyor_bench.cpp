@@ -368,12 +368,6 @@ std::vector<variant> all_variants() {
   kernels::cuda_backend_options normtrig = o;  // the qkv GEMM launched once the norm's loads are in
   normtrig.norm_late_trigger = true;
   v.push_back({"normtrig", normtrig});
-  kernels::cuda_backend_options gemvswiglu = o;  // b=1: gate_up's GEMV stores silu(g)·u, down stages it
-  gemvswiglu.gemv_swiglu = true;
-  v.push_back({"gemvswiglu", gemvswiglu});
-  kernels::cuda_backend_options noswiglu1 = o;
-  noswiglu1.gemv_swiglu = false;
-  v.push_back({"noswiglu1", noswiglu1});
   kernels::cuda_backend_options bothlate = attnlate;
   bothlate.norm_late_trigger = true;
   v.push_back({"bothlate", bothlate});

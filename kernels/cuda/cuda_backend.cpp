@@ -260,15 +260,6 @@ class cuda_backend final : public backend {
       set_device();
       if (launch_skinny_wgmma_swiglu(skinny_args(x, n, w, bias, out), pdl_, num_sms_, stream_)) return;
     }
-    // One token on the GEMV: its epilogue pairs each gate tile with its up tile and stores silu(g)·u,
-    // so down_proj stages 16 KB of x instead of its silu prologue reading gate_up's 32 KB.
-    if (gemv_swiglu_ && small_gemm_ && n <= small_gemm_max_n_ && t_ == dtype::bf16 && w.type == dtype::bf16 &&
-        ffn % 16 == 0 && w.rows == 2 * static_cast<std::int64_t>(ffn) &&
-        gemv_supported(n, static_cast<int>(w.rows), static_cast<int>(w.cols)) && aligned(x) && aligned(w.data) &&
-        aligned(out)) {
-      set_device();
-      return small_linear(x, n, w, bias, out, ffn);
-    }
     linear(x, n, w, bias, gate_up);
     silu_mul(gate_up, n, ffn, out);
   }
@@ -632,10 +623,8 @@ class cuda_backend final : public backend {
   }
 
   /// bf16 linear with n ≤ 16 on the GEMV kernel, taking over a held norm or silu_mul that produces x.
-  /// swiglu_ffn > 0: w is gate_up [2 ffn, cols] and out gets silu(gate) · up [n, ffn] (gemv_args).
-  void small_linear(const void* x, int n, const weight& w, const weight& bias, void* out, int swiglu_ffn = 0) {
+  void small_linear(const void* x, int n, const weight& w, const weight& bias, void* out) {
     gemv_args a;
-    a.swiglu_ffn = swiglu_ffn;
     a.w = static_cast<const __nv_bfloat16*>(w.data);
     a.bias = bias.empty() ? nullptr : static_cast<const float*>(bias.data);
     a.rows = static_cast<int>(w.rows);
@@ -724,7 +713,6 @@ class cuda_backend final : public backend {
     tune_.decode_carveout = o.decode_carveout;
     tune_.rope_once = o.rope_once;
     tune_.late_trigger = o.decode_late_trigger;
-    gemv_swiglu_ = o.gemv_swiglu;
     norm_late_trigger_ = o.norm_late_trigger;
     if (o.batch_invariant && o.compute_dtype == dtype::bf16) {
       // The GEMV for every bf16 linear of ≤ 16 rows, and fixed key splits in decode attention.
@@ -984,7 +972,6 @@ class cuda_backend final : public backend {
   int gemv_tma_ring_kb_;
   bool gemv_norm_early_;
   bool norm_late_trigger_ = false;  ///< cuda_backend_options::norm_late_trigger
-  bool gemv_swiglu_ = false;        ///< cuda_backend_options::gemv_swiglu
   int gemv_late_trigger_, gemv_pre_wait_mask_, gemv_pre_wait_stages_;
   bool gemm_tune_, fuse_attention_;
   bool skinny_gemm_;

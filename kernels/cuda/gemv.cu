@@ -82,7 +82,6 @@ __global__ void __launch_bounds__(WARPS * 32 + (TMA ? 32 : 0)) gemv_kernel(gemv_
   __shared__ double ss_part[WARPS][NT * 8];
   __shared__ float inv_s[NT * 8];
   __shared__ int last_s;
-  __shared__ float gate_s[max_tokens][16];  // swiglu_ffn: the gate tile's outputs
   __shared__ __align__(8) std::uint64_t go_bar;  // pre_wait_stages: the prologue is done
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -118,14 +117,9 @@ __global__ void __launch_bounds__(WARPS * 32 + (TMA ? 32 : 0)) gemv_kernel(gemv_
     __syncthreads();
   }
   // A block serves tiles blockIdx.x, + gridDim.x, ... (more than one where the grid is capped at the
-  // blocks that fit at once): the next tile's first weights load while this one's are reduced. With
-  // swiglu_ffn the units are (gate tile p, up tile p + pairs) pairs, served as two tiles in a row.
+  // blocks that fit at once): the next tile's first weights load while this one's are reduced.
   const int tiles = gemv_tiles(a.rows);
-  const int pairs = a.swiglu_ffn > 0 ? a.swiglu_ffn / 16 : 0;
-  const int grid = static_cast<int>(gridDim.x), bid = static_cast<int>(blockIdx.x);
-  const int my_count = pairs > 0 ? 2 * ((pairs - bid + grid - 1) / grid) : (tiles - bid + grid - 1) / grid;
-  auto tile_at = [&](int i) { return pairs > 0 ? bid + (i / 2) * grid + (i % 2) * pairs : bid + i * grid; };
-  int tile = tile_at(0);
+  int tile = blockIdx.x;
   const uint4* wa = nullptr;
   const uint4* wb = nullptr;
   auto set_rows = [&](int t) {
@@ -163,10 +157,11 @@ __global__ void __launch_bounds__(WARPS * 32 + (TMA ? 32 : 0)) gemv_kernel(gemv_
       // not depend on the previous kernel: no griddepcontrol.wait, so the first stages stream while
       // it drains (the computing warps wait for it before they read x).
       if (a.late_trigger == 0) grid_dep_trigger();
-      const int total = my_count * slices;
+      const int my_tiles = (tiles - static_cast<int>(blockIdx.x) + static_cast<int>(gridDim.x) - 1) / gridDim.x;
+      const int total = my_tiles * slices;
       for (int u = 0; u < total; ++u) {
         const int slot = u % nstages, use = u / nstages;
-        const int t = tile_at(u / slices);
+        const int t = static_cast<int>(blockIdx.x) + (u / slices) * static_cast<int>(gridDim.x);
         const int k0 = (u % slices) * kslice, kc = min(kslice, cols - k0);
         const int valid_rows = min(16, a.rows - t * 16);
         if (use > 0) mbar_wait(empty + slot, (use - 1) & 1);
@@ -384,7 +379,7 @@ __global__ void __launch_bounds__(WARPS * 32 + (TMA ? 32 : 0)) gemv_kernel(gemv_
   if (TMA && a.pre_wait_stages > 0 && threadIdx.x == 0) mbar_arrive(&go_bar);
   if (a.late_trigger != 0) grid_dep_trigger();
   [[maybe_unused]] int u = 0;  // TMA: stages consumed so far
-  for (int ti = 0; ti < my_count; tile = tile_at(++ti)) {
+  for (; tile < tiles; tile += gridDim.x) {
     const int row0 = tile * 16;
     float acc[NT][2][4];
 #pragma unroll
@@ -435,8 +430,8 @@ __global__ void __launch_bounds__(WARPS * 32 + (TMA ? 32 : 0)) gemv_kernel(gemv_
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) red[warp][nt][e][lane] = acc[nt][0][e] + acc[nt][1][e];
-    if (!TMA && ti + 1 < my_count) {  // the next tile's first weights, before the reduction
-      set_rows(tile_at(ti + 1));
+    if (!TMA && tile + static_cast<int>(gridDim.x) < tiles) {  // the next tile's first weights, before the reduction
+      set_rows(tile + gridDim.x);
       load_w(warp);
     }
     sync();
@@ -448,17 +443,10 @@ __global__ void __launch_bounds__(WARPS * 32 + (TMA ? 32 : 0)) gemv_kernel(gemv_
       const int row = row0 + l / 4 + (e >= 2 ? 8 : 0);
       const int tok = nt * 8 + 2 * (l % 4) + (e & 1);
       if (row < a.rows && tok < n) {
-        if (pairs == 0) {
-          store_linear_out(s, a.bias, row, a.out + static_cast<std::size_t>(tok) * a.rows + row);
-        } else if (ti % 2 == 0) {  // gate: kept, rounded as gate_up would be stored, for the up tile
-          gate_s[tok][row - row0] = linear_out_value(s, a.bias, row);
-        } else {  // up: silu(gate) * up, as silu_mul computes it from the stored pair
-          a.out[static_cast<std::size_t>(tok) * a.swiglu_ffn + (row - a.swiglu_ffn)] =
-              silu_mul_out(gate_s[tok][row - row0], linear_out_value(s, a.bias, row));
-        }
+        store_linear_out(s, a.bias, row, a.out + static_cast<std::size_t>(tok) * a.rows + row);
       }
     }
-    sync();  // red (and gate_s, after an up tile) is rewritten by the next tile
+    sync();  // red is rewritten by the next tile
   }
   if (stamp_at != nullptr && threadIdx.x == 0) stamp_at[4] = global_ns();
 }
@@ -469,7 +457,7 @@ void launch_one(const gemv_args& a, std::size_t smem, bool pdl, int sms, cudaStr
   // tiles and prefetches the next one's weights): one wave that streams instead of waves that each
   // start with a memory round trip. The resident count includes the shared memory of this launch.
   constexpr int threads = WARPS * 32 + (TMA ? 32 : 0);
-  const int tiles = a.swiglu_ffn > 0 ? a.swiglu_ffn / 16 : gemv_tiles(a.rows);  // units a block takes
+  const int tiles = gemv_tiles(a.rows);
   int grid = tiles;
   if (a.cap_grid != 0 || TMA) {
     int per_sm = 0;
@@ -493,8 +481,7 @@ constexpr std::size_t smem_per_block = 227 * 1024;
 // (An upper bound: the kernel's arrays plus 1 KB for alignment and what the compiler adds.)
 template <int NT, int WARPS>
 constexpr std::size_t static_smem() {
-  return sizeof(float) * WARPS * NT * 4 * 32 + sizeof(double) * WARPS * NT * 8 + sizeof(float) * NT * 8 +
-         sizeof(float) * max_tokens * 16 + 1024;
+  return sizeof(float) * WARPS * NT * 4 * 32 + sizeof(double) * WARPS * NT * 8 + sizeof(float) * NT * 8 + 1024;
 }
 constexpr int tma_warps = 8;
 

@@ -89,10 +89,6 @@ struct gemv_args {
   /// norm prologue: 1 loads the norm's weights before griddepcontrol.wait and sends the writer
   /// election's atomic right after the sum of squares; 0 as before session 17 (for A/Bs).
   int norm_early = 1;
-  /// > 0: w holds gate rows [0, swiglu_ffn) and up rows [swiglu_ffn, 2 swiglu_ffn) (a multiple of 16),
-  /// and out [n, swiglu_ffn] gets silu(gate) * up, rounded as gate_up then silu_mul would leave it
-  /// (the gate_up rows are never stored). Session 17.
-  int swiglu_ffn = 0;
   /// Diagnostics only (time_cuda_ops gemv-stamps; nullptr in the engine): gemv_stamp_slots
   /// %globaltimer stamps a block at blockIdx.x * gemv_stamp_slots (gemv.cu says which is which).
   unsigned long long* stamps = nullptr;

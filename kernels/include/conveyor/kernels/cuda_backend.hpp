@@ -79,10 +79,6 @@ struct cuda_backend_options {
   /// once their loads are in, not at their start (at batch 2-64 the wgmma qkv's weight prefetch then
   /// no longer queues in front of them). Session 17.
   bool norm_late_trigger = false;
-  /// with small_gemm: gate_up + SwiGLU (linear_silu_mul) of ≤ small_gemm_max_n tokens as one GEMV whose
-  /// epilogue pairs each gate tile with its up tile and stores silu(g)·u (the same bits as gate_up then
-  /// silu_mul); down_proj then stages x without the silu prologue. Session 17.
-  bool gemv_swiglu = false;
   /// Decode-step kernels (GEMV, rmsnorm, rope_kv, silu_mul, decode attention) start as programmatic
   /// dependents: each launches while the one before drains (the GEMV prefetches its weights then).
   bool pdl = true;
