@@ -28,7 +28,10 @@ inline unsigned blocks_for(std::size_t count, unsigned threads) {
 // the kernel before it drains; grid_dep_wait() then blocks until that kernel has finished and its
 // writes are visible. Every kernel that is ever launched this way calls grid_dep_wait() first, before
 // any early return (so its completion still implies its predecessor's, for the kernel after it), and
-// grid_dep_trigger() right after, which lets the next kernel launch. Launched without the attribute,
+// grid_dep_trigger() right after, which lets the next kernel launch (a few call it later, where their
+// options say so: the next kernel's early requests would queue before their own loads; when it is
+// called never changes what the next kernel reads, since that one's grid_dep_wait() waits for this
+// kernel's completion either way). Launched without the attribute,
 // both are no-ops.
 __device__ __forceinline__ void grid_dep_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

@@ -31,7 +31,10 @@
 //
 // Programmatic dependent launch: weights never depend on the previous kernel, so a block loads its
 // first weights (registers) or the producer fills the ring (tma) before griddepcontrol.wait, and the
-// weight stream starts while the previous kernel drains.
+// weight stream starts while the previous kernel drains. The next kernel is let launch at this one's
+// start, or with late_trigger only after the prologue: what it requests early (attention's K/V and
+// o_proj's weights after qkv) otherwise queues in front of the prologue's few L2 round trips, which
+// took 3-6 µs behind such a flood (bench/NOTES.md, session 17).
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -183,7 +186,9 @@ __global__ void __launch_bounds__(WARPS * 32 + (TMA ? 32 : 0)) gemv_kernel(gemv_
   }
   // The norm's weights never depend on the previous kernel: in registers before the wait (their
   // round trip to L2 was one of the norm prologue's three, session 17's stamps).
-  constexpr int pre_nw = 2;  // chunks a thread (hidden ≤ 16 × 256 × ... : the 1B's 2048 needs one)
+  // Chunks of 8 weights a thread holds from before the wait: with 256 computing threads a hidden size
+  // up to 4096 (the 1B's 2048 needs one); wider rows load the rest in pass 2, as before.
+  constexpr int pre_nw = 2;
   float4 nw_pre[pre_nw][2];
   const int pre_nw_used = a.norm_early != 0 ? pre_nw : 0;
   if constexpr (PRO == static_cast<int>(gemv_prologue::norm)) {
