@@ -65,7 +65,6 @@ struct launch_rec {
   const char* name;
   int rows, cols, grid;
   unsigned long long* stamps;
-  double stage_bytes;  // bytes of weights a stage carries
 };
 
 double median(std::vector<double> v) {
@@ -142,34 +141,30 @@ void gemv_stamps_table(const gemv_stamps_options& opt) {
     kc::launch_gemv(a, pro, true, sms, s);
     STAMPS_CHECK(cudaGetLastError());
     // The grid launch_gemv chose: the blocks that stamped their entry (read back after the replay).
-    recs.push_back({name, a.rows, a.cols, 0, a.stamps, 0.0});
+    recs.push_back({name, a.rows, a.cols, 0, a.stamps});
+  };
+  // A GEMV of x = rmsnorm(residual += delta) (qkv, gate_up), as the step chains them.
+  auto norm_args = [&](const bf16* wp, int rows, const bf16* delta, bf16* out) {
+    kc::gemv_args a = base_args(wp, rows, hidden, opt.ring_kb);
+    a.residual = residual;
+    a.delta = delta;
+    a.norm_w = norm_w;
+    a.eps = 1e-5f;
+    a.x_out = normed;
+    a.counter = counter;
+    a.out = out;
+    return a;
   };
   // Capture: the layer's four GEMVs, as the step issues them (nothing else in the graph: a memset
   // node between two launches would cut the programmatic edge).
   STAMPS_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
   for (int l = 0; l < layers; ++l) {
-    kc::gemv_args q = base_args(w[l].qkv, qkv_rows, hidden, opt.ring_kb);
-    q.residual = residual;
-    q.delta = down_out;
-    q.norm_w = norm_w;
-    q.eps = 1e-5f;
-    q.x_out = normed;
-    q.counter = counter;
-    q.out = qkv_out;
-    launch("qkv", q, kc::gemv_prologue::norm);
+    launch("qkv", norm_args(w[l].qkv, qkv_rows, down_out, qkv_out), kc::gemv_prologue::norm);
     kc::gemv_args o = base_args(w[l].o, hidden, hidden, opt.ring_kb);
     o.x = attn_out;
     o.out = o_out;
     launch("o_proj", o, kc::gemv_prologue::none);
-    kc::gemv_args g = base_args(w[l].gu, 2 * ffn, hidden, opt.ring_kb);
-    g.residual = residual;
-    g.delta = o_out;
-    g.norm_w = norm_w;
-    g.eps = 1e-5f;
-    g.x_out = normed;
-    g.counter = counter;
-    g.out = gu_out;
-    launch("gate_up", g, kc::gemv_prologue::norm);
+    launch("gate_up", norm_args(w[l].gu, 2 * ffn, o_out, gu_out), kc::gemv_prologue::norm);
     kc::gemv_args d = base_args(w[l].down, hidden, ffn, opt.down_ring_kb > 0 ? opt.down_ring_kb : opt.ring_kb);
     d.x = gu_out;
     d.x_out = act;
