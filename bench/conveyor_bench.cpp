@@ -356,8 +356,13 @@ std::vector<variant> all_variants() {
   kernels::cuda_backend_options normlate = o;
   normlate.gemv_norm_early = false;
   v.push_back({"normlate", normlate});
-  for (auto [name, mask] : {std::pair{"late0", 0}, std::pair{"lated", 1}, std::pair{"laten", 2}, std::pair{"latedn", 3},
-                            std::pair{"lateno", 6}, std::pair{"lateall", 7}}) {
+  using kernels::gemv_every_prologue, kernels::gemv_no_prologue, kernels::gemv_norm_prologue,
+      kernels::gemv_silu_prologue;
+  for (auto [name, mask] : {std::pair{"late0", 0}, std::pair{"lated", gemv_silu_prologue},
+                            std::pair{"laten", gemv_norm_prologue},
+                            std::pair{"latedn", gemv_silu_prologue | gemv_norm_prologue},
+                            std::pair{"lateno", gemv_norm_prologue | gemv_no_prologue},
+                            std::pair{"lateall", gemv_every_prologue}}) {
     kernels::cuda_backend_options l = o;
     l.gemv_late_trigger = mask;
     v.push_back({name, l});
@@ -371,7 +376,8 @@ std::vector<variant> all_variants() {
   kernels::cuda_backend_options bothlate = attnlate;
   bothlate.norm_late_trigger = true;
   v.push_back({"bothlate", bothlate});
-  for (auto [name, mask, stages] : {std::tuple{"pre1n", 2, 1}, std::tuple{"pre2all", 7, 2}}) {
+  for (auto [name, mask, stages] :
+       {std::tuple{"pre1n", gemv_norm_prologue, 1}, std::tuple{"pre2all", gemv_every_prologue, 2}}) {
     kernels::cuda_backend_options p = o;
     p.gemv_pre_wait_mask = mask;
     p.gemv_pre_wait_stages = stages;

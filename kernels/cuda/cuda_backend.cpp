@@ -660,7 +660,9 @@ class cuda_backend final : public backend {
       flush();
       a.x = static_cast<const __nv_bfloat16*>(x);
     }
-    const int kind_bit = pro == gemv_prologue::silu ? 1 : pro == gemv_prologue::norm ? 2 : 4;
+    const int kind_bit = pro == gemv_prologue::silu   ? gemv_silu_prologue
+                         : pro == gemv_prologue::norm ? gemv_norm_prologue
+                                                      : gemv_no_prologue;
     a.norm_early = gemv_norm_early_ ? 1 : 0;
     a.late_trigger = (gemv_late_trigger_ & kind_bit) != 0 ? 1 : 0;
     if ((gemv_pre_wait_mask_ & kind_bit) != 0) a.pre_wait_stages = gemv_pre_wait_stages_;

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "../../kernels/cuda/check.hpp"
 #include "../../kernels/cuda/launch.hpp"
 
 namespace conveyor::testing {
@@ -29,20 +30,10 @@ namespace {
 namespace kc = conveyor::kernels::cuda;
 using bf16 = __nv_bfloat16;
 
-#define STAMPS_CHECK(x)                                                                         \
-  do {                                                                                          \
-    const cudaError_t e_ = (x);                                                                 \
-    if (e_ != cudaSuccess) {                                                                    \
-      std::printf("gemv-stamps: %s failed: %s (%s:%d)\n", #x, cudaGetErrorString(e_), __FILE__, \
-                  __LINE__);                                                                    \
-      std::exit(1);                                                                             \
-    }                                                                                           \
-  } while (0)
-
 template <class T>
 T* dev_alloc(std::size_t count) {
   void* p = nullptr;
-  STAMPS_CHECK(cudaMalloc(&p, count * sizeof(T)));
+  CONVEYOR_CUDA_CHECK(cudaMalloc(&p, count * sizeof(T)));
   return static_cast<T*>(p);
 }
 
@@ -57,7 +48,7 @@ void fill_random(bf16* d, std::size_t count, float scale, unsigned seed) {
   }
   for (std::size_t off = 0; off < count; off += h.size()) {
     const std::size_t c = std::min(h.size(), count - off);
-    STAMPS_CHECK(cudaMemcpy(d + off, h.data(), c * sizeof(bf16), cudaMemcpyHostToDevice));
+    CONVEYOR_CUDA_CHECK(cudaMemcpy(d + off, h.data(), c * sizeof(bf16), cudaMemcpyHostToDevice));
   }
 }
 
@@ -73,12 +64,41 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+/// `text` cut at every `sep` (empty pieces kept: a variant's fields are positional).
+std::vector<std::string> split(const std::string& text, char sep) {
+  std::vector<std::string> out;
+  for (std::size_t p0 = 0;;) {
+    const std::size_t p1 = text.find(sep, p0);
+    out.push_back(text.substr(p0, p1 == std::string::npos ? std::string::npos : p1 - p0));
+    if (p1 == std::string::npos) return out;
+    p0 = p1 + 1;
+  }
+}
+
 }  // namespace
+
+std::vector<gemv_stamps_options> parse_gemv_stamps_variants(const std::string& spec) {
+  std::vector<gemv_stamps_options> out;
+  for (const std::string& v : split(spec, ',')) {
+    if (v.empty()) continue;
+    const std::vector<std::string> f = split(v, ':');
+    gemv_stamps_options o;
+    o.label = f[0];
+    if (f.size() > 1) o.ring_kb = std::atoi(f[1].c_str());
+    if (f.size() > 2) o.down_ring_kb = std::atoi(f[2].c_str());
+    if (f.size() > 3) o.pre_wait_stages = std::atoi(f[3].c_str());
+    if (f.size() > 4) o.pre_mask = f[4];
+    if (f.size() > 5) o.late_mask = f[5];
+    if (f.size() > 6) o.norm_early = std::atoi(f[6].c_str());
+    out.push_back(o);
+  }
+  return out;
+}
 
 void gemv_stamps_table(const gemv_stamps_options& opt) {
   constexpr int layers = 16, hidden = 2048, ffn = 8192, qkv_rows = 3072;
   cudaDeviceProp prop{};
-  STAMPS_CHECK(cudaGetDeviceProperties(&prop, 0));
+  CONVEYOR_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   const int sms = prop.multiProcessorCount;
   kc::gemv_init();
   struct layer_w {
@@ -109,16 +129,16 @@ void gemv_stamps_table(const gemv_stamps_options& opt) {
   float* norm_w = dev_alloc<float>(hidden);
   {
     std::vector<float> ones(hidden, 1.0f);
-    STAMPS_CHECK(cudaMemcpy(norm_w, ones.data(), hidden * sizeof(float), cudaMemcpyHostToDevice));
+    CONVEYOR_CUDA_CHECK(cudaMemcpy(norm_w, ones.data(), hidden * sizeof(float), cudaMemcpyHostToDevice));
   }
   unsigned* counter = dev_alloc<unsigned>(1);
-  STAMPS_CHECK(cudaMemset(counter, 0, sizeof(unsigned)));
+  CONVEYOR_CUDA_CHECK(cudaMemset(counter, 0, sizeof(unsigned)));
   const int max_grid = 4 * sms;
   const std::size_t per_launch = static_cast<std::size_t>(max_grid) * kc::gemv_stamp_slots;
   unsigned long long* stamps = dev_alloc<unsigned long long>(per_launch * 4 * layers);
 
   cudaStream_t s;
-  STAMPS_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CONVEYOR_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   std::vector<launch_rec> recs;
   auto base_args = [&](const bf16* wp, int rows, int cols, int ring_kb) {
     kc::gemv_args a;
@@ -139,7 +159,7 @@ void gemv_stamps_table(const gemv_stamps_options& opt) {
     if (opt.late_mask.find(key) != std::string::npos) a.late_trigger = 1;
     a.norm_early = opt.norm_early;
     kc::launch_gemv(a, pro, true, sms, s);
-    STAMPS_CHECK(cudaGetLastError());
+    CONVEYOR_CUDA_CHECK(cudaGetLastError());
     // The grid launch_gemv chose: the blocks that stamped their entry (read back after the replay).
     recs.push_back({name, a.rows, a.cols, 0, a.stamps});
   };
@@ -157,7 +177,7 @@ void gemv_stamps_table(const gemv_stamps_options& opt) {
   };
   // Capture: the layer's four GEMVs, as the step issues them (nothing else in the graph: a memset
   // node between two launches would cut the programmatic edge).
-  STAMPS_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  CONVEYOR_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
   for (int l = 0; l < layers; ++l) {
     launch("qkv", norm_args(w[l].qkv, qkv_rows, down_out, qkv_out), kc::gemv_prologue::norm);
     kc::gemv_args o = base_args(w[l].o, hidden, hidden, opt.ring_kb);
@@ -172,27 +192,27 @@ void gemv_stamps_table(const gemv_stamps_options& opt) {
     launch("down", d, kc::gemv_prologue::silu);
   }
   cudaGraph_t graph;
-  STAMPS_CHECK(cudaStreamEndCapture(s, &graph));
+  CONVEYOR_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
   cudaGraphExec_t exec;
-  STAMPS_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  for (int i = 0; i < 3; ++i) STAMPS_CHECK(cudaGraphLaunch(exec, s));
-  STAMPS_CHECK(cudaStreamSynchronize(s));
+  CONVEYOR_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int i = 0; i < 3; ++i) CONVEYOR_CUDA_CHECK(cudaGraphLaunch(exec, s));
+  CONVEYOR_CUDA_CHECK(cudaStreamSynchronize(s));
   cudaEvent_t e0, e1;
-  STAMPS_CHECK(cudaEventCreate(&e0));
-  STAMPS_CHECK(cudaEventCreate(&e1));
-  STAMPS_CHECK(cudaEventRecord(e0, s));
+  CONVEYOR_CUDA_CHECK(cudaEventCreate(&e0));
+  CONVEYOR_CUDA_CHECK(cudaEventCreate(&e1));
+  CONVEYOR_CUDA_CHECK(cudaEventRecord(e0, s));
   const int reps = 10;
-  for (int i = 0; i < reps; ++i) STAMPS_CHECK(cudaGraphLaunch(exec, s));
-  STAMPS_CHECK(cudaEventRecord(e1, s));
-  STAMPS_CHECK(cudaStreamSynchronize(s));
+  for (int i = 0; i < reps; ++i) CONVEYOR_CUDA_CHECK(cudaGraphLaunch(exec, s));
+  CONVEYOR_CUDA_CHECK(cudaEventRecord(e1, s));
+  CONVEYOR_CUDA_CHECK(cudaStreamSynchronize(s));
   float ms = 0.0f;
-  STAMPS_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  CONVEYOR_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
   // One more replay on cleared stamps: a block that never ran (beyond the grid) reads 0.
-  STAMPS_CHECK(cudaMemset(stamps, 0, per_launch * 4 * layers * sizeof(unsigned long long)));
-  STAMPS_CHECK(cudaGraphLaunch(exec, s));
-  STAMPS_CHECK(cudaStreamSynchronize(s));
+  CONVEYOR_CUDA_CHECK(cudaMemset(stamps, 0, per_launch * 4 * layers * sizeof(unsigned long long)));
+  CONVEYOR_CUDA_CHECK(cudaGraphLaunch(exec, s));
+  CONVEYOR_CUDA_CHECK(cudaStreamSynchronize(s));
   std::vector<unsigned long long> h(per_launch * recs.size());
-  STAMPS_CHECK(cudaMemcpy(h.data(), stamps, h.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
+  CONVEYOR_CUDA_CHECK(cudaMemcpy(h.data(), stamps, h.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
 
   std::printf("[gemv-stamps] %s (pre-wait stages %d on '%s', late trigger on '%s', norm_early %d):\n",
               opt.label.c_str(), opt.pre_wait_stages, opt.pre_mask.c_str(), opt.late_mask.c_str(), opt.norm_early);
@@ -275,8 +295,8 @@ void gemv_stamps_table(const gemv_stamps_options& opt) {
                   gap.empty() ? "-" : mmm(gap).c_str());
     }
   }
-  STAMPS_CHECK(cudaGraphExecDestroy(exec));
-  STAMPS_CHECK(cudaGraphDestroy(graph));
+  CONVEYOR_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  CONVEYOR_CUDA_CHECK(cudaGraphDestroy(graph));
   for (auto& lw : w) {
     cudaFree(lw.qkv);
     cudaFree(lw.o);
@@ -289,9 +309,9 @@ void gemv_stamps_table(const gemv_stamps_options& opt) {
                   static_cast<void*>(counter), static_cast<void*>(stamps)}) {
     cudaFree(p);
   }
-  STAMPS_CHECK(cudaEventDestroy(e0));
-  STAMPS_CHECK(cudaEventDestroy(e1));
-  STAMPS_CHECK(cudaStreamDestroy(s));
+  CONVEYOR_CUDA_CHECK(cudaEventDestroy(e0));
+  CONVEYOR_CUDA_CHECK(cudaEventDestroy(e1));
+  CONVEYOR_CUDA_CHECK(cudaStreamDestroy(s));
 }
 
 }  // namespace conveyor::testing

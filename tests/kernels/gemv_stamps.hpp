@@ -1,6 +1,7 @@
 #pragma once
 // `time_cuda_ops gemv-stamps` (gemv_stamps.cpp): the batch-1 layer's GEMV chain, stamped block by block.
 #include <string>
+#include <vector>
 
 namespace conveyor::testing {
 
@@ -15,6 +16,11 @@ struct gemv_stamps_options {
   int first_layer = 8;    ///< the first layer whose launches are printed
   int layers_shown = 1;
 };
+
+/// Variants as `time_cuda_ops gemv-stamps` takes them: comma-separated
+/// LABEL:RING_KB:DOWN_RING_KB:PRE_WAIT_STAGES:PRE_MASK:LATE_MASK:NORM_EARLY, trailing fields optional
+/// (masks: letters of q o g d).
+std::vector<gemv_stamps_options> parse_gemv_stamps_variants(const std::string& spec);
 
 /// Builds 16 layers of the 1B's GEMV weights (2 GB), runs the chain as a CUDA graph and prints the
 /// stamps' table (gemv_stamps.cpp says what it holds).

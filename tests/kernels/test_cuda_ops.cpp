@@ -128,8 +128,8 @@ class cuda_ops : public ::testing::TestWithParam<dtype> {
     if (config == 3) o.gemv_tma_partial_wave = false;
     if (config == 4) {
       o.gemv_norm_early = false;
-      o.gemv_late_trigger = 7;
-      o.gemv_pre_wait_mask = 7;
+      o.gemv_late_trigger = kernels::gemv_every_prologue;
+      o.gemv_pre_wait_mask = kernels::gemv_every_prologue;
       o.gemv_pre_wait_stages = 1;
       o.norm_late_trigger = true;
     }

@@ -589,30 +589,8 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (argc > 1 && std::string(argv[1]) == "gemv-stamps") {  // the batch-1 GEMV chain, block by block
-    // Variants, comma-separated (default: the engine's 96 KB rings).
-    const std::string spec = argc > 2 ? argv[2] : "default:96:96";
-    std::size_t pos = 0;
-    while (pos < spec.size()) {
-      const std::size_t end = std::min(spec.find(',', pos), spec.size());
-      const std::string v = spec.substr(pos, end - pos);
-      pos = end + 1;
-      // LABEL:RING_KB:DOWN_RING_KB:PRE_WAIT_STAGES:PRE_MASK:LATE_MASK:NORM_EARLY (masks: letters of
-      // q o g d).
-      ct::gemv_stamps_options o;
-      std::vector<std::string> f;
-      for (std::size_t p0 = 0;;) {
-        const std::size_t p1 = v.find(':', p0);
-        f.push_back(v.substr(p0, p1 == std::string::npos ? std::string::npos : p1 - p0));
-        if (p1 == std::string::npos) break;
-        p0 = p1 + 1;
-      }
-      o.label = f[0];
-      if (f.size() > 1) o.ring_kb = std::atoi(f[1].c_str());
-      if (f.size() > 2) o.down_ring_kb = std::atoi(f[2].c_str());
-      if (f.size() > 3) o.pre_wait_stages = std::atoi(f[3].c_str());
-      if (f.size() > 4) o.pre_mask = f[4];
-      if (f.size() > 5) o.late_mask = f[5];
-      if (f.size() > 6) o.norm_early = std::atoi(f[6].c_str());
+    // Variants (gemv_stamps.hpp); the default: the engine's 96 KB rings.
+    for (ct::gemv_stamps_options o : ct::parse_gemv_stamps_variants(argc > 2 ? argv[2] : "default:96:96")) {
       if (const char* l = std::getenv("STAMPS_LAYERS")) o.layers_shown = std::atoi(l);
       ct::gemv_stamps_table(o);
     }

@@ -8,6 +8,12 @@
 
 namespace conveyor::kernels {
 
+/// Which one-token GEMVs cuda_backend_options::gemv_late_trigger and gemv_pre_wait_mask name: bits.
+constexpr int gemv_silu_prologue = 1;  ///< down_proj (x = silu(gate) · up read in its prologue)
+constexpr int gemv_norm_prologue = 2;  ///< qkv, gate_up, the LM head (x = rmsnorm(residual += delta))
+constexpr int gemv_no_prologue = 4;    ///< o_proj
+constexpr int gemv_every_prologue = gemv_silu_prologue | gemv_norm_prologue | gemv_no_prologue;
+
 struct cuda_backend_options {
   int device = 0;                 ///< CUDA device ordinal
   dtype compute_dtype = dtype::bf16;  ///< weights, activations and KV cache: bf16, or f32 for golden runs
@@ -62,13 +68,12 @@ struct cuda_backend_options {
   /// elects the block writing residual += delta goes out right after the sum of squares (off: both
   /// after, as before session 17). Same arithmetic, same bits (bench/NOTES.md, session 17).
   bool gemv_norm_early = true;
-  /// GEMVs (bits: 1 the silu prologue (down_proj), 2 the norm prologue (qkv, gate_up, LM head), 4 the
-  /// rest (o_proj)) that let the next kernel launch only after their prologue, so what it requests
-  /// early (attention's K/V, then o_proj's weights behind it) does not queue in front of their
-  /// prologue's loads. 2 (the norm GEMVs): b=1 step −45 µs on an H100 against 0; 1 or 7 lose to 2
-  /// (bench/NOTES.md, session 17).
-  int gemv_late_trigger = 2;
-  /// GEMVs (same bits) whose producer issues only gemv_pre_wait_stages stages before the prologue is
+  /// GEMVs (gemv_*_prologue bits) that let the next kernel launch only after their prologue, so what
+  /// it requests early (attention's K/V, then o_proj's weights behind it) does not queue in front of
+  /// their prologue's loads. The norm GEMVs: b=1 step −45 µs on an H100 against none; adding down or
+  /// every GEMV loses to them alone (bench/NOTES.md, session 17).
+  int gemv_late_trigger = gemv_norm_prologue;
+  /// GEMVs (gemv_*_prologue bits) whose producer issues only gemv_pre_wait_stages stages before the prologue is
   /// done (0: the whole ring at once). Measured: 1 stage on the norm GEMVs +6 µs at b=1 (session 17).
   int gemv_pre_wait_mask = 0;
   int gemv_pre_wait_stages = 0;
