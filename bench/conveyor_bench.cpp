@@ -373,6 +373,9 @@ std::vector<variant> all_variants() {
   kernels::cuda_backend_options normtrig = o;  // the qkv GEMM launched once the norm's loads are in
   normtrig.norm_late_trigger = true;
   v.push_back({"normtrig", normtrig});
+  kernels::cuda_backend_options normbehind = o;  // the norm kernels' loads as before session 18
+  normbehind.norm_loads_ahead = false;
+  v.push_back({"normbehind", normbehind});
   kernels::cuda_backend_options bothlate = attnlate;
   bothlate.norm_late_trigger = true;
   v.push_back({"bothlate", bothlate});

@@ -197,8 +197,7 @@ class cuda_backend final : public backend {
                       width};
       return;
     }
-    launch_rmsnorm(t_, nullptr, x, n, width, static_cast<const float*>(w.data), eps, out, stream_, pdl_,
-                   norm_late_trigger_);
+    launch_rmsnorm(t_, nullptr, x, n, width, static_cast<const float*>(w.data), eps, out, stream_, norm_how());
   }
   void add_rmsnorm(void* residual, const void* x, int n, int width, const weight& w, float eps,
                    void* out) override {
@@ -208,8 +207,7 @@ class cuda_backend final : public backend {
       held_ = held_op{held_kind::norm, residual, x, static_cast<const float*>(w.data), eps, out, n, width};
       return;
     }
-    launch_rmsnorm(t_, residual, x, n, width, static_cast<const float*>(w.data), eps, out, stream_, pdl_,
-                   norm_late_trigger_);
+    launch_rmsnorm(t_, residual, x, n, width, static_cast<const float*>(w.data), eps, out, stream_, norm_how());
   }
   void linear_add_rmsnorm(const void* x, int n, const weight& w, const weight& bias, void* out, void* residual,
                           int width, const weight& norm_w, float eps, void* norm_out) override {
@@ -404,7 +402,7 @@ class cuda_backend final : public backend {
     }
     const bool ran = launch_split_add_rmsnorm(split_parts_, splits, bias.empty() ? nullptr : static_cast<const float*>(bias.data),
                                               out, residual, n, width, static_cast<const float*>(norm_w.data), eps,
-                                              norm_out, stream_, pdl_, norm_late_trigger_);
+                                              norm_out, stream_, norm_how());
     if (!ran) fail_cuda("linear_add_rmsnorm", "split add + rmsnorm refused a checked shape", __FILE__, __LINE__);
     return true;
   }
@@ -576,6 +574,7 @@ class cuda_backend final : public backend {
 
   /// rope waits for kv_write; rmsnorm and silu_mul wait for a small linear only where one takes them.
   bool can_hold() const { return fuse_ && t_ == dtype::bf16; }
+  norm_launch norm_how() const { return norm_launch{pdl_, norm_late_trigger_, norm_loads_ahead_}; }
   bool can_hold_for_gemv(int n) const { return can_hold() && small_gemm_ && n <= small_gemm_max_n_; }
   static bool aligned(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
   /// Whether the wgmma GEMM may take this bf16 product in place of the path linear() picks: not at
@@ -607,9 +606,9 @@ class cuda_backend final : public backend {
     switch (h.kind) {
       case held_kind::norm:
         if (h.b != nullptr) {
-          launch_rmsnorm(t_, h.a, h.b, h.n, h.width, h.w, h.eps, h.out, stream_, pdl_, norm_late_trigger_);
+          launch_rmsnorm(t_, h.a, h.b, h.n, h.width, h.w, h.eps, h.out, stream_, norm_how());
         } else {
-          launch_rmsnorm(t_, nullptr, h.a, h.n, h.width, h.w, h.eps, h.out, stream_, pdl_, norm_late_trigger_);
+          launch_rmsnorm(t_, nullptr, h.a, h.n, h.width, h.w, h.eps, h.out, stream_, norm_how());
         }
         break;
       case held_kind::silu: launch_silu_mul(t_, h.a, h.n, h.width, h.out, stream_, pdl_); break;
@@ -716,6 +715,7 @@ class cuda_backend final : public backend {
     tune_.rope_once = o.rope_once;
     tune_.late_trigger = o.decode_late_trigger;
     norm_late_trigger_ = o.norm_late_trigger;
+    norm_loads_ahead_ = o.norm_loads_ahead;
     if (o.batch_invariant && o.compute_dtype == dtype::bf16) {
       // The GEMV for every bf16 linear of ≤ 16 rows, and fixed key splits in decode attention.
       small_gemm_ = true;
@@ -974,6 +974,7 @@ class cuda_backend final : public backend {
   int gemv_tma_ring_kb_;
   bool gemv_norm_early_;
   bool norm_late_trigger_ = false;  ///< cuda_backend_options::norm_late_trigger
+  bool norm_loads_ahead_ = true;    ///< cuda_backend_options::norm_loads_ahead
   int gemv_late_trigger_, gemv_pre_wait_mask_, gemv_pre_wait_stages_;
   bool gemm_tune_, fuse_attention_;
   bool skinny_gemm_;

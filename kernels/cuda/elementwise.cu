@@ -209,64 +209,107 @@ unsigned norm_bf16x8_threads(int width) {
   const int per_block = (chunks + per_thread - 1) / per_thread;
   return static_cast<unsigned>(std::max(32, (per_block + 31) / 32 * 32));
 }
+// The norm weights of a thread's chunks (8 floats a chunk), held in registers until the row is normed.
+struct norm_w8 {
+  float4 lo[norm_chunks_per_thread], hi[norm_chunks_per_thread];
+};
+__device__ __forceinline__ void load_norm_w8(norm_w8& nw, const float* w, int chunks) {
+#pragma unroll
+  for (int j = 0; j < norm_chunks_per_thread; ++j) {
+    const int c = threadIdx.x + j * blockDim.x;
+    if (c >= chunks) break;
+    nw.lo[j] = reinterpret_cast<const float4*>(w)[2 * c];
+    nw.hi[j] = reinterpret_cast<const float4*>(w)[2 * c + 1];
+  }
+}
+// The second half of both 16-byte norm kernels: out = w * (v * inv), v the row's chunks in registers.
+__device__ __forceinline__ void store_normed_bf16x8(uint4 (&v)[norm_chunks_per_thread], const norm_w8& nw, float inv,
+                                                    int chunks, bf16* out_row) {
+#pragma unroll
+  for (int j = 0; j < norm_chunks_per_thread; ++j) {
+    const int c = threadIdx.x + j * blockDim.x;
+    if (c >= chunks) break;
+    const float wv[8] = {nw.lo[j].x, nw.lo[j].y, nw.lo[j].z, nw.lo[j].w, nw.hi[j].x, nw.hi[j].y, nw.hi[j].z, nw.hi[j].w};
+    std::uint32_t* p = reinterpret_cast<std::uint32_t*>(&v[j]);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) p[e] = pack_bf16x2(wv[2 * e] * (bf_lo(p[e]) * inv), wv[2 * e + 1] * (bf_hi(p[e]) * inv));
+    reinterpret_cast<uint4*>(out_row)[c] = v[j];
+  }
+}
+__device__ __forceinline__ double sum_squares_bf16x8(const uint4& v) {
+  const std::uint32_t* p = reinterpret_cast<const std::uint32_t*>(&v);
+  double ss = 0.0;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const double a = bf_lo(p[e]), b = bf_hi(p[e]);
+    ss += a * a + b * b;
+  }
+  return ss;
+}
+
+// AHEAD (cuda_backend_options::norm_loads_ahead): every load a thread needs is in flight before it
+// uses any, and the norm weights are read before griddepcontrol.wait (no kernel writes them). Without
+// it the weights come after the block's sum (one more L2 round trip on the critical path), and the
+// split kernel reads the residual after its slices and its slices one at a time below 4 (nvcc unrolls
+// that runtime loop by 4 and issues the remainder one by one): up to 4 round trips at S = 2 against 1.
+// The same sums in the same order either way, so the outputs are bit-identical.
+template <bool AHEAD>
 __global__ void rmsnorm_bf16x8_kernel(bf16* residual, const bf16* x, int width, const float* w, float eps,
                                       bf16* out, bool late_trigger) {
   __shared__ double partial[32];
-  grid_dep_wait();
-  if (!late_trigger) grid_dep_trigger();
   const std::size_t base = static_cast<std::size_t>(blockIdx.x) * width;
   const int chunks = width / 8;
-  uint4 v[norm_chunks_per_thread];
-  double ss = 0.0;
+  norm_w8 nw;
+  if constexpr (AHEAD) load_norm_w8(nw, w, chunks);
+  grid_dep_wait();
+  if (!late_trigger) grid_dep_trigger();
+  uint4 v[norm_chunks_per_thread], r[norm_chunks_per_thread];
 #pragma unroll
   for (int j = 0; j < norm_chunks_per_thread; ++j) {
     const int c = threadIdx.x + j * blockDim.x;
     if (c >= chunks) break;
     v[j] = reinterpret_cast<const uint4*>(x + base)[c];
-    std::uint32_t* p = reinterpret_cast<std::uint32_t*>(&v[j]);
-    if (residual != nullptr) {
-      const uint4 r = reinterpret_cast<const uint4*>(residual + base)[c];
-      const std::uint32_t* rp = reinterpret_cast<const std::uint32_t*>(&r);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) p[e] = pack_bf16x2(bf_lo(rp[e]) + bf_lo(p[e]), bf_hi(rp[e]) + bf_hi(p[e]));
-      reinterpret_cast<uint4*>(residual + base)[c] = v[j];
-    }
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const double a = bf_lo(p[e]), b = bf_hi(p[e]);
-      ss += a * a + b * b;
-    }
+    if (residual != nullptr) r[j] = reinterpret_cast<const uint4*>(residual + base)[c];
   }
-  ss = block_sum(ss, partial);
-  if (late_trigger) grid_dep_trigger();  // every load of this block is in
-  const float inv = 1.0f / sqrtf(static_cast<float>(ss / width) + eps);
+  double ss = 0.0;
 #pragma unroll
   for (int j = 0; j < norm_chunks_per_thread; ++j) {
     const int c = threadIdx.x + j * blockDim.x;
     if (c >= chunks) break;
-    const float4 w0 = reinterpret_cast<const float4*>(w)[2 * c], w1 = reinterpret_cast<const float4*>(w)[2 * c + 1];
-    const float wv[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
     std::uint32_t* p = reinterpret_cast<std::uint32_t*>(&v[j]);
+    if (residual != nullptr) {
+      const std::uint32_t* rp = reinterpret_cast<const std::uint32_t*>(&r[j]);
 #pragma unroll
-    for (int e = 0; e < 4; ++e) p[e] = pack_bf16x2(wv[2 * e] * (bf_lo(p[e]) * inv), wv[2 * e + 1] * (bf_hi(p[e]) * inv));
-    reinterpret_cast<uint4*>(out + base)[c] = v[j];
+      for (int e = 0; e < 4; ++e) p[e] = pack_bf16x2(bf_lo(rp[e]) + bf_lo(p[e]), bf_hi(rp[e]) + bf_hi(p[e]));
+      reinterpret_cast<uint4*>(residual + base)[c] = v[j];
+    }
+    ss += sum_squares_bf16x8(v[j]);
   }
+  ss = block_sum(ss, partial);
+  if (late_trigger) grid_dep_trigger();  // every load of this block is in
+  if constexpr (!AHEAD) load_norm_w8(nw, w, chunks);
+  store_normed_bf16x8(v, nw, 1.0f / sqrtf(static_cast<float>(ss / width) + eps), chunks, out + base);
 }
+
+// The K slices split_add_rmsnorm_bf16x8_kernel<true> reads at once (lt_gemm::max_split; the
+// launcher takes the one-at-a-time kernel for more).
+constexpr int split_norm_ahead_max = 4;
 
 // rmsnorm_bf16x8_kernel after a linear cut along K (lt_gemm::run_split): the linear's output is first
 // summed from its `splits` float32 slices (in slice order) and rounded to bf16 as the GEMM would
 // store it (its bias added after, as launch_add_bias does), written to delta, then
 // residual += delta and out = rmsnorm(residual) * w exactly as rmsnorm_bf16x8_kernel rounds them.
-// (Its second half repeats that kernel's: to be folded into one helper in a session that can run
-// the GPU suite on the change; session 10 had no device time left after writing it.)
+template <bool AHEAD>
 __global__ void split_add_rmsnorm_bf16x8_kernel(const float* parts, int splits, std::size_t slice,
                                                 const float* bias, bf16* delta, bf16* residual, int width,
                                                 const float* w, float eps, bf16* out, bool late_trigger) {
   __shared__ double partial[32];
-  grid_dep_wait();
-  if (!late_trigger) grid_dep_trigger();
   const std::size_t base = static_cast<std::size_t>(blockIdx.x) * width;
   const int chunks = width / 8;
+  norm_w8 nw;
+  if constexpr (AHEAD) load_norm_w8(nw, w, chunks);
+  grid_dep_wait();
+  if (!late_trigger) grid_dep_trigger();
   uint4 v[norm_chunks_per_thread];
   double ss = 0.0;
 #pragma unroll
@@ -274,9 +317,8 @@ __global__ void split_add_rmsnorm_bf16x8_kernel(const float* parts, int splits, 
     const int c = threadIdx.x + j * blockDim.x;
     if (c >= chunks) break;
     float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-    for (int sp = 0; sp < splits; ++sp) {
-      const float4* src = reinterpret_cast<const float4*>(parts + sp * slice + base) + 2 * c;
-      const float4 a = __ldcg(src), b = __ldcg(src + 1);
+    uint4 r;
+    auto add = [&](const float4& a, const float4& b) {
       acc[0] += a.x;
       acc[1] += a.y;
       acc[2] += a.z;
@@ -285,6 +327,27 @@ __global__ void split_add_rmsnorm_bf16x8_kernel(const float* parts, int splits, 
       acc[5] += b.y;
       acc[6] += b.z;
       acc[7] += b.w;
+    };
+    if constexpr (AHEAD) {
+      float4 pa[split_norm_ahead_max], pb[split_norm_ahead_max];
+#pragma unroll
+      for (int sp = 0; sp < split_norm_ahead_max; ++sp) {
+        if (sp < splits) {
+          const float4* src = reinterpret_cast<const float4*>(parts + sp * slice + base) + 2 * c;
+          pa[sp] = __ldcg(src);
+          pb[sp] = __ldcg(src + 1);
+        }
+      }
+      r = reinterpret_cast<const uint4*>(residual + base)[c];
+#pragma unroll
+      for (int sp = 0; sp < split_norm_ahead_max; ++sp) {
+        if (sp < splits) add(pa[sp], pb[sp]);
+      }
+    } else {
+      for (int sp = 0; sp < splits; ++sp) {
+        const float4* src = reinterpret_cast<const float4*>(parts + sp * slice + base) + 2 * c;
+        add(__ldcg(src), __ldcg(src + 1));
+      }
     }
     std::uint32_t* p = reinterpret_cast<std::uint32_t*>(&v[j]);
 #pragma unroll
@@ -298,31 +361,17 @@ __global__ void split_add_rmsnorm_bf16x8_kernel(const float* parts, int splits, 
       p[e] = pack_bf16x2(lo, hi);
     }
     reinterpret_cast<uint4*>(delta + base)[c] = v[j];
-    const uint4 r = reinterpret_cast<const uint4*>(residual + base)[c];
+    if constexpr (!AHEAD) r = reinterpret_cast<const uint4*>(residual + base)[c];
     const std::uint32_t* rp = reinterpret_cast<const std::uint32_t*>(&r);
 #pragma unroll
     for (int e = 0; e < 4; ++e) p[e] = pack_bf16x2(bf_lo(rp[e]) + bf_lo(p[e]), bf_hi(rp[e]) + bf_hi(p[e]));
     reinterpret_cast<uint4*>(residual + base)[c] = v[j];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const double a = bf_lo(p[e]), b = bf_hi(p[e]);
-      ss += a * a + b * b;
-    }
+    ss += sum_squares_bf16x8(v[j]);
   }
   ss = block_sum(ss, partial);
   if (late_trigger) grid_dep_trigger();  // every load of this block is in
-  const float inv = 1.0f / sqrtf(static_cast<float>(ss / width) + eps);
-#pragma unroll
-  for (int j = 0; j < norm_chunks_per_thread; ++j) {
-    const int c = threadIdx.x + j * blockDim.x;
-    if (c >= chunks) break;
-    const float4 w0 = reinterpret_cast<const float4*>(w)[2 * c], w1 = reinterpret_cast<const float4*>(w)[2 * c + 1];
-    const float wv[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
-    std::uint32_t* p = reinterpret_cast<std::uint32_t*>(&v[j]);
-#pragma unroll
-    for (int e = 0; e < 4; ++e) p[e] = pack_bf16x2(wv[2 * e] * (bf_lo(p[e]) * inv), wv[2 * e + 1] * (bf_hi(p[e]) * inv));
-    reinterpret_cast<uint4*>(out + base)[c] = v[j];
-  }
+  if constexpr (!AHEAD) load_norm_w8(nw, w, chunks);
+  store_normed_bf16x8(v, nw, 1.0f / sqrtf(static_cast<float>(ss / width) + eps), chunks, out + base);
 }
 
 __global__ void silu_mul_bf16x8_kernel(const bf16* gate_up, int n, int ffn, bf16* out) {
@@ -400,13 +449,14 @@ void launch_gather_rows(dtype t, const void* x, const std::int32_t* rows, int n,
 bool norm_bf16x8_fits(int width) { return width > 0 && width % 8 == 0 && width / 8 <= 1024 * norm_chunks_per_thread; }
 
 void launch_rmsnorm(dtype t, void* residual, const void* x, int n, int width, const float* w, float eps,
-                    void* out, cudaStream_t s, bool pdl, bool late_trigger) {
+                    void* out, cudaStream_t s, norm_launch how) {
   if (n <= 0) return;
   if (t == dtype::bf16 && norm_bf16x8_fits(width) && aligned16(x) && aligned16(out) && aligned16(w) &&
       (residual == nullptr || aligned16(residual))) {
     const unsigned tpb = norm_bf16x8_threads(width);
-    launch_k(pdl, rmsnorm_bf16x8_kernel, dim3(n), dim3(tpb), 0, s, static_cast<bf16*>(residual),
-             static_cast<const bf16*>(x), width, w, eps, static_cast<bf16*>(out), pdl && late_trigger);
+    launch_k(how.pdl, how.loads_ahead ? rmsnorm_bf16x8_kernel<true> : rmsnorm_bf16x8_kernel<false>, dim3(n), dim3(tpb),
+             0, s, static_cast<bf16*>(residual), static_cast<const bf16*>(x), width, w, eps, static_cast<bf16*>(out),
+             how.pdl && how.late_trigger);
     CONVEYOR_CUDA_LAUNCHED("rmsnorm bf16x8");
     return;
   }
@@ -419,16 +469,16 @@ void launch_rmsnorm(dtype t, void* residual, const void* x, int n, int width, co
 }
 
 bool launch_split_add_rmsnorm(const float* parts, int splits, const float* bias, void* delta, void* residual, int n,
-                              int width, const float* w, float eps, void* out, cudaStream_t s, bool pdl,
-                              bool late_trigger) {
+                              int width, const float* w, float eps, void* out, cudaStream_t s, norm_launch how) {
   if (n <= 0 || !norm_bf16x8_fits(width) || !aligned16(delta) || !aligned16(residual) || !aligned16(out) ||
       !aligned16(w) || !aligned16(parts)) {
     return false;
   }
   const unsigned tpb = norm_bf16x8_threads(width);
-  launch_k(pdl, split_add_rmsnorm_bf16x8_kernel, dim3(n), dim3(tpb), 0, s, parts, splits,
-           static_cast<std::size_t>(n) * width, bias, static_cast<bf16*>(delta), static_cast<bf16*>(residual), width, w,
-           eps, static_cast<bf16*>(out), pdl && late_trigger);
+  const bool ahead = how.loads_ahead && splits <= split_norm_ahead_max;
+  launch_k(how.pdl, ahead ? split_add_rmsnorm_bf16x8_kernel<true> : split_add_rmsnorm_bf16x8_kernel<false>, dim3(n),
+           dim3(tpb), 0, s, parts, splits, static_cast<std::size_t>(n) * width, bias, static_cast<bf16*>(delta),
+           static_cast<bf16*>(residual), width, w, eps, static_cast<bf16*>(out), how.pdl && how.late_trigger);
   CONVEYOR_CUDA_LAUNCHED("split add rmsnorm bf16x8");
   return true;
 }

@@ -15,19 +15,24 @@ namespace conveyor::kernels::cuda {
 // --- elementwise.cu ---
 void launch_embedding(dtype t, const std::int32_t* ids, int n, const void* table, int width, void* out,
                       cudaStream_t s);
-/// `pdl` (here and below): launch as a programmatic dependent of the previous kernel (device_types.cuh).
-/// `late_trigger` (the 16-byte bf16 norm kernels): the next kernel may launch once this one's loads are
-/// in (after the sum of squares), not at its start, so its early requests do not queue before them.
+/// How the 16-byte bf16 norm kernels launch (the options of the same names in cuda_backend_options).
+struct norm_launch {
+  bool pdl = false;  ///< as a programmatic dependent of the previous kernel (device_types.cuh), as `pdl` below
+  /// the next kernel may launch once this one's loads are in (after the sum of squares), not at its start
+  bool late_trigger = false;
+  bool loads_ahead = true;  ///< every load in flight before any is used, the norm weights before the wait
+};
+/// `pdl` (below): launch as a programmatic dependent of the previous kernel (device_types.cuh).
 void launch_rmsnorm(dtype t, void* residual, const void* x, int n, int width, const float* w, float eps,
-                    void* out, cudaStream_t s, bool pdl = false, bool late_trigger = false);  ///< residual == nullptr: plain rmsnorm of x
+                    void* out, cudaStream_t s, norm_launch how = {});  ///< residual == nullptr: plain rmsnorm of x
 /// Widths the 16-byte (bf16 × 8) norm kernels take: a multiple of 8, a row's chunks within one block.
 bool norm_bf16x8_fits(int width);
 /// bf16: delta[n, width] = Σ_s parts[s][n, width] (+ bias), rounded as the linear would store it;
 /// residual += delta; out = rmsnorm(residual) * w (as launch_rmsnorm with a residual). False (nothing
 /// launched) where the shape or alignment does not suit the kernel.
 bool launch_split_add_rmsnorm(const float* parts, int splits, const float* bias, void* delta, void* residual, int n,
-                              int width, const float* w, float eps, void* out, cudaStream_t s, bool pdl = false,
-                              bool late_trigger = false);
+                              int width, const float* w, float eps, void* out, cudaStream_t s,
+                              norm_launch how = {});
 void launch_add(dtype t, void* acc, const void* x, std::size_t count, cudaStream_t s);
 void launch_add_bias(dtype t, void* out, const float* bias, int n, int width, cudaStream_t s);
 void launch_rope(dtype t, void* qkv, int n, const attn_shape& shape, const std::int32_t* positions,

@@ -609,6 +609,75 @@ TEST_P(cuda_ops, linear_add_rmsnorm_matches_cpu) {
   }
 }
 
+// norm_loads_ahead only moves the norm kernels' loads earlier (session 18): the same sums in the same
+// order, so every output is bit-identical with it off — the K-split sum + add + rmsnorm (cuBLASLt's
+// split forced, 1-4 slices over these shapes) and add_rmsnorm / rmsnorm with 1, 2 and a part of 8-wide
+// chunks a thread. Each backend uploads the same host values.
+TEST_P(cuda_ops, norm_loads_ahead_is_bit_identical) {
+  struct norm_case {
+    int n, rows, cols;  // cols == 0: add_rmsnorm + rmsnorm of width `rows`
+    bool bias;
+  };
+  const std::vector<norm_case> cases = {{64, 2048, 8192, false}, {64, 2048, 2048, false}, {8, 2048, 8192, true},
+                                        {33, 296, 2056, true},   {100, 512, 768, false},  {64, 2048, 0, false},
+                                        {5, 12288, 0, false},    {3, 8200, 0, false},     {9, 40, 0, false}};
+  std::vector<std::vector<float>> inputs;
+  for (const auto& c : cases) {
+    const std::size_t acts = static_cast<std::size_t>(c.n) * c.rows;
+    inputs.push_back(testing::random_values(rng_, c.cols > 0 ? static_cast<std::size_t>(c.n) * c.cols : acts, t()));
+    auto wh = c.cols > 0 ? testing::random_values(rng_, static_cast<std::size_t>(c.rows) * c.cols, t(), 0.05f)
+                         : std::vector<float>{};
+    for (auto& x : wh) x = testing::representable(t(), x);
+    inputs.push_back(wh);
+    inputs.push_back(testing::random_values(rng_, acts, t(), 2.0f));  // residual
+    std::vector<float> nw(c.rows);
+    std::uniform_real_distribution<float> wd(0.5f, 1.5f);
+    for (auto& v : nw) v = wd(rng_);
+    inputs.push_back(nw);
+    inputs.push_back(c.bias ? testing::random_values(rng_, c.rows, dtype::f32) : std::vector<float>{});
+  }
+  std::vector<std::vector<float>> got[2];
+  for (const bool ahead : {true, false}) {
+    kernels::cuda_backend_options o;
+    o.compute_dtype = t();
+    o.split_linear_margin_us = -1e9f;  // cuBLASLt's K split wherever it can run
+    o.norm_loads_ahead = ahead;
+    auto made = kernels::make_cuda_backend(o);
+    ASSERT_TRUE(made.ok()) << made.err().message;
+    b_ = std::move(made).value();
+    for (std::size_t i = 0; i < cases.size(); ++i) {
+      const auto& c = cases[i];
+      const std::vector<float>* in = &inputs[5 * i];
+      const std::size_t acts = static_cast<std::size_t>(c.n) * c.rows;
+      kernels::weight nwd = upload_vector(in[3]);
+      dev_acts xd(*b_, in[0]), rd(*b_, in[2]), out(*b_, acts), nd(*b_, acts);
+      out.poison();
+      nd.poison();
+      if (c.cols > 0) {
+        std::vector<float> wh = in[1];
+        kernels::weight w = upload_matrix(wh, c.rows, c.cols);
+        kernels::weight bias = c.bias ? upload_vector(in[4]) : kernels::weight{};
+        b_->linear_add_rmsnorm(xd.get_ptr(), c.n, w, bias, out.get_ptr(), rd.get_ptr(), c.rows, nwd, 1e-5f, nd.get_ptr());
+        b_->release(const_cast<void*>(w.data));
+        if (c.bias) b_->release(const_cast<void*>(bias.data));
+      } else {
+        b_->add_rmsnorm(rd.get_ptr(), xd.get_ptr(), c.n, c.rows, nwd, 1e-5f, nd.get_ptr());
+        b_->rmsnorm(rd.get_ptr(), c.n, c.rows, nwd, 1e-5f, out.get_ptr());
+      }
+      got[ahead ? 0 : 1].push_back(out.get());
+      got[ahead ? 0 : 1].push_back(rd.get());
+      got[ahead ? 0 : 1].push_back(nd.get());
+      b_->release(const_cast<void*>(nwd.data));
+    }
+  }
+  for (std::size_t i = 0; i < got[0].size(); ++i) {
+    const auto& c = cases[i / 3];
+    EXPECT_EQ(got[0][i], got[1][i]) << tag("norm_loads_ahead output " + std::to_string(i % 3) + " n" +
+                                           std::to_string(c.n) + " " + std::to_string(c.rows) + "x" +
+                                           std::to_string(c.cols));
+  }
+}
+
 // gate_up then silu_mul as one call: the default path (GEMM, then silu_mul or the GEMV's held
 // silu) and wgmma_swiglu's fused epilogue (gate rows in one warpgroup, up rows in the other), with
 // ffn tails shorter than a 64-row tile, runs shorter than one, bias, and the GEMV's token count.
