@@ -373,9 +373,11 @@ std::vector<variant> all_variants() {
   kernels::cuda_backend_options normtrig = o;  // the qkv GEMM launched once the norm's loads are in
   normtrig.norm_late_trigger = true;
   v.push_back({"normtrig", normtrig});
-  kernels::cuda_backend_options normbehind = o;  // the norm kernels' loads as before session 18
-  normbehind.norm_loads_ahead = false;
-  v.push_back({"normbehind", normbehind});
+  for (auto [name, ahead] : {std::pair{"normbehind", 0}, std::pair{"normahead1", 1}, std::pair{"normahead2", 2}}) {
+    kernels::cuda_backend_options a = o;  // the norm kernels' loads (0: as before session 18)
+    a.norm_loads_ahead = ahead;
+    v.push_back({name, a});
+  }
   kernels::cuda_backend_options bothlate = attnlate;
   bothlate.norm_late_trigger = true;
   v.push_back({"bothlate", bothlate});

@@ -974,7 +974,7 @@ class cuda_backend final : public backend {
   int gemv_tma_ring_kb_;
   bool gemv_norm_early_;
   bool norm_late_trigger_ = false;  ///< cuda_backend_options::norm_late_trigger
-  bool norm_loads_ahead_ = true;    ///< cuda_backend_options::norm_loads_ahead
+  int norm_loads_ahead_ = 2;        ///< cuda_backend_options::norm_loads_ahead
   int gemv_late_trigger_, gemv_pre_wait_mask_, gemv_pre_wait_stages_;
   bool gemm_tune_, fuse_attention_;
   bool skinny_gemm_;

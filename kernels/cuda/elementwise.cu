@@ -210,12 +210,14 @@ unsigned norm_bf16x8_threads(int width) {
   return static_cast<unsigned>(std::max(32, (per_block + 31) / 32 * 32));
 }
 // The norm weights of a thread's chunks (8 floats a chunk), held in registers until the row is normed.
+template <int CH>
 struct norm_w8 {
-  float4 lo[norm_chunks_per_thread], hi[norm_chunks_per_thread];
+  float4 lo[CH], hi[CH];
 };
-__device__ __forceinline__ void load_norm_w8(norm_w8& nw, const float* w, int chunks) {
+template <int CH>
+__device__ __forceinline__ void load_norm_w8(norm_w8<CH>& nw, const float* w, int chunks) {
 #pragma unroll
-  for (int j = 0; j < norm_chunks_per_thread; ++j) {
+  for (int j = 0; j < CH; ++j) {
     const int c = threadIdx.x + j * blockDim.x;
     if (c >= chunks) break;
     nw.lo[j] = reinterpret_cast<const float4*>(w)[2 * c];
@@ -223,10 +225,11 @@ __device__ __forceinline__ void load_norm_w8(norm_w8& nw, const float* w, int ch
   }
 }
 // The second half of both 16-byte norm kernels: out = w * (v * inv), v the row's chunks in registers.
-__device__ __forceinline__ void store_normed_bf16x8(uint4 (&v)[norm_chunks_per_thread], const norm_w8& nw, float inv,
-                                                    int chunks, bf16* out_row) {
+template <int CH>
+__device__ __forceinline__ void store_normed_bf16x8(uint4 (&v)[CH], const norm_w8<CH>& nw, float inv, int chunks,
+                                                    bf16* out_row) {
 #pragma unroll
-  for (int j = 0; j < norm_chunks_per_thread; ++j) {
+  for (int j = 0; j < CH; ++j) {
     const int c = threadIdx.x + j * blockDim.x;
     if (c >= chunks) break;
     const float wv[8] = {nw.lo[j].x, nw.lo[j].y, nw.lo[j].z, nw.lo[j].w, nw.hi[j].x, nw.hi[j].y, nw.hi[j].z, nw.hi[j].w};
@@ -247,25 +250,28 @@ __device__ __forceinline__ double sum_squares_bf16x8(const uint4& v) {
   return ss;
 }
 
-// AHEAD (cuda_backend_options::norm_loads_ahead): every load a thread needs is in flight before it
-// uses any, and the norm weights are read before griddepcontrol.wait (no kernel writes them). Without
-// it the weights come after the block's sum (one more L2 round trip on the critical path), and the
+// AHEAD (cuda_backend_options::norm_loads_ahead): 1, every load a thread needs is in flight before it
+// uses any; 2, and the norm weights are requested before griddepcontrol.wait (no kernel writes them).
+// With 0 the weights come after the block's sum (one more L2 round trip on the critical path), and the
 // split kernel reads the residual after its slices and its slices one at a time below 4 (nvcc unrolls
 // that runtime loop by 4 and issues the remainder one by one): up to 4 round trips at S = 2 against 1.
-// The same sums in the same order either way, so the outputs are bit-identical.
-template <bool AHEAD>
-__global__ void rmsnorm_bf16x8_kernel(bf16* residual, const bf16* x, int width, const float* w, float eps,
+// The same sums in the same order either way, so the outputs are bit-identical. CH: chunks a thread
+// (norm_bf16x8_threads), fixed at compile time so that the registers are those of CH chunks, not of
+// norm_chunks_per_thread: a block may have 1024 threads, i.e. at most 64 registers a thread.
+template <int AHEAD, int CH>
+__global__ void __launch_bounds__(1024) rmsnorm_bf16x8_kernel(bf16* residual, const bf16* x, int width, const float* w, float eps,
                                       bf16* out, bool late_trigger) {
   __shared__ double partial[32];
   const std::size_t base = static_cast<std::size_t>(blockIdx.x) * width;
   const int chunks = width / 8;
-  norm_w8 nw;
-  if constexpr (AHEAD) load_norm_w8(nw, w, chunks);
+  norm_w8<CH> nw;
+  if constexpr (AHEAD == 2) load_norm_w8(nw, w, chunks);
   grid_dep_wait();
   if (!late_trigger) grid_dep_trigger();
-  uint4 v[norm_chunks_per_thread], r[norm_chunks_per_thread];
+  if constexpr (AHEAD == 1) load_norm_w8(nw, w, chunks);
+  uint4 v[CH], r[CH];
 #pragma unroll
-  for (int j = 0; j < norm_chunks_per_thread; ++j) {
+  for (int j = 0; j < CH; ++j) {
     const int c = threadIdx.x + j * blockDim.x;
     if (c >= chunks) break;
     v[j] = reinterpret_cast<const uint4*>(x + base)[c];
@@ -273,7 +279,7 @@ __global__ void rmsnorm_bf16x8_kernel(bf16* residual, const bf16* x, int width, 
   }
   double ss = 0.0;
 #pragma unroll
-  for (int j = 0; j < norm_chunks_per_thread; ++j) {
+  for (int j = 0; j < CH; ++j) {
     const int c = threadIdx.x + j * blockDim.x;
     if (c >= chunks) break;
     std::uint32_t* p = reinterpret_cast<std::uint32_t*>(&v[j]);
@@ -287,7 +293,7 @@ __global__ void rmsnorm_bf16x8_kernel(bf16* residual, const bf16* x, int width, 
   }
   ss = block_sum(ss, partial);
   if (late_trigger) grid_dep_trigger();  // every load of this block is in
-  if constexpr (!AHEAD) load_norm_w8(nw, w, chunks);
+  if constexpr (AHEAD == 0) load_norm_w8(nw, w, chunks);
   store_normed_bf16x8(v, nw, 1.0f / sqrtf(static_cast<float>(ss / width) + eps), chunks, out + base);
 }
 
@@ -299,21 +305,22 @@ constexpr int split_norm_ahead_max = 4;
 // summed from its `splits` float32 slices (in slice order) and rounded to bf16 as the GEMM would
 // store it (its bias added after, as launch_add_bias does), written to delta, then
 // residual += delta and out = rmsnorm(residual) * w exactly as rmsnorm_bf16x8_kernel rounds them.
-template <bool AHEAD>
-__global__ void split_add_rmsnorm_bf16x8_kernel(const float* parts, int splits, std::size_t slice,
+template <int AHEAD, int CH>
+__global__ void __launch_bounds__(1024) split_add_rmsnorm_bf16x8_kernel(const float* parts, int splits, std::size_t slice,
                                                 const float* bias, bf16* delta, bf16* residual, int width,
                                                 const float* w, float eps, bf16* out, bool late_trigger) {
   __shared__ double partial[32];
   const std::size_t base = static_cast<std::size_t>(blockIdx.x) * width;
   const int chunks = width / 8;
-  norm_w8 nw;
-  if constexpr (AHEAD) load_norm_w8(nw, w, chunks);
+  norm_w8<CH> nw;
+  if constexpr (AHEAD == 2) load_norm_w8(nw, w, chunks);
   grid_dep_wait();
   if (!late_trigger) grid_dep_trigger();
-  uint4 v[norm_chunks_per_thread];
+  if constexpr (AHEAD == 1) load_norm_w8(nw, w, chunks);
+  uint4 v[CH];
   double ss = 0.0;
 #pragma unroll
-  for (int j = 0; j < norm_chunks_per_thread; ++j) {
+  for (int j = 0; j < CH; ++j) {
     const int c = threadIdx.x + j * blockDim.x;
     if (c >= chunks) break;
     float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
@@ -328,7 +335,7 @@ __global__ void split_add_rmsnorm_bf16x8_kernel(const float* parts, int splits, 
       acc[6] += b.z;
       acc[7] += b.w;
     };
-    if constexpr (AHEAD) {
+    if constexpr (AHEAD > 0) {
       float4 pa[split_norm_ahead_max], pb[split_norm_ahead_max];
 #pragma unroll
       for (int sp = 0; sp < split_norm_ahead_max; ++sp) {
@@ -361,7 +368,7 @@ __global__ void split_add_rmsnorm_bf16x8_kernel(const float* parts, int splits, 
       p[e] = pack_bf16x2(lo, hi);
     }
     reinterpret_cast<uint4*>(delta + base)[c] = v[j];
-    if constexpr (!AHEAD) r = reinterpret_cast<const uint4*>(residual + base)[c];
+    if constexpr (AHEAD == 0) r = reinterpret_cast<const uint4*>(residual + base)[c];
     const std::uint32_t* rp = reinterpret_cast<const std::uint32_t*>(&r);
 #pragma unroll
     for (int e = 0; e < 4; ++e) p[e] = pack_bf16x2(bf_lo(rp[e]) + bf_lo(p[e]), bf_hi(rp[e]) + bf_hi(p[e]));
@@ -370,7 +377,7 @@ __global__ void split_add_rmsnorm_bf16x8_kernel(const float* parts, int splits, 
   }
   ss = block_sum(ss, partial);
   if (late_trigger) grid_dep_trigger();  // every load of this block is in
-  if constexpr (!AHEAD) load_norm_w8(nw, w, chunks);
+  if constexpr (AHEAD == 0) load_norm_w8(nw, w, chunks);
   store_normed_bf16x8(v, nw, 1.0f / sqrtf(static_cast<float>(ss / width) + eps), chunks, out + base);
 }
 
@@ -448,15 +455,35 @@ void launch_gather_rows(dtype t, const void* x, const std::int32_t* rows, int n,
 
 bool norm_bf16x8_fits(int width) { return width > 0 && width % 8 == 0 && width / 8 <= 1024 * norm_chunks_per_thread; }
 
+namespace {
+// The instances of a norm kernel by [ahead][chunks a thread: 1, 2, 3-4].
+template <class K>
+K pick_norm_kernel(int ahead, int width, const K (&kernels)[3][3]) {
+  const int per_thread = (width / 8 + 1023) / 1024;
+  return kernels[std::clamp(ahead, 0, 2)][per_thread <= 1 ? 0 : per_thread == 2 ? 1 : 2];
+}
+#define CONVEYOR_NORM_ROW(k, a) {k<a, 1>, k<a, 2>, k<a, 4>}
+constexpr decltype(&rmsnorm_bf16x8_kernel<0, 1>) norm_kernels[3][3] = {CONVEYOR_NORM_ROW(rmsnorm_bf16x8_kernel, 0),
+                                                                       CONVEYOR_NORM_ROW(rmsnorm_bf16x8_kernel, 1),
+                                                                       CONVEYOR_NORM_ROW(rmsnorm_bf16x8_kernel, 2)};
+// Rows of more than 8192 keep the split kernel's loads one chunk at a time: 2-4 chunks' slices at once
+// would spill (216 bytes at 4).
+constexpr decltype(&split_add_rmsnorm_bf16x8_kernel<0, 1>) split_norm_kernels[3][3] = {
+    CONVEYOR_NORM_ROW(split_add_rmsnorm_bf16x8_kernel, 0),
+    {split_add_rmsnorm_bf16x8_kernel<1, 1>, split_add_rmsnorm_bf16x8_kernel<0, 2>, split_add_rmsnorm_bf16x8_kernel<0, 4>},
+    {split_add_rmsnorm_bf16x8_kernel<2, 1>, split_add_rmsnorm_bf16x8_kernel<0, 2>, split_add_rmsnorm_bf16x8_kernel<0, 4>}};
+#undef CONVEYOR_NORM_ROW
+}  // namespace
+
 void launch_rmsnorm(dtype t, void* residual, const void* x, int n, int width, const float* w, float eps,
                     void* out, cudaStream_t s, norm_launch how) {
   if (n <= 0) return;
   if (t == dtype::bf16 && norm_bf16x8_fits(width) && aligned16(x) && aligned16(out) && aligned16(w) &&
       (residual == nullptr || aligned16(residual))) {
     const unsigned tpb = norm_bf16x8_threads(width);
-    launch_k(how.pdl, how.loads_ahead ? rmsnorm_bf16x8_kernel<true> : rmsnorm_bf16x8_kernel<false>, dim3(n), dim3(tpb),
-             0, s, static_cast<bf16*>(residual), static_cast<const bf16*>(x), width, w, eps, static_cast<bf16*>(out),
-             how.pdl && how.late_trigger);
+    launch_k(how.pdl, pick_norm_kernel<decltype(&rmsnorm_bf16x8_kernel<0, 1>)>(how.loads_ahead, width, norm_kernels),
+             dim3(n), dim3(tpb), 0, s, static_cast<bf16*>(residual), static_cast<const bf16*>(x), width, w, eps,
+             static_cast<bf16*>(out), how.pdl && how.late_trigger);
     CONVEYOR_CUDA_LAUNCHED("rmsnorm bf16x8");
     return;
   }
@@ -475,9 +502,9 @@ bool launch_split_add_rmsnorm(const float* parts, int splits, const float* bias,
     return false;
   }
   const unsigned tpb = norm_bf16x8_threads(width);
-  const bool ahead = how.loads_ahead && splits <= split_norm_ahead_max;
-  launch_k(how.pdl, ahead ? split_add_rmsnorm_bf16x8_kernel<true> : split_add_rmsnorm_bf16x8_kernel<false>, dim3(n),
-           dim3(tpb), 0, s, parts, splits, static_cast<std::size_t>(n) * width, bias, static_cast<bf16*>(delta),
+  const int ahead = splits <= split_norm_ahead_max ? how.loads_ahead : 0;
+  launch_k(how.pdl, pick_norm_kernel<decltype(&split_add_rmsnorm_bf16x8_kernel<0, 1>)>(ahead, width, split_norm_kernels),
+           dim3(n), dim3(tpb), 0, s, parts, splits, static_cast<std::size_t>(n) * width, bias, static_cast<bf16*>(delta),
            static_cast<bf16*>(residual), width, w, eps, static_cast<bf16*>(out), how.pdl && how.late_trigger);
   CONVEYOR_CUDA_LAUNCHED("split add rmsnorm bf16x8");
   return true;

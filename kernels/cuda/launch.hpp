@@ -20,7 +20,7 @@ struct norm_launch {
   bool pdl = false;  ///< as a programmatic dependent of the previous kernel (device_types.cuh), as `pdl` below
   /// the next kernel may launch once this one's loads are in (after the sum of squares), not at its start
   bool late_trigger = false;
-  bool loads_ahead = true;  ///< every load in flight before any is used, the norm weights before the wait
+  int loads_ahead = 2;  ///< 1: every load in flight before any is used; 2: and the norm weights before the wait
 };
 /// `pdl` (below): launch as a programmatic dependent of the previous kernel (device_types.cuh).
 void launch_rmsnorm(dtype t, void* residual, const void* x, int n, int width, const float* w, float eps,

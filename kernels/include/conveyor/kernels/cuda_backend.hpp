@@ -85,10 +85,11 @@ struct cuda_backend_options {
   /// once their loads are in, not at their start (at batch 2-64 the wgmma qkv's weight prefetch then
   /// no longer queues in front of them). Measured +46 / +23 µs at b=8 / 64 (session 17).
   bool norm_late_trigger = false;
-  /// The bf16 rmsnorm kernels issue every load before using any (the K slices, the residual, x) and
-  /// read the norm weights before griddepcontrol.wait; off: the weights after the block's sum and the
-  /// slices one at a time below 4 (session 18; same sums, bit-identical).
-  bool norm_loads_ahead = true;
+  /// The bf16 rmsnorm kernels' loads (session 18; the same sums either way, bit-identical): 1, every
+  /// load issued before any is used (the K slices, the residual, x, the norm weights); 2, and the
+  /// norm weights requested before griddepcontrol.wait; 0, as before: the weights after the block's
+  /// sum, the residual after the slices, the slices one at a time below 4.
+  int norm_loads_ahead = 2;
   /// Decode-step kernels (GEMV, rmsnorm, rope_kv, silu_mul, decode attention) start as programmatic
   /// dependents: each launches while the one before drains (the GEMV prefetches its weights then).
   bool pdl = true;
