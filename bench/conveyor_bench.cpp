@@ -378,6 +378,9 @@ std::vector<variant> all_variants() {
     a.norm_loads_ahead = ahead;
     v.push_back({name, a});
   }
+  kernels::cuda_backend_options uploadplain = o;  // the upload between steps launched after the sampling kernel
+  uploadplain.upload_pdl = false;
+  v.push_back({"uploadplain", uploadplain});
   kernels::cuda_backend_options bothlate = attnlate;
   bothlate.norm_late_trigger = true;
   v.push_back({"bothlate", bothlate});

@@ -593,7 +593,7 @@ class cuda_backend final : public backend {
     const pending_upload p = pending_;
     pending_ = pending_upload{};
     set_device();
-    launch_upload_words(p.dst, p.host, p.words, p.ovl, p.ovl_at, p.ovl_words, stream_);
+    launch_upload_words(p.dst, p.host, p.words, p.ovl, p.ovl_at, p.ovl_words, stream_, pdl_ && upload_pdl_);
     CONVEYOR_CUDA_CHECK(cudaEventRecord(p.slot->done, stream_));
   }
   /// Runs the held upload and the held op on their own.
@@ -716,6 +716,7 @@ class cuda_backend final : public backend {
     tune_.late_trigger = o.decode_late_trigger;
     norm_late_trigger_ = o.norm_late_trigger;
     norm_loads_ahead_ = o.norm_loads_ahead;
+    upload_pdl_ = o.upload_pdl;
     if (o.batch_invariant && o.compute_dtype == dtype::bf16) {
       // The GEMV for every bf16 linear of ≤ 16 rows, and fixed key splits in decode attention.
       small_gemm_ = true;
@@ -975,6 +976,7 @@ class cuda_backend final : public backend {
   bool gemv_norm_early_;
   bool norm_late_trigger_ = false;  ///< cuda_backend_options::norm_late_trigger
   int norm_loads_ahead_ = 2;        ///< cuda_backend_options::norm_loads_ahead
+  bool upload_pdl_ = true;          ///< cuda_backend_options::upload_pdl
   int gemv_late_trigger_, gemv_pre_wait_mask_, gemv_pre_wait_stages_;
   bool gemm_tune_, fuse_attention_;
   bool skinny_gemm_;

@@ -188,12 +188,32 @@ __global__ void from_f32_kernel(const float* src, std::size_t count, T* dst) {
 
 // A small upload read by the GPU straight from pinned host memory, with `ovl_words` words from
 // device memory laid over it at `ovl_at` (a decode step's ids taken from the previous step's draw).
+// A thread's first upload_early host words are read before griddepcontrol.wait: the host wrote them
+// before the launch and no kernel writes them, so launched as a programmatic dependent of the
+// sampling kernel (cuda_backend_options::upload_pdl) the PCIe round trip (~2 µs) overlaps that
+// kernel's drain; the overlay, which that kernel writes, and every store come after the wait.
+constexpr int upload_early = 4;
 __global__ void upload_words_kernel(std::uint32_t* dst, const std::uint32_t* host, int words,
                                     const std::uint32_t* ovl, int ovl_at, int ovl_words) {
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < words; i += gridDim.x * blockDim.x) {
-    const unsigned k = static_cast<unsigned>(i - ovl_at);
-    dst[i] = k < static_cast<unsigned>(ovl_words) ? ovl[k] : host[i];
+  const int first = blockIdx.x * blockDim.x + threadIdx.x, stride = gridDim.x * blockDim.x;
+  std::uint32_t early[upload_early];
+#pragma unroll
+  for (int j = 0; j < upload_early; ++j) {
+    const int i = first + j * stride;
+    early[j] = host != nullptr && i < words ? host[i] : 0u;
   }
+  grid_dep_wait();
+  grid_dep_trigger();
+  auto put = [&](int i, std::uint32_t from_host) {
+    const unsigned k = static_cast<unsigned>(i - ovl_at);
+    dst[i] = k < static_cast<unsigned>(ovl_words) ? ovl[k] : from_host;
+  };
+#pragma unroll
+  for (int j = 0; j < upload_early; ++j) {
+    const int i = first + j * stride;
+    if (i < words) put(i, early[j]);
+  }
+  for (int i = first + upload_early * stride; i < words; i += stride) put(i, host != nullptr ? host[i] : 0u);
 }
 
 // --- 16-byte (8 × bf16) versions of the memory-bound kernels, used where widths allow ---
@@ -599,10 +619,10 @@ void launch_silu_mul(dtype t, const void* gate_up, int n, int ffn, void* out, cu
 }
 
 void launch_upload_words(std::uint32_t* dst, const std::uint32_t* host, int words, const std::uint32_t* ovl,
-                         int ovl_at, int ovl_words, cudaStream_t s) {
+                         int ovl_at, int ovl_words, cudaStream_t s, bool pdl) {
   if (words <= 0) return;
-  upload_words_kernel<<<std::min(blocks_for(static_cast<std::size_t>(words), threads), 64u), threads, 0, s>>>(
-      dst, host, words, ovl, ovl_at, ovl_words);
+  launch_k(pdl, upload_words_kernel, dim3(std::min(blocks_for(static_cast<std::size_t>(words), threads), 64u)),
+           dim3(threads), 0, s, dst, host, words, ovl, ovl_at, ovl_words);
   CONVEYOR_CUDA_LAUNCHED("upload_words");
 }
 

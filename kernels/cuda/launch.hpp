@@ -48,8 +48,9 @@ void launch_gather_rows(dtype t, const void* x, const std::int32_t* rows, int n,
                         cudaStream_t s);
 /// dst[i] = host[i] for i < words (`host`: pinned host memory, read by the kernel over the bus:
 /// no copy engine), except ovl[i - ovl_at] for ovl_at <= i < ovl_at + ovl_words (device memory).
+/// `pdl`: a programmatic dependent whose first host reads go out before it waits for the kernel before.
 void launch_upload_words(std::uint32_t* dst, const std::uint32_t* host, int words, const std::uint32_t* ovl,
-                         int ovl_at, int ovl_words, cudaStream_t s);
+                         int ovl_at, int ovl_words, cudaStream_t s, bool pdl = false);
 /// Converts `count` floats on the device to `t` (upload staging).
 void launch_from_f32(dtype t, const float* src, std::size_t count, void* dst, cudaStream_t s);
 

@@ -104,9 +104,12 @@ __global__ void __launch_bounds__(wide_threads) argmax_bf16x8_kernel(const __nv_
 // 11-12 -> 9.5 at batch 64 (bench/NOTES.md, session 9; why b=64 stays at 1.7 TB/s is open).
 constexpr unsigned split_threads = 256;
 constexpr int split_unroll = 4;
-/// Slices a row: enough blocks for ~8 an SM over the batch (batch 1: 64 slices, one 16-byte load a
-/// thread on a 128k vocabulary), at least 16 (batch 64: 1024 blocks, ~4 loads a thread).
-int split_slices(int rows, int num_sms) { return std::clamp((8 * num_sms + rows - 1) / rows, 16, 64); }
+/// Slices a row: as many blocks as fit on the GPU at once over the batch (8 an SM: 256 threads of
+/// 32 registers; batch 1: 64 slices, one 16-byte load a thread on a 128k vocabulary), at least 16
+/// (batch 64: 1024 blocks, ~4 loads a thread). Rounded down: until session 18 it was rounded up, 17
+/// slices at batch 64 on 132 SMs, i.e. 1088 blocks, and the last 32 ran as a second wave (argmax
+/// 9.5-10.3 µs a step for 16 MB of logits in session 18's H100 timeline).
+int split_slices(int rows, int num_sms) { return std::clamp(8 * num_sms / rows, 16, 64); }
 __device__ __forceinline__ unsigned long long argmax_key(float v, int i) {
   const unsigned u = __float_as_uint(v == 0.0f ? 0.0f : v);  // -0 ties with +0, as the CPU compares
   const unsigned ordered = (u & 0x80000000u) ? ~u : (u | 0x80000000u);

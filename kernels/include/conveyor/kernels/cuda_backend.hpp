@@ -90,6 +90,10 @@ struct cuda_backend_options {
   /// norm weights requested before griddepcontrol.wait; 0, as before: the weights after the block's
   /// sum, the residual after the slices, the slices one at a time below 4.
   int norm_loads_ahead = 2;
+  /// With pdl: the held upload between decode steps (the next step's ids, positions, slots from
+  /// pinned host memory, with the drawn tokens laid over) launches as a programmatic dependent of the
+  /// sampling kernel and reads its host words over the bus before it waits (session 18).
+  bool upload_pdl = true;
   /// Decode-step kernels (GEMV, rmsnorm, rope_kv, silu_mul, decode attention) start as programmatic
   /// dependents: each launches while the one before drains (the GEMV prefetches its weights then).
   bool pdl = true;
