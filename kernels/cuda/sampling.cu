@@ -118,6 +118,10 @@ __device__ __forceinline__ unsigned long long argmax_key(float v, int i) {
 __global__ void __launch_bounds__(split_threads) argmax_split_bf16x8_kernel(
     const __nv_bfloat16* logits, int vocab, const device_sample_params* params, unsigned long long* keys,
     unsigned* done, std::int32_t* tokens, std::int32_t* host_tokens) {
+  // The upload of the next step's plan (launch_upload_words, a programmatic dependent) may launch
+  // once every block here has started: its host reads then cross the bus while this kernel runs,
+  // and it waits for this kernel's completion before it reads the tokens or stores anything.
+  grid_dep_trigger();
   const int row = blockIdx.y;
   if (params != nullptr && !params[row].greedy) return;  // nullptr: every row greedy
   const int chunks = vocab / 8, per = (chunks + gridDim.x - 1) / gridDim.x;
