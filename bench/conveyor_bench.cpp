@@ -35,6 +35,7 @@
 
 #include "conveyor/engine/local_pipeline.hpp"
 #include "conveyor/kernels/cuda_backend.hpp"
+#include "../kernels/cuda/skinny_wgmma.hpp"
 #include "graph_timer.hpp"
 #include "kernel_timeline.hpp"
 
@@ -448,6 +449,8 @@ class engine_bench {
     bench::print_summary(stdout, label, spans_, launches);
     std::printf("timeline %s: untraced step %.3f ms (mean of %d), traced steps %.3f ms (mean of %d)\n", label.c_str(),
                 plain * 1e3 / (new_tokens - 1), new_tokens - 1, traced * 1e3 / (last - first), last - first);
+    // SKINNY_WGMMA_STAMPS=1: the wgmma GEMM's block stamps of the last (untraced) step.
+    kernels::cuda::skinny_wgmma_stamps_report(stdout);
     std::fflush(stdout);
     pipe_.reset();
     timer_.reset();

@@ -44,6 +44,19 @@ __device__ __forceinline__ void grid_dep_trigger() {
 #endif
 }
 
+/// Diagnostics (block stamps: gemv_args::stamps, skinny_wgmma's SKINNY_WGMMA_STAMPS, the fused
+/// kernel's trace): the GPU's %globaltimer in nanoseconds, and the SM a block runs on.
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ unsigned smid() {
+  unsigned id;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
+  return id;
+}
+
 /// The low and the high bf16 of a packed pair as floats, and two floats rounded into such a pair:
 /// how the 16-byte kernels read and write eight bf16 at a time.
 __device__ __forceinline__ float bf_lo(std::uint32_t u) { return __uint_as_float(u << 16); }

@@ -648,11 +648,6 @@ __device__ void load_vector(bf16* dst, const bf16* src, int count) {
 
 __device__ __forceinline__ float bias_at(const float* b, int i) { return b != nullptr ? b[i] : 0.0f; }
 
-__device__ __forceinline__ unsigned long long global_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
 
 // A block's shared memory, as fused_decode_kernel lays it out.
 struct block_smem {

@@ -67,16 +67,6 @@ constexpr int max_tokens = 16;
 // %globaltimer nanoseconds. Slots of a block: 0 entry, 1 producer's last stage issued, 2 past
 // griddepcontrol.wait, 3 prologue done, 4 exit, 5 the SM's id, 6 the first stage consumed by
 // warp 0, 8 + u (u < 56) stage u seen full by warp 0, 64 + u (u < 64) stage u issued.
-__device__ __forceinline__ unsigned long long global_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-__device__ __forceinline__ unsigned smid() {
-  unsigned id;
-  asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
-  return id;
-}
 
 template <int NT, int WARPS, int PRO, bool TMA>
 __global__ void __launch_bounds__(WARPS * 32 + (TMA ? 32 : 0)) gemv_kernel(gemv_args a) {

@@ -35,7 +35,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
+#include <vector>
 
 #include "device_types.cuh"
 #include "linear_epilogue.cuh"
@@ -93,7 +95,17 @@ struct params {
   // warpgroups multiply gate rows f, the others up rows ffn + f (two TMA boxes of BM / 2 rows a
   // stage), and out[t, f] = silu(gate) * up, each rounded as the op-by-op path rounds it.
   int ffn;
+  // Diagnostics (SKINNY_WGMMA_STAMPS, skinny_wgmma_stamps_report): nullptr, or stamp_slots
+  // %globaltimer stamps a block at blockIdx.x * stamp_slots (slot meanings at stamp_slot).
+  unsigned long long* stamps;
 };
+
+// Where a block's time goes (SKINNY_WGMMA_STAMPS): the slots of its stamps.
+namespace stamp_slot {
+constexpr int entry = 0, issued = 1, producer_waited = 2, waited = 3, stage0 = 4, stages_seen = 8, mma_done = 12,
+              reduce = 13, exit = 14, sm = 15, last_issued = 16;
+}  // namespace stamp_slot
+constexpr int stamp_slots = 32;
 
 // One 2D tensor tile (64 k × box rows) global → shared, counted on `bar`.
 __device__ __forceinline__ void tma_2d(void* dst, const CUtensorMap* map, int k, int row, std::uint64_t* bar) {
@@ -196,6 +208,14 @@ __global__ void __launch_bounds__(shape<N, WGS>::THREADS, 1)
   unsigned char* ring = smem + 1024;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int stages = p.stages, rows = p.rows, n = p.n;
+  unsigned long long* const st = p.stamps == nullptr ? nullptr : p.stamps + blockIdx.x * stamp_slots;
+  auto stamp = [&](int slot) {
+    if (st != nullptr) st[slot] = global_ns();
+  };
+  if (tid == 0) {
+    stamp(stamp_slot::entry);
+    if (st != nullptr) st[stamp_slot::sm] = smid();
+  }
 
   // This block's work: rows [row_lo, row_hi) in `items` tiles of BM rows, k tiles [kt0, kt0 + nkt).
   int row_lo, row_hi, items, kt0, nkt, split = 0;
@@ -258,8 +278,10 @@ __global__ void __launch_bounds__(shape<N, WGS>::THREADS, 1)
         mbar_expect_tx(full + it, STAGE);
         load_w(it, it);
       }
+      stamp(stamp_slot::issued);
       grid_dep_wait();
       grid_dep_trigger();
+      stamp(stamp_slot::producer_waited);
       for (int it = 0; it < pre; ++it) tma_2d(ring + it * STAGE + W_BYTES, &tx, (kt0 + it % nkt) * BK, 0, full + it);
       for (int it = pre; it < total; ++it) {
         const int s = it % stages;
@@ -268,6 +290,7 @@ __global__ void __launch_bounds__(shape<N, WGS>::THREADS, 1)
         load_w(s, it);
         tma_2d(ring + s * STAGE + W_BYTES, &tx, (kt0 + it % nkt) * BK, 0, full + s);
       }
+      stamp(stamp_slot::last_issued);
     } else {
       grid_dep_wait();
       grid_dep_trigger();
@@ -276,6 +299,7 @@ __global__ void __launch_bounds__(shape<N, WGS>::THREADS, 1)
   } else {  // WGS consumer warpgroups of 64 rows each
     grid_dep_wait();  // the output may still be read by the previous kernel
     grid_dep_trigger();
+    if (tid == 0) stamp(stamp_slot::waited);
     const int wg = warp / 4, g = lane / 4, q = lane % 4;
     float acc[R];
     int it = 0;
@@ -285,6 +309,7 @@ __global__ void __launch_bounds__(shape<N, WGS>::THREADS, 1)
       for (int kk = 0; kk < nkt; ++kk, ++it) {
         const int s = it % stages;
         mbar_wait(full + s, (it / stages) & 1);
+        if (tid == 0 && it < stamp_slot::stages_seen) stamp(stamp_slot::stage0 + it);
         const std::uint32_t a0 = smem_addr(ring + s * STAGE + wg * 64 * 128);
         const std::uint32_t b0 = smem_addr(ring + s * STAGE + W_BYTES);
         fence_acc(acc);
@@ -301,6 +326,7 @@ __global__ void __launch_bounds__(shape<N, WGS>::THREADS, 1)
       wgmma_wait<0>();
       fence_acc(acc);
       if (nkt > 0 && lane == 0) mbar_arrive(empty + (it - 1) % stages);
+      if (tid == 0 && i == 0) stamp(stamp_slot::mma_done);
 
       // Fragment e = 4 j + 2 h + c: row 16 (warp % 4) + g + 8 h of the warpgroup's 64, token 8 j + 2 q + c.
       const int r0 = wg * 64 + (warp % 4) * 16 + g;
@@ -354,12 +380,16 @@ __global__ void __launch_bounds__(shape<N, WGS>::THREADS, 1)
       }
     }
   }
-  if (E != epi::plain || p.splits == 1) return;
+  if (E != epi::plain || p.splits == 1) {
+    if (tid == 0) stamp(stamp_slot::exit);
+    return;
+  }
 
   // Sum over the cluster's K splits (fixed order) and store; each block stores 1/splits of the tile.
   const int splits = p.splits;
   cg::cluster_group cluster = cg::this_cluster();
   cluster.sync();  // every split's tile is in its shared memory
+  if (tid == 0) stamp(stamp_slot::reduce);
   const float* red = reinterpret_cast<const float*>(ring);
   constexpr int R4 = BM / 4;
   for (int i = split * THREADS + tid; i < n * R4; i += splits * THREADS) {
@@ -388,6 +418,7 @@ __global__ void __launch_bounds__(shape<N, WGS>::THREADS, 1)
     }
   }
   cluster.sync();  // no block leaves while another still reads its shared memory
+  if (tid == 0) stamp(stamp_slot::exit);
 #endif
 }
 
@@ -425,6 +456,31 @@ int env_int(const char* name) {  // timing overrides (time_cuda_ops), 0 when uns
 }
 
 constexpr int smem_limit = 227 * 1024;  // an H100/H200 block's opt-in maximum
+
+// Diagnostics (SKINNY_WGMMA_STAMPS=1, bench only): every launch of the plain epilogue gets one of
+// stamp_launches slots of block stamps in turn (a captured graph keeps the slot it was given, and
+// each replay overwrites it), and skinny_wgmma_stamps_report() prints what the last runs stamped.
+constexpr int stamp_launches = 64, stamp_max_blocks = 256;
+struct stamp_launch {
+  int n = 0, rows = 0, cols = 0, grid = 0, splits = 0, stages = 0;
+};
+struct stamp_state {
+  unsigned long long* buf = nullptr;  // [stamp_launches][stamp_max_blocks][stamp_slots]
+  int next = 0;
+  stamp_launch launches[stamp_launches];
+};
+stamp_state& stamps() {
+  static stamp_state s;
+  return s;
+}
+// The stamps of a launch about to be made (nullptr where stamping is off or the grid too large).
+unsigned long long* stamps_for(int n, int rows, int cols, int grid, int splits, int stages) {
+  stamp_state& st = stamps();
+  if (st.buf == nullptr || grid > stamp_max_blocks) return nullptr;
+  const int slot = st.next++ % stamp_launches;
+  st.launches[slot] = stamp_launch{n, rows, cols, grid, splits, stages};
+  return st.buf + static_cast<std::size_t>(slot) * stamp_max_blocks * stamp_slots;
+}
 
 // Whether `clusters` clusters of `splits` blocks of `smem` bytes all fit on the GPU at once
 // (cudaOccupancyMaxActiveClusters, asked once per configuration).
@@ -504,6 +560,7 @@ bool launch_cfg(const skinny_gemm_args& a, bool pdl, int sms, cudaStream_t s) {
     p.rows_per_block = tiles <= sms ? S::BM : (a.rows + sms - 1) / sms;
     grid = (a.rows + p.rows_per_block - 1) / p.rows_per_block;
   }
+  p.stamps = stamps_for(a.n, a.rows, a.cols, grid, splits, stages);
   launch_kx(launch_extras{pdl && !no_pdl, -1, splits}, skinny_wgmma_kernel<N, WGS, epi::plain>, dim3(static_cast<unsigned>(grid)),
             dim3(S::THREADS), static_cast<std::size_t>(HEAD_BYTES + std::max(stages * S::STAGE, S::RED_BYTES)), s, tw,
             tx, p);
@@ -603,6 +660,11 @@ bool skinny_wgmma_init() {
   CONVEYOR_CUDA_CHECK(cudaGetDevice(&dev));
   CONVEYOR_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
   if (major != 9 || encoder() == nullptr) return false;  // wgmma is sm_90a's alone
+  if (env_int("SKINNY_WGMMA_STAMPS") != 0 && stamps().buf == nullptr) {
+    const std::size_t bytes = sizeof(unsigned long long) * stamp_launches * stamp_max_blocks * stamp_slots;
+    CONVEYOR_CUDA_CHECK(cudaMalloc(&stamps().buf, bytes));
+    CONVEYOR_CUDA_CHECK(cudaMemset(stamps().buf, 0, bytes));
+  }
   allow_smem_n<32>();
   allow_smem_n<64>();
   allow_smem_n<96>();
@@ -631,6 +693,69 @@ int launch_skinny_wgmma_slices(const skinny_gemm_args& a, float* parts, int max_
   if (a.n <= 64) return launch_slices<64>(a, parts, max_splits, pdl, sms, s);
   if (a.n <= 96) return launch_slices<96>(a, parts, max_splits, pdl, sms, s);
   return launch_slices<128>(a, parts, max_splits, pdl, sms, s);
+}
+
+namespace {
+
+// The q-quantile (0..1) of v (sorted in place); 0 where empty.
+double quantile(std::vector<double>& v, double q) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  return v[static_cast<std::size_t>(q * static_cast<double>(v.size() - 1) + 0.5)];
+}
+
+}  // namespace
+
+int skinny_wgmma_stamps_report(std::FILE* f) {
+  stamp_state& st = stamps();
+  if (st.buf == nullptr) return 0;
+  CONVEYOR_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<unsigned long long> h(static_cast<std::size_t>(stamp_launches) * stamp_max_blocks * stamp_slots);
+  CONVEYOR_CUDA_CHECK(cudaMemcpy(h.data(), st.buf, h.size() * sizeof(h[0]), cudaMemcpyDeviceToHost));
+  // Columns: µs after the launch's earliest consumer wait release (its predecessor's end, as
+  // near as a block can see it); median / max over the blocks (entry: min / median).
+  std::fprintf(f,
+               "[wgmma-stamps] slot n rows cols grid splits stages | entry min/med | issued med | wait min/med/max | "
+               "stage0 med/max | stage%d med/max | mma med/max | reduce med/max | exit med/max | t0_us\n",
+               stamp_slot::stages_seen - 1);
+  int printed = 0;
+  unsigned long long base = 0;
+  for (int l = 0; l < std::min(st.next, stamp_launches); ++l) {
+    const unsigned long long* b = h.data() + static_cast<std::size_t>(l) * stamp_max_blocks * stamp_slots;
+    if (b[stamp_slot::waited] == 0) continue;
+    if (base == 0 || b[stamp_slot::waited] < base) base = b[stamp_slot::waited];
+  }
+  for (int l = 0; l < std::min(st.next, stamp_launches); ++l) {
+    const stamp_launch& la = st.launches[l];
+    const unsigned long long* b = h.data() + static_cast<std::size_t>(l) * stamp_max_blocks * stamp_slots;
+    unsigned long long t0 = ~0ull;
+    for (int k = 0; k < la.grid; ++k) {
+      const unsigned long long w = b[k * stamp_slots + stamp_slot::waited];
+      if (w != 0) t0 = std::min(t0, w);
+    }
+    if (t0 == ~0ull) continue;
+    auto col = [&](int slot) {
+      std::vector<double> v;
+      for (int k = 0; k < la.grid; ++k) {
+        const unsigned long long x = b[k * stamp_slots + slot];
+        if (x != 0) v.push_back((static_cast<double>(x) - static_cast<double>(t0)) * 1e-3);
+      }
+      return v;
+    };
+    auto e = col(stamp_slot::entry), is = col(stamp_slot::issued), w = col(stamp_slot::waited);
+    auto s0 = col(stamp_slot::stage0), sl = col(stamp_slot::stage0 + stamp_slot::stages_seen - 1);
+    auto m = col(stamp_slot::mma_done), r = col(stamp_slot::reduce), x = col(stamp_slot::exit);
+    std::fprintf(f,
+                 "[wgmma-stamps] %2d %3d %6d %5d %4d %d %d | %6.2f %6.2f | %6.2f | %5.2f %5.2f %5.2f | %5.2f %5.2f | "
+                 "%5.2f %5.2f | %5.2f %5.2f | %5.2f %5.2f | %5.2f %5.2f | %.1f\n",
+                 l, la.n, la.rows, la.cols, la.grid, la.splits, la.stages, quantile(e, 0.0), quantile(e, 0.5),
+                 quantile(is, 0.5), quantile(w, 0.0), quantile(w, 0.5), quantile(w, 1.0), quantile(s0, 0.5),
+                 quantile(s0, 1.0), quantile(sl, 0.5), quantile(sl, 1.0), quantile(m, 0.5), quantile(m, 1.0),
+                 quantile(r, 0.5), quantile(r, 1.0), quantile(x, 0.5), quantile(x, 1.0),
+                 (static_cast<double>(t0) - static_cast<double>(base)) * 1e-3);
+    ++printed;
+  }
+  return printed;
 }
 
 }  // namespace conveyor::kernels::cuda

@@ -3,6 +3,8 @@
 // Its own header rather than launch.hpp, so adding it does not rebuild every other kernel file.
 #include <cuda_runtime.h>
 
+#include <cstdio>
+
 #include "skinny_gemm.hpp"
 
 namespace conveyor::kernels::cuda {
@@ -28,5 +30,11 @@ bool launch_skinny_wgmma_swiglu(const skinny_gemm_args& a, bool pdl, int sms, cu
 /// maps could not be encoded. a.bias and a.out are not used.
 int launch_skinny_wgmma_slices(const skinny_gemm_args& a, float* parts, int max_splits, bool pdl, int sms,
                                cudaStream_t s);
+
+/// Diagnostics (bench): with SKINNY_WGMMA_STAMPS=1 in the environment when the backend starts, the
+/// plain-epilogue launches stamp every block's progress (%globaltimer); this prints the last run of
+/// each stamped launch (at most 64, in launch order, a captured graph's launches once each), µs after
+/// its first block saw its predecessor finish. Returns the launches printed (0: stamping off).
+int skinny_wgmma_stamps_report(std::FILE* f);
 
 }  // namespace conveyor::kernels::cuda
