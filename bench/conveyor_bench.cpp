@@ -392,6 +392,20 @@ std::vector<variant> all_variants() {
     p.gemv_pre_wait_stages = stages;
     v.push_back({name, p});
   }
+  // Session 19: the next GEMM's weights asked of L2 by the K-split norm / silu_mul kernels before
+  // they wait (cuda_backend_options::l2_prefetch_kb): budgets in KB, then one GEMM at a time.
+  for (int kb : {4096, 8192, 12288, 16384}) {
+    kernels::cuda_backend_options p = o;
+    p.l2_prefetch_kb = kb;
+    v.push_back({"pf" + std::to_string(kb), p});
+  }
+  for (auto [name, mask] : {std::pair{"pfqkv", kernels::l2_prefetch_qkv}, std::pair{"pfgu", kernels::l2_prefetch_gate_up},
+                            std::pair{"pfdown", kernels::l2_prefetch_down}}) {
+    kernels::cuda_backend_options p = o;
+    p.l2_prefetch_kb = 12288;
+    p.l2_prefetch_mask = mask;
+    v.push_back({name, p});
+  }
   // Quantized weights on the default paths (issue 12): the linear layers, then the LM head too.
   for (auto k : {kernels::weight_quant::int8, kernels::weight_quant::fp8}) {
     const std::string name(kernels::weight_quant_name(k));

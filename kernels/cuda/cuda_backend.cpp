@@ -237,6 +237,7 @@ class cuda_backend final : public backend {
   // wait for its completion (bench/NOTES.md, session 14). attention() reads qkv_early_.
   void linear_into_attention(const void* x, int n, const weight& w, const weight& bias, void* out) override {
     qkv_early_ = false;
+    aim_prefetch(x, w, l2_prefetch_qkv);
     if (wgmma_qkv_ && n >= wgmma_qkv_min_n_ && n <= wgmma_qkv_max_n_ && wgmma_takes(x, n, w, out)) {
       flush();
       set_device();
@@ -252,6 +253,7 @@ class cuda_backend final : public backend {
   // the GEMM and silu_mul (which the GEMV path may hold for the down projection's prologue).
   void linear_silu_mul(const void* x, int n, const weight& w, const weight& bias, void* gate_up, int ffn,
                        void* out) override {
+    aim_prefetch(x, w, l2_prefetch_gate_up);
     if (wgmma_swiglu_ && n >= wgmma_swiglu_min_n_ && n <= wgmma_swiglu_max_n_ && wgmma_takes(x, n, w, out) &&
         w.rows == 2 * static_cast<std::int64_t>(ffn)) {
       flush();
@@ -272,6 +274,7 @@ class cuda_backend final : public backend {
         aligned(out)) {
       return small_linear(x, n, w, bias, out);
     }
+    aim_prefetch(x, w, l2_prefetch_other);
     flush();
     const int rows = static_cast<int>(w.rows), cols = static_cast<int>(w.cols);
     if ((skinny_gemm_ || skinny_wgmma_) && n >= skinny_min_n_ && n <= skinny_max_n_ && t_ == dtype::bf16 &&
@@ -354,7 +357,7 @@ class cuda_backend final : public backend {
   void silu_mul(const void* gate_up, int n, int ffn, void* out) override {
     flush();
     set_device();
-    if (can_hold_for_gemv(n) && out != gate_up) {
+    if ((can_hold_for_gemv(n) || can_hold_for_prefetch()) && out != gate_up) {
       held_ = held_op{held_kind::silu, const_cast<void*>(gate_up), nullptr, nullptr, 0.0f, out, n, ffn};
       return;
     }
@@ -386,6 +389,7 @@ class cuda_backend final : public backend {
       split_parts_floats_ = need;
     }
     if (need > split_parts_floats_) return false;
+    aim_prefetch(x, w, l2_prefetch_down);
     flush();
     set_device();
     int splits = 0;
@@ -400,10 +404,13 @@ class cuda_backend final : public backend {
       if (splits == 0) return false;
       lt_->run_split(w.data, x, split_parts_, rows, n, cols, splits, stream_);
     }
-    const bool ran = launch_split_add_rmsnorm(split_parts_, splits, bias.empty() ? nullptr : static_cast<const float*>(bias.data),
-                                              out, residual, n, width, static_cast<const float*>(norm_w.data), eps,
-                                              norm_out, stream_, norm_how());
-    if (!ran) fail_cuda("linear_add_rmsnorm", "split add + rmsnorm refused a checked shape", __FILE__, __LINE__);
+    held_op h{held_kind::split_norm, residual, nullptr, static_cast<const float*>(norm_w.data), eps, norm_out, n, width};
+    h.parts = split_parts_;
+    h.splits = splits;
+    h.bias = bias.empty() ? nullptr : static_cast<const float*>(bias.data);
+    h.delta = out;
+    held_ = h;
+    if (!can_hold_for_prefetch()) flush();
     return true;
   }
   bool decode_layers(const decode_layers_call& c) override {
@@ -550,10 +557,12 @@ class cuda_backend final : public backend {
   }
 
  private:
-  enum class held_kind { none, norm, silu, rope, rope_kv };
+  enum class held_kind { none, norm, silu, rope, rope_kv, split_norm };
   /// An op held back for fusion with the next call. norm: out = rmsnorm(a (+= b when b is set)) * w;
   /// silu: out = silu_mul(a) with width = ffn; rope: rope of the qkv rows at a; rope_kv: that rope
-  /// and the kv_write after it (slots, caches), for the decode attention to do.
+  /// and the kv_write after it (slots, caches), for the decode attention to do; split_norm: the
+  /// K-split add + rmsnorm (parts, splits, bias, delta; a = residual, w = norm weights), held only so
+  /// that the next linear can name its weights for `prefetch` (l2_prefetch_kb).
   struct held_op {
     held_kind kind = held_kind::none;
     void* a = nullptr;
@@ -570,12 +579,31 @@ class cuda_backend final : public backend {
     const std::int32_t* slots = nullptr;
     void* k_cache = nullptr;
     void* v_cache = nullptr;
+    const float* parts = nullptr;
+    int splits = 0;
+    const float* bias = nullptr;
+    void* delta = nullptr;
+    l2_prefetch prefetch{};  ///< split_norm, silu: the next GEMM's weights (aim_prefetch)
+    bool aimed = false;      ///< aim_prefetch has seen the GEMM that reads `out`
   };
 
   /// rope waits for kv_write; rmsnorm and silu_mul wait for a small linear only where one takes them.
   bool can_hold() const { return fuse_ && t_ == dtype::bf16; }
   norm_launch norm_how() const { return norm_launch{pdl_, norm_late_trigger_, norm_loads_ahead_}; }
   bool can_hold_for_gemv(int n) const { return can_hold() && small_gemm_ && n <= small_gemm_max_n_; }
+  /// The K-split norm and silu_mul wait for the next call where it may name weights to prefetch.
+  bool can_hold_for_prefetch() const { return l2_prefetch_bytes_ > 0 && pdl_ && t_ == dtype::bf16; }
+  /// Where the held K-split norm or silu_mul computes x, the GEMM `bit` (l2_prefetch_mask) that
+  /// reads it: the held kernel asks L2 for w's first l2_prefetch_kb before it waits. The first
+  /// GEMM named decides (linear() after linear_into_attention's fallback names it again).
+  void aim_prefetch(const void* x, const weight& w, int bit) {
+    held_op& h = held_;
+    if ((h.kind != held_kind::split_norm && h.kind != held_kind::silu) || h.out != x || h.aimed) return;
+    h.aimed = true;
+    if ((l2_prefetch_mask_ & bit) == 0 || w.type != dtype::bf16) return;
+    h.prefetch = l2_prefetch_rows(w.data, static_cast<int>(w.rows), static_cast<std::size_t>(w.cols) * 2,
+                                  l2_prefetch_bytes_);
+  }
   static bool aligned(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
   /// Whether the wgmma GEMM may take this bf16 product in place of the path linear() picks: not at
   /// token counts the GEMV takes, nor at those batch_invariant keeps row-invariant.
@@ -611,7 +639,16 @@ class cuda_backend final : public backend {
           launch_rmsnorm(t_, nullptr, h.a, h.n, h.width, h.w, h.eps, h.out, stream_, norm_how());
         }
         break;
-      case held_kind::silu: launch_silu_mul(t_, h.a, h.n, h.width, h.out, stream_, pdl_); break;
+      case held_kind::silu: launch_silu_mul(t_, h.a, h.n, h.width, h.out, stream_, pdl_, h.prefetch); break;
+      case held_kind::split_norm: {
+        norm_launch how = norm_how();
+        how.prefetch = h.prefetch;
+        if (!launch_split_add_rmsnorm(h.parts, h.splits, h.bias, h.delta, h.a, h.n, h.width, h.w, h.eps, h.out,
+                                      stream_, how)) {
+          fail_cuda("linear_add_rmsnorm", "split add + rmsnorm refused a checked shape", __FILE__, __LINE__);
+        }
+        break;
+      }
       case held_kind::rope: launch_rope(t_, h.a, h.n, h.shape, h.positions, h.inv_freq, h.scaling, stream_); break;
       case held_kind::rope_kv:
         launch_rope_kv(t_, h.a, h.n, h.shape, h.positions, h.inv_freq, h.scaling, h.slots, h.k_cache, h.v_cache,
@@ -716,6 +753,8 @@ class cuda_backend final : public backend {
     tune_.late_trigger = o.decode_late_trigger;
     norm_late_trigger_ = o.norm_late_trigger;
     norm_loads_ahead_ = o.norm_loads_ahead;
+    l2_prefetch_bytes_ = static_cast<std::size_t>(std::max(0, o.l2_prefetch_kb)) * 1024;
+    l2_prefetch_mask_ = o.l2_prefetch_mask;
     upload_pdl_ = o.upload_pdl;
     if (o.batch_invariant && o.compute_dtype == dtype::bf16) {
       // The GEMV for every bf16 linear of ≤ 16 rows, and fixed key splits in decode attention.
@@ -976,6 +1015,8 @@ class cuda_backend final : public backend {
   bool gemv_norm_early_;
   bool norm_late_trigger_ = false;  ///< cuda_backend_options::norm_late_trigger
   int norm_loads_ahead_ = 2;        ///< cuda_backend_options::norm_loads_ahead
+  std::size_t l2_prefetch_bytes_ = 0;  ///< cuda_backend_options::l2_prefetch_kb, in bytes
+  int l2_prefetch_mask_ = 0;           ///< cuda_backend_options::l2_prefetch_mask
   bool upload_pdl_ = true;          ///< cuda_backend_options::upload_pdl
   int gemv_late_trigger_, gemv_pre_wait_mask_, gemv_pre_wait_stages_;
   bool gemm_tune_, fuse_attention_;

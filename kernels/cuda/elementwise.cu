@@ -317,6 +317,21 @@ __global__ void __launch_bounds__(1024) rmsnorm_bf16x8_kernel(bf16* residual, co
   store_normed_bf16x8(v, nw, 1.0f / sqrtf(static_cast<float>(ss / width) + eps), chunks, out + base);
 }
 
+// Asks L2 for pf's bytes, a row a thread across the grid (l2_prefetch). Called before
+// griddepcontrol.wait: weights never depend on the kernel before, and HBM idles while this
+// kernel waits for and works on its small inputs. The requests complete on their own; nothing
+// here waits for them.
+__device__ __forceinline__ void issue_l2_prefetch(const l2_prefetch& pf) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (pf.base == nullptr) return;
+  const int stride = static_cast<int>(gridDim.x * blockDim.x);
+  for (int r = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x); r < pf.rows; r += stride) {
+    const char* p = static_cast<const char*>(pf.base) + static_cast<std::size_t>(r) * pf.pitch;
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(pf.row_bytes) : "memory");
+  }
+#endif
+}
+
 // The K slices split_add_rmsnorm_bf16x8_kernel<true> reads at once (lt_gemm::max_split; the
 // launcher takes the one-at-a-time kernel for more).
 constexpr int split_norm_ahead_max = 4;
@@ -328,12 +343,14 @@ constexpr int split_norm_ahead_max = 4;
 template <int AHEAD, int CH>
 __global__ void __launch_bounds__(1024) split_add_rmsnorm_bf16x8_kernel(const float* parts, int splits, std::size_t slice,
                                                 const float* bias, bf16* delta, bf16* residual, int width,
-                                                const float* w, float eps, bf16* out, bool late_trigger) {
+                                                const float* w, float eps, bf16* out, bool late_trigger,
+                                                l2_prefetch pf) {
   __shared__ double partial[32];
   const std::size_t base = static_cast<std::size_t>(blockIdx.x) * width;
   const int chunks = width / 8;
   norm_w8<CH> nw;
   if constexpr (AHEAD == 2) load_norm_w8(nw, w, chunks);
+  issue_l2_prefetch(pf);
   grid_dep_wait();
   if (!late_trigger) grid_dep_trigger();
   if constexpr (AHEAD == 1) load_norm_w8(nw, w, chunks);
@@ -401,7 +418,8 @@ __global__ void __launch_bounds__(1024) split_add_rmsnorm_bf16x8_kernel(const fl
   store_normed_bf16x8(v, nw, 1.0f / sqrtf(static_cast<float>(ss / width) + eps), chunks, out + base);
 }
 
-__global__ void silu_mul_bf16x8_kernel(const bf16* gate_up, int n, int ffn, bf16* out) {
+__global__ void silu_mul_bf16x8_kernel(const bf16* gate_up, int n, int ffn, bf16* out, l2_prefetch pf) {
+  issue_l2_prefetch(pf);
   grid_dep_wait();
   grid_dep_trigger();
   const int per_row = ffn / 8;
@@ -525,7 +543,8 @@ bool launch_split_add_rmsnorm(const float* parts, int splits, const float* bias,
   const int ahead = splits <= split_norm_ahead_max ? how.loads_ahead : 0;
   launch_k(how.pdl, pick_norm_kernel<decltype(&split_add_rmsnorm_bf16x8_kernel<0, 1>)>(ahead, width, split_norm_kernels),
            dim3(n), dim3(tpb), 0, s, parts, splits, static_cast<std::size_t>(n) * width, bias, static_cast<bf16*>(delta),
-           static_cast<bf16*>(residual), width, w, eps, static_cast<bf16*>(out), how.pdl && how.late_trigger);
+           static_cast<bf16*>(residual), width, w, eps, static_cast<bf16*>(out), how.pdl && how.late_trigger,
+           how.prefetch);
   CONVEYOR_CUDA_LAUNCHED("split add rmsnorm bf16x8");
   return true;
 }
@@ -598,12 +617,23 @@ void launch_kv_write(dtype t, const void* qkv, int n, const attn_shape& shape, c
   });
 }
 
-void launch_silu_mul(dtype t, const void* gate_up, int n, int ffn, void* out, cudaStream_t s, bool pdl) {
+l2_prefetch l2_prefetch_rows(const void* w, int rows, std::size_t row_bytes, std::size_t budget) {
+  if (w == nullptr || rows <= 0 || budget == 0 || !aligned16(w) || row_bytes % 16 != 0) return {};
+  constexpr std::size_t piece = 16384;  // the whole matrix: a few large requests, not one a row
+  const std::size_t total = static_cast<std::size_t>(rows) * row_bytes;
+  if (total <= budget && total % piece == 0) return {w, static_cast<int>(total / piece), piece, piece};
+  const std::size_t head = std::min(row_bytes, budget / static_cast<std::size_t>(rows) / 256 * 256);
+  if (head < 256) return {};
+  return {w, rows, row_bytes, static_cast<unsigned>(head)};
+}
+
+void launch_silu_mul(dtype t, const void* gate_up, int n, int ffn, void* out, cudaStream_t s, bool pdl,
+                     const l2_prefetch& prefetch) {
   if (n <= 0) return;
   if (t == dtype::bf16 && ffn % 8 == 0 && aligned16(gate_up) && aligned16(out)) {
     const std::size_t chunks = static_cast<std::size_t>(n) * (ffn / 8);
     launch_k(pdl, silu_mul_bf16x8_kernel, dim3(flat_blocks(chunks)), dim3(threads), 0, s,
-             static_cast<const bf16*>(gate_up), n, ffn, static_cast<bf16*>(out));
+             static_cast<const bf16*>(gate_up), n, ffn, static_cast<bf16*>(out), prefetch);
     CONVEYOR_CUDA_LAUNCHED("silu_mul bf16x8");
     return;
   }

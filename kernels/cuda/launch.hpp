@@ -15,12 +15,27 @@ namespace conveyor::kernels::cuda {
 // --- elementwise.cu ---
 void launch_embedding(dtype t, const std::int32_t* ids, int n, const void* table, int width, void* out,
                       cudaStream_t s);
+/// Weights a latency-bound kernel asks L2 for on behalf of the GEMM after it, before its own
+/// griddepcontrol.wait, while HBM would otherwise idle (cp.async.bulk.prefetch.L2; sm_90 only,
+/// elsewhere nothing): bytes [base + r * pitch, + row_bytes) of each row r < rows. base and pitch
+/// 16-byte aligned, row_bytes a multiple of 16 (cuda_backend_options::l2_prefetch_kb).
+struct l2_prefetch {
+  const void* base = nullptr;  ///< nullptr: none
+  int rows = 0;
+  std::size_t pitch = 0;
+  unsigned row_bytes = 0;
+};
+/// What to prefetch of a row-major matrix of `rows` rows of `row_bytes` that a GEMM streams along K
+/// (every row from its start): the whole of it where it is at most `budget` bytes, else the first
+/// budget / rows bytes of every row (a multiple of 256; none where that is less than 256).
+l2_prefetch l2_prefetch_rows(const void* w, int rows, std::size_t row_bytes, std::size_t budget);
 /// How the 16-byte bf16 norm kernels launch (the options of the same names in cuda_backend_options).
 struct norm_launch {
   bool pdl = false;  ///< as a programmatic dependent of the previous kernel (device_types.cuh), as `pdl` below
   /// the next kernel may launch once this one's loads are in (after the sum of squares), not at its start
   bool late_trigger = false;
   int loads_ahead = 2;  ///< 1: every load in flight before any is used; 2: and the norm weights before the wait
+  l2_prefetch prefetch;  ///< the next GEMM's weights (the K-split norm kernel only)
 };
 /// `pdl` (below): launch as a programmatic dependent of the previous kernel (device_types.cuh).
 void launch_rmsnorm(dtype t, void* residual, const void* x, int n, int width, const float* w, float eps,
@@ -43,7 +58,9 @@ void launch_kv_write(dtype t, const void* qkv, int n, const attn_shape& shape, c
 void launch_rope_kv(dtype t, void* qkv, int n, const attn_shape& shape, const std::int32_t* positions,
                     const float* inv_freq, float attention_scaling, const std::int32_t* slots, void* k_cache,
                     void* v_cache, cudaStream_t s, bool pdl = false);
-void launch_silu_mul(dtype t, const void* gate_up, int n, int ffn, void* out, cudaStream_t s, bool pdl = false);
+/// `prefetch`: the next GEMM's weights (the bf16 kernel only, issued before it waits).
+void launch_silu_mul(dtype t, const void* gate_up, int n, int ffn, void* out, cudaStream_t s, bool pdl = false,
+                     const l2_prefetch& prefetch = {});
 void launch_gather_rows(dtype t, const void* x, const std::int32_t* rows, int n, int width, void* out,
                         cudaStream_t s);
 /// dst[i] = host[i] for i < words (`host`: pinned host memory, read by the kernel over the bus:

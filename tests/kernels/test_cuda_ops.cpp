@@ -680,6 +680,64 @@ TEST_P(cuda_ops, norm_loads_ahead_is_bit_identical) {
   }
 }
 
+// l2_prefetch_kb (session 19) holds the K-split add + rmsnorm and silu_mul until the next call names
+// the GEMM that reads their output, whose weights they then ask L2 for before they wait: a hint, so
+// every output is bit-identical with it off. The norm before qkv (linear_into_attention), before
+// gate_up (linear_silu_mul), before another linear (the LM head), silu_mul before down; budgets that
+// take each whole matrix (16 MB) and only its first columns (64 KB); the last norm read back with
+// nothing after it (flushed by the download).
+TEST_P(cuda_ops, l2_prefetch_is_bit_identical) {
+  if (t() != dtype::bf16) GTEST_SKIP() << "the held kernels are the bf16 ones";
+  constexpr int n = 64, hidden = 512, ffn = 1024, qkv_rows = 768, vocab = 1000;
+  auto values = [&](std::size_t count, float scale) { return testing::random_values(rng_, count, t(), scale); };
+  const auto x_h = values(static_cast<std::size_t>(n) * hidden, 1.0f);
+  const auto res_h = values(static_cast<std::size_t>(n) * hidden, 2.0f);
+  const auto o_h = values(static_cast<std::size_t>(hidden) * hidden, 0.05f);
+  const auto qkv_h = values(static_cast<std::size_t>(qkv_rows) * hidden, 0.05f);
+  const auto gu_h = values(static_cast<std::size_t>(2 * ffn) * hidden, 0.05f);
+  const auto down_h = values(static_cast<std::size_t>(hidden) * ffn, 0.05f);
+  const auto head_h = values(static_cast<std::size_t>(vocab) * hidden, 0.05f);
+  std::vector<float> nw_h(hidden);
+  std::uniform_real_distribution<float> wd(0.5f, 1.5f);
+  for (auto& v : nw_h) v = wd(rng_);
+  const int budgets[] = {0, 64, 16384};
+  std::vector<std::vector<float>> got[3];
+  for (int bi = 0; bi < 3; ++bi) {
+    kernels::cuda_backend_options o;
+    o.compute_dtype = t();
+    o.split_linear_margin_us = -1e9f;  // cuBLASLt's K split (the held norm) wherever it can run
+    o.l2_prefetch_kb = budgets[bi];
+    auto made = kernels::make_cuda_backend(o);
+    ASSERT_TRUE(made.ok()) << made.err().message;
+    b_ = std::move(made).value();
+    auto w_o = o_h, w_qkv = qkv_h, w_gu = gu_h, w_down = down_h, w_head = head_h;
+    kernels::weight wo = upload_matrix(w_o, hidden, hidden), wqkv = upload_matrix(w_qkv, qkv_rows, hidden),
+                    wgu = upload_matrix(w_gu, 2 * ffn, hidden), wdown = upload_matrix(w_down, hidden, ffn),
+                    whead = upload_matrix(w_head, vocab, hidden), nw = upload_vector(nw_h);
+    const std::size_t acts = static_cast<std::size_t>(n) * hidden;
+    dev_acts x(*b_, x_h), res(*b_, res_h), o_out(*b_, acts), normed(*b_, acts), q(*b_, static_cast<std::size_t>(n) * qkv_rows),
+        gu(*b_, static_cast<std::size_t>(n) * 2 * ffn), act(*b_, static_cast<std::size_t>(n) * ffn), d_out(*b_, acts),
+        normed2(*b_, acts), head(*b_, static_cast<std::size_t>(n) * vocab), normed3(*b_, acts);
+    b_->linear_add_rmsnorm(x.get_ptr(), n, wo, {}, o_out.get_ptr(), res.get_ptr(), hidden, nw, 1e-5f, normed.get_ptr());
+    b_->linear_into_attention(normed.get_ptr(), n, wqkv, {}, q.get_ptr());
+    b_->linear_add_rmsnorm(x.get_ptr(), n, wo, {}, o_out.get_ptr(), res.get_ptr(), hidden, nw, 1e-5f, normed.get_ptr());
+    b_->linear_silu_mul(normed.get_ptr(), n, wgu, {}, gu.get_ptr(), ffn, act.get_ptr());
+    b_->linear_add_rmsnorm(act.get_ptr(), n, wdown, {}, d_out.get_ptr(), res.get_ptr(), hidden, nw, 1e-5f,
+                           normed2.get_ptr());
+    b_->linear(normed2.get_ptr(), n, whead, {}, head.get_ptr());
+    b_->linear_add_rmsnorm(normed2.get_ptr(), n, wo, {}, o_out.get_ptr(), res.get_ptr(), hidden, nw, 1e-5f,
+                           normed3.get_ptr());
+    for (dev_acts* a : {&q, &act, &d_out, &normed2, &head, &o_out, &res, &normed3}) got[bi].push_back(a->get());
+    for (const auto& w : {wo, wqkv, wgu, wdown, whead, nw}) b_->release(const_cast<void*>(w.data));
+  }
+  const char* names[] = {"qkv", "act", "down", "normed before the head", "head", "o", "residual", "last normed"};
+  for (int bi = 1; bi < 3; ++bi) {
+    for (std::size_t i = 0; i < got[0].size(); ++i) {
+      EXPECT_EQ(got[bi][i], got[0][i]) << tag("l2_prefetch_kb " + std::to_string(budgets[bi]) + " " + names[i]);
+    }
+  }
+}
+
 // gate_up then silu_mul as one call: the default path (GEMM, then silu_mul or the GEMV's held
 // silu) and wgmma_swiglu's fused epilogue (gate rows in one warpgroup, up rows in the other), with
 // ffn tails shorter than a 64-row tile, runs shorter than one, bias, and the GEMV's token count.

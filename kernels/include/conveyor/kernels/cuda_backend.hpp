@@ -14,6 +14,13 @@ constexpr int gemv_norm_prologue = 2;  ///< qkv, gate_up, the LM head (x = rmsno
 constexpr int gemv_no_prologue = 4;    ///< o_proj
 constexpr int gemv_every_prologue = gemv_silu_prologue | gemv_norm_prologue | gemv_no_prologue;
 
+/// Which GEMMs cuda_backend_options::l2_prefetch_mask names: bits. Each is the GEMM whose input the
+/// K-split add + rmsnorm kernel or the silu_mul kernel just before it computes.
+constexpr int l2_prefetch_qkv = 1;      ///< qkv (linear_into_attention), after the K-split norm
+constexpr int l2_prefetch_gate_up = 2;  ///< gate_up on cuBLAS (linear_silu_mul), after the K-split norm
+constexpr int l2_prefetch_down = 4;     ///< down (after silu_mul)
+constexpr int l2_prefetch_other = 8;    ///< any other linear after one of the two (the LM head)
+
 struct cuda_backend_options {
   int device = 0;                 ///< CUDA device ordinal
   dtype compute_dtype = dtype::bf16;  ///< weights, activations and KV cache: bf16, or f32 for golden runs
@@ -90,6 +97,14 @@ struct cuda_backend_options {
   /// norm weights requested before griddepcontrol.wait; 0, as before: the weights after the block's
   /// sum, the residual after the slices, the slices one at a time below 4.
   int norm_loads_ahead = 2;
+  /// Decode steps of more tokens than the GEMV takes (bf16, pdl): the K-split add + rmsnorm and the
+  /// silu_mul kernels, which wait on small inputs while HBM idles, first ask L2 for up to this many
+  /// KB of the weights of the GEMM after them (l2_prefetch_mask says which), so that GEMM's first
+  /// loads hit L2: the whole matrix where it fits, else the first columns of every row (a GEMM
+  /// streams each row from column 0). 0: off. The kernel's launch is held until the next call says
+  /// which weights come next.
+  int l2_prefetch_kb = 0;
+  int l2_prefetch_mask = l2_prefetch_qkv | l2_prefetch_gate_up | l2_prefetch_down | l2_prefetch_other;
   /// With pdl: the held upload between decode steps (the next step's ids, positions, slots from
   /// pinned host memory, with the drawn tokens laid over) launches as a programmatic dependent of the
   /// sampling kernel and reads its host words over the bus before it waits (session 18).
