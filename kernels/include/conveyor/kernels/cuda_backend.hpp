@@ -102,7 +102,8 @@ struct cuda_backend_options {
   /// KB of the weights of the GEMM after them (l2_prefetch_mask says which), so that GEMM's first
   /// loads hit L2: the whole matrix where it fits, else the first columns of every row (a GEMM
   /// streams each row from column 0). 0: off. The kernel's launch is held until the next call says
-  /// which weights come next.
+  /// which weights come next. Refuted on the H100 (session 19): b=64 step +210 µs with qkv's
+  /// 12 MB, +310-360 with qkv, gate_up and down (bench/NOTES.md), hence off.
   int l2_prefetch_kb = 0;
   int l2_prefetch_mask = l2_prefetch_qkv | l2_prefetch_gate_up | l2_prefetch_down | l2_prefetch_other;
   /// With pdl: the held upload between decode steps (the next step's ids, positions, slots from
