@@ -406,6 +406,10 @@ std::vector<variant> all_variants() {
     p.l2_prefetch_mask = mask;
     v.push_back({name, p});
   }
+  // Session 20: the wgmma K-split epilogue pushing partial sums to their owner (one cluster barrier).
+  kernels::cuda_backend_options push = o;
+  push.wgmma_push_reduce = true;
+  v.push_back({"push", push});
   // Quantized weights on the default paths (issue 12): the linear layers, then the LM head too.
   for (auto k : {kernels::weight_quant::int8, kernels::weight_quant::fp8}) {
     const std::string name(kernels::weight_quant_name(k));

@@ -242,7 +242,7 @@ class cuda_backend final : public backend {
       flush();
       set_device();
       const skinny_gemm_args a = skinny_args(x, n, w, bias, out);
-      if (launch_skinny_wgmma(a, pdl_, num_sms_, stream_)) {
+      if (launch_skinny_wgmma(a, pdl_, num_sms_, stream_, wgmma_push_reduce_)) {
         qkv_early_ = pdl_;
         return;
       }
@@ -281,7 +281,7 @@ class cuda_backend final : public backend {
         w.type == dtype::bf16 && skinny_gemm_supported(n, rows, cols) && aligned(x) && aligned(w.data) && aligned(out)) {
       const skinny_gemm_args a = skinny_args(x, n, w, bias, out);
       // The wgmma kernel where it runs (sm_90, tensor maps encoded), else the mma.sync one if asked.
-      if (skinny_wgmma_ && skinny_wgmma_supported(n, rows, cols) && launch_skinny_wgmma(a, pdl_, num_sms_, stream_)) return;
+      if (skinny_wgmma_ && skinny_wgmma_supported(n, rows, cols) && launch_skinny_wgmma(a, pdl_, num_sms_, stream_, wgmma_push_reduce_)) return;
       if (skinny_gemm_) return launch_skinny_gemm(a, pdl_, num_sms_, stream_);
     }
     // Decode batch sizes: the algorithm timed fastest for this shape (lt_gemm.hpp); prefill keeps
@@ -768,6 +768,7 @@ class cuda_backend final : public backend {
     tune_after_early_qkv_ = tune_;
     tune_after_early_qkv_.ring_decode = std::clamp(o.wgmma_qkv_ring_decode, 0, 2);
     wgmma_qkv_ = o.wgmma_qkv;
+    wgmma_push_reduce_ = o.wgmma_push_reduce;
     wgmma_split_ = o.wgmma_split;
     wgmma_swiglu_ = o.wgmma_swiglu;
     wgmma_swiglu_min_n_ = o.wgmma_swiglu_min_n;
@@ -1030,6 +1031,7 @@ class cuda_backend final : public backend {
   attention_tuning tune_no_ring_;  // tune_ with ring_decode 0 (steps over ring_decode_max_seqs)
   attention_tuning tune_after_early_qkv_;  // tune_ with wgmma_qkv_ring_decode (after an early-releasing qkv)
   bool wgmma_qkv_ = false;                 ///< cuda_backend_options::wgmma_qkv (and the GPU has the kernel)
+  bool wgmma_push_reduce_ = false;         ///< cuda_backend_options::wgmma_push_reduce
   int wgmma_qkv_min_n_ = 0, wgmma_qkv_max_n_ = 0;
   bool wgmma_split_ = false;  ///< cuda_backend_options::wgmma_split (and the GPU has the kernel)
   bool wgmma_swiglu_ = false;  ///< cuda_backend_options::wgmma_swiglu (and the GPU has the kernel)

@@ -67,6 +67,10 @@ struct shape {
   static constexpr int STAGE = W_BYTES + N * BK * 2;
   static constexpr int RED_PITCH = BM + 4;  // f32 reduction tile [token][row]: conflict-free fragment stores
   static constexpr int RED_BYTES = N * RED_PITCH * 4;
+  // push: the owner's receive area [source split][owned row][token], tokens N + 2 apart (even, so a
+  // fragment's two adjacent tokens go as one 8-byte store); BM / splits owned rows a block.
+  static constexpr int PUSH_PITCH = N + 2;
+  static constexpr int PUSH_BYTES = BM * PUSH_PITCH * 4;
 };
 
 // The kernel's epilogue, fixed at compile time so that each instance holds only its own live
@@ -76,6 +80,8 @@ enum class epi {
   plain,   // bf16 out (+ bias): one block's rows (splits == 1) or the cluster's DSMEM sum of K splits
   slices,  // f32 partial sums of K slices to `parts` (launch_skinny_wgmma_slices)
   swiglu,  // silu(gate) * up of gate_up's paired rows (launch_skinny_wgmma_swiglu)
+  push,    // bf16 out (+ bias), K split over a cluster: each block stores its partial sums into the
+           // block that owns those rows (push_area), the cluster meets once (wgmma_push_reduce)
 };
 
 struct params {
@@ -138,6 +144,9 @@ template <int G>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(G) : "memory");
 }
+// The cluster's split barrier (push epilogue): every thread of every block arrives, then waits.
+__device__ __forceinline__ void cluster_arrive_release() { asm volatile("barrier.cluster.arrive.release;" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait_acquire() { asm volatile("barrier.cluster.wait.acquire;" ::: "memory"); }
 // Keeps the compiler from moving accumulator reads or writes across the asynchronous wgmma steps.
 template <int R>
 __device__ __forceinline__ void fence_acc(float (&d)[R]) {
@@ -239,6 +248,16 @@ __global__ void __launch_bounds__(shape<N, WGS>::THREADS, 1)
   // Tile i stores rows [row_lo + BM i, ...) and loads BM rows from here: the last tile of a run
   // ends at the run's end (its overlap with the tile before is in L2), unless the run is shorter.
   auto load_row = [&](int i) { return max(row_lo, min(row_lo + bm * i, row_hi - bm)); };
+  // push: the peers' partial sums land on this block's first ring slots, so the block arrives at
+  // the cluster barrier once its last use of those slots is over (often long before its last
+  // stage), and a block stores into its peers only after every one of them has arrived.
+  constexpr bool push = E == epi::push;  // launched with p.splits > 1 only
+  int push_last = -1;  // the last iteration that uses a slot under the push area
+  if (push && items * nkt > 0) {
+    const int need = min(stages, (S::PUSH_BYTES + STAGE - 1) / STAGE), last = items * nkt - 1;
+    const int cycle = last / stages * stages;
+    push_last = last - cycle < need ? last : cycle + need - 1;
+  }
 
   if (tid == CONSUMERS) {  // the producer's first copies need both descriptors
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<std::uint64_t>(&tw)) : "memory");
@@ -296,6 +315,7 @@ __global__ void __launch_bounds__(shape<N, WGS>::THREADS, 1)
       grid_dep_trigger();
     }
     __syncwarp();
+    if (push) cluster_arrive_release();  // the producer writes the ring only through the stages it issued
   } else {  // WGS consumer warpgroups of 64 rows each
     grid_dep_wait();  // the output may still be read by the previous kernel
     grid_dep_trigger();
@@ -303,6 +323,7 @@ __global__ void __launch_bounds__(shape<N, WGS>::THREADS, 1)
     const int wg = warp / 4, g = lane / 4, q = lane % 4;
     float acc[R];
     int it = 0;
+    bool arrived = false;
     for (int i = 0; i < items; ++i) {
 #pragma unroll
       for (int e = 0; e < R; ++e) acc[e] = 0.0f;
@@ -322,11 +343,16 @@ __global__ void __launch_bounds__(shape<N, WGS>::THREADS, 1)
         wgmma_wait<1>();  // the previous stage's group is done: hand that stage back
         fence_acc(acc);
         if (kk > 0 && lane == 0) mbar_arrive(empty + (it - 1) % stages);
+        if (push && kk > 0 && it - 1 == push_last) {
+          cluster_arrive_release();
+          arrived = true;
+        }
       }
       wgmma_wait<0>();
       fence_acc(acc);
       if (nkt > 0 && lane == 0) mbar_arrive(empty + (it - 1) % stages);
       if (tid == 0 && i == 0) stamp(stamp_slot::mma_done);
+      if (push && !arrived) cluster_arrive_release();
 
       // Fragment e = 4 j + 2 h + c: row 16 (warp % 4) + g + 8 h of the warpgroup's 64, token 8 j + 2 q + c.
       const int r0 = wg * 64 + (warp % 4) * 16 + g;
@@ -360,6 +386,18 @@ __global__ void __launch_bounds__(shape<N, WGS>::THREADS, 1)
           }
         }
         asm volatile("bar.sync 1, %0;" ::"n"(CONSUMERS) : "memory");  // xch is free for the next tile
+      } else if constexpr (push) {
+        // Fragment pairs (c = 0, 1: adjacent tokens) as one 8-byte store into the owner of the row.
+        cluster_wait_acquire();  // every peer is done with its ring slots under the push area
+        cg::cluster_group cluster = cg::this_cluster();
+        float* area = reinterpret_cast<float*>(ring);
+        const int owned = BM / p.splits;
+#pragma unroll
+        for (int e = 0; e < R; e += 2) {
+          const int r = r0 + ((e >> 1) & 1) * 8, t = (e >> 2) * 8 + 2 * q;
+          float* dst = cluster.map_shared_rank(area, r / owned) + (split * owned + r % owned) * S::PUSH_PITCH + t;
+          *reinterpret_cast<float2*>(dst) = make_float2(acc[e], acc[e + 1]);
+        }
       } else if (p.splits == 1) {
         const int lrow = load_row(i), slo = row_lo + BM * i, shi = min(slo + BM, row_hi);
 #pragma unroll
@@ -380,13 +418,30 @@ __global__ void __launch_bounds__(shape<N, WGS>::THREADS, 1)
       }
     }
   }
-  if (E != epi::plain || p.splits == 1) {
+  if ((E != epi::plain && E != epi::push) || (E == epi::plain && p.splits == 1)) {
     if (tid == 0) stamp(stamp_slot::exit);
     return;
   }
 
   // Sum over the cluster's K splits (fixed order) and store; each block stores 1/splits of the tile.
   const int splits = p.splits;
+  if constexpr (push) {
+    if (warp == CONSUMERS / 32) cluster_wait_acquire();  // the consumers waited before their stores
+    cluster_arrive_release();
+    cluster_wait_acquire();  // every peer's partial sums are in this block's push area
+    if (tid == 0) stamp(stamp_slot::reduce);
+    const float* area = reinterpret_cast<const float*>(ring);
+    const int owned = BM / splits;
+    for (int i = tid; i < owned * n; i += THREADS) {  // consecutive threads: consecutive rows
+      const int rl = i % owned, t = i / owned, row = row_lo + split * owned + rl;
+      if (row >= row_hi) continue;
+      float sum = 0.0f;  // as the pull sum: 0 + part 0 + part 1 + ...
+      for (int part = 0; part < splits; ++part) sum += area[(part * owned + rl) * S::PUSH_PITCH + t];
+      store_linear_out(sum, p.bias, row, p.out + static_cast<std::size_t>(t) * rows + row);
+    }
+    if (tid == 0) stamp(stamp_slot::exit);  // no peer reads this block's memory: it leaves at once
+    return;
+  }
   cg::cluster_group cluster = cg::this_cluster();
   cluster.sync();  // every split's tile is in its shared memory
   if (tid == 0) stamp(stamp_slot::reduce);
@@ -521,7 +576,7 @@ params params_of(const skinny_gemm_args& a) {
 }
 
 template <int N, int WGS>
-bool launch_cfg(const skinny_gemm_args& a, bool pdl, int sms, cudaStream_t s) {
+bool launch_cfg(const skinny_gemm_args& a, bool pdl, bool push, int sms, cudaStream_t s) {
   using S = shape<N, WGS>;
   CUtensorMap tw, tx;
   if (!make_map(&tw, a.w, a.cols, a.rows, S::BM) || !make_map(&tx, a.x, a.cols, a.n, N)) return false;
@@ -547,7 +602,7 @@ bool launch_cfg(const skinny_gemm_args& a, bool pdl, int sms, cudaStream_t s) {
   int budget = full_budget;
   if (splits > 1 && !clusters_fit<N, WGS>(splits, tiles,
                                           HEAD_BYTES + std::max(std::min(MAX_STAGES, full_budget / S::STAGE) * S::STAGE,
-                                                                S::RED_BYTES))) {
+                                                                std::max(S::RED_BYTES, S::PUSH_BYTES)))) {
     budget = half;
   }
   int stages = std::clamp(budget / S::STAGE, 2, MAX_STAGES);
@@ -561,9 +616,11 @@ bool launch_cfg(const skinny_gemm_args& a, bool pdl, int sms, cudaStream_t s) {
     grid = (a.rows + p.rows_per_block - 1) / p.rows_per_block;
   }
   p.stamps = stamps_for(a.n, a.rows, a.cols, grid, splits, stages);
-  launch_kx(launch_extras{pdl && !no_pdl, -1, splits}, skinny_wgmma_kernel<N, WGS, epi::plain>, dim3(static_cast<unsigned>(grid)),
-            dim3(S::THREADS), static_cast<std::size_t>(HEAD_BYTES + std::max(stages * S::STAGE, S::RED_BYTES)), s, tw,
-            tx, p);
+  // push: the 128-row blocks' instance only (256-row blocks fill the GPU without a K split).
+  const auto kernel = push && splits > 1 && WGS == 2 ? skinny_wgmma_kernel<N, 2, epi::push> : skinny_wgmma_kernel<N, WGS, epi::plain>;
+  launch_kx(launch_extras{pdl && !no_pdl, -1, splits}, kernel, dim3(static_cast<unsigned>(grid)), dim3(S::THREADS),
+            static_cast<std::size_t>(HEAD_BYTES + std::max({stages * S::STAGE, S::RED_BYTES, S::PUSH_BYTES})), s, tw, tx,
+            p);
   return true;
 }
 
@@ -624,18 +681,19 @@ bool launch_swiglu(const skinny_gemm_args& a, bool pdl, int sms, cudaStream_t s)
 }
 
 template <int N>
-bool launch_n(const skinny_gemm_args& a, bool pdl, int sms, cudaStream_t s) {
+bool launch_n(const skinny_gemm_args& a, bool pdl, bool push, int sms, cudaStream_t s) {
   static const int force_bm = env_int("SKINNY_WGMMA_BM");
   // 256-row blocks halve the activation tiles' re-reads from L2 (n / 256 of the weight bytes instead
   // of n / 128) where there are rows enough to fill the GPU with them.
   const bool wide = force_bm != 0 ? force_bm == 256 : a.rows >= 256 * sms;
-  return wide ? launch_cfg<N, 4>(a, pdl, sms, s) : launch_cfg<N, 2>(a, pdl, sms, s);
+  return wide ? launch_cfg<N, 4>(a, pdl, push, sms, s) : launch_cfg<N, 2>(a, pdl, push, sms, s);
 }
 
 template <int N, int WGS, epi E>
 void allow_smem() {
   using S = shape<N, WGS>;
-  static_assert(HEAD_BYTES + S::RED_BYTES <= smem_limit && HEAD_BYTES + 2 * S::STAGE <= smem_limit, "smem");
+  static_assert(HEAD_BYTES + std::max(S::RED_BYTES, S::PUSH_BYTES) <= smem_limit && HEAD_BYTES + 2 * S::STAGE <= smem_limit,
+                "smem");
   static_assert(E != epi::swiglu || HEAD_BYTES + 2 * S::STAGE + S::CONSUMERS / 2 * (N / 2) * 4 <= smem_limit,
                 "smem (swiglu)");
   CONVEYOR_CUDA_CHECK(
@@ -647,6 +705,7 @@ void allow_smem_n() {  // every instance the launchers use at this N
   allow_smem<N, 4, epi::plain>();
   allow_smem<N, 1, epi::slices>();
   allow_smem<N, 2, epi::swiglu>();
+  allow_smem<N, 2, epi::push>();
 }
 
 }  // namespace
@@ -673,11 +732,11 @@ bool skinny_wgmma_init() {
 }
 
 // Token tiles of 32, 64, 96 and 128 (wgmma's N): padding tokens cost math and x bytes, not weight bytes.
-bool launch_skinny_wgmma(const skinny_gemm_args& a, bool pdl, int sms, cudaStream_t s) {
-  if (a.n <= 32) return launch_n<32>(a, pdl, sms, s);
-  if (a.n <= 64) return launch_n<64>(a, pdl, sms, s);
-  if (a.n <= 96) return launch_n<96>(a, pdl, sms, s);
-  return launch_n<128>(a, pdl, sms, s);
+bool launch_skinny_wgmma(const skinny_gemm_args& a, bool pdl, int sms, cudaStream_t s, bool push_reduce) {
+  if (a.n <= 32) return launch_n<32>(a, pdl, push_reduce, sms, s);
+  if (a.n <= 64) return launch_n<64>(a, pdl, push_reduce, sms, s);
+  if (a.n <= 96) return launch_n<96>(a, pdl, push_reduce, sms, s);
+  return launch_n<128>(a, pdl, push_reduce, sms, s);
 }
 
 bool launch_skinny_wgmma_swiglu(const skinny_gemm_args& a, bool pdl, int sms, cudaStream_t s) {

@@ -17,8 +17,10 @@ bool skinny_wgmma_supported(int n, int rows, int cols);
 bool skinny_wgmma_init();
 /// out[n, rows] = x[n, cols] · wᵀ (+ bias) on the wgmma kernel; false (nothing launched) when the
 /// tensor maps could not be encoded. `pdl`: launch as a programmatic dependent of the previous kernel
-/// (the first stages' weights are requested before it waits).
-bool launch_skinny_wgmma(const skinny_gemm_args& a, bool pdl, int sms, cudaStream_t s);
+/// (the first stages' weights are requested before it waits). `push_reduce`: where K is split over a
+/// cluster, each block stores its partial sums into the block that owns those rows and the cluster
+/// meets once, instead of twice around remote loads (the same sums in the same order: same bits).
+bool launch_skinny_wgmma(const skinny_gemm_args& a, bool pdl, int sms, cudaStream_t s, bool push_reduce = false);
 /// out[n, ffn] = silu(gate) * up of the product x · gate_upᵀ (a.w: gate_up [2 ffn, cols], gate rows
 /// first; a.rows = 2 ffn; a.out: [n, ffn]), one kernel instead of the GEMM and silu_mul, with the
 /// same bf16 roundings as that pair; false (nothing launched) when the maps could not be encoded.

@@ -891,6 +891,62 @@ TEST_P(cuda_ops, skinny_wgmma_linear) {
   }
 }
 
+// wgmma_push_reduce (session 20): the K-split cluster's partial sums pushed to the block owning
+// their rows, one cluster barrier, against the default (tiles kept, read by the peers, two
+// barriers): the same sums in the same order, so the same bits. Shapes with 4 splits (3072×2048,
+// qkv of the 1B), 8 (2048×8192), an empty last split (256×2056), 4 splits of 16 k tiles (130×1000),
+// every token tile, padding inside them, bias. (256-row blocks never split K: they need ≥ 256 rows an SM.)
+TEST_P(cuda_ops, skinny_wgmma_push_reduce_is_bit_identical) {
+  if (t() != dtype::bf16) GTEST_SKIP() << "the wgmma GEMM is bf16's";
+  int dev = 0, major = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  if (major != 9) GTEST_SKIP() << "the wgmma GEMM needs sm_90 (this GPU is sm_" << major << "x)";
+  ASSERT_TRUE(kernels::cuda::skinny_wgmma_init()) << "no tensor-map encoder from the driver";
+  for (auto [rows, cols] : {std::pair{3072, 2048}, {2048, 8192}, {256, 2056}, {130, 1000}}) {
+    for (int n : {17, 33, 64, 80, 128}) {
+      const auto xh = testing::random_values(rng_, static_cast<std::size_t>(n) * cols, t(), 1.0f);
+      const auto wh = testing::random_values(rng_, static_cast<std::size_t>(rows) * cols, t(), 0.05f);
+      std::vector<float> bias(rows);
+      std::uniform_real_distribution<float> bd(-0.5f, 0.5f);
+      for (auto& v : bias) v = bd(rng_);
+      const bool with_bias = (rows + n) % 2 == 1;
+      std::vector<float> got[2];
+      for (int push = 0; push < 2; ++push) {
+        kernels::cuda_backend_options o;
+        o.compute_dtype = t();
+        o.skinny_wgmma = true;
+        o.skinny_gemm_min_n = 17;
+        o.skinny_gemm_max_n = 128;
+        o.wgmma_push_reduce = push == 1;
+        auto made = kernels::make_cuda_backend(o);
+        ASSERT_TRUE(made.ok()) << made.err().message;
+        b_ = std::move(made).value();
+        auto w_copy = wh;
+        kernels::weight w = upload_matrix(w_copy, rows, cols);
+        kernels::weight bw = with_bias ? upload_vector(bias) : kernels::weight{};
+        dev_acts x(*b_, xh), out(*b_, static_cast<std::size_t>(n) * rows);
+        out.poison();
+        b_->linear(x.get_ptr(), n, w, bw, out.get_ptr());
+        got[push] = out.get();
+        b_->release(const_cast<void*>(w.data));
+        if (with_bias) b_->release(const_cast<void*>(bw.data));
+      }
+      const std::string shape = std::to_string(rows) + "x" + std::to_string(cols) + " n" + std::to_string(n);
+      ASSERT_EQ(got[1].size(), got[0].size());
+      std::size_t differ = 0, first = 0;
+      for (std::size_t i = 0; i < got[0].size(); ++i) {
+        // NaN poison left anywhere fails too: NaN != NaN.
+        if (!(got[1][i] == got[0][i])) {
+          if (differ++ == 0) first = i;
+        }
+      }
+      EXPECT_EQ(differ, 0u) << tag("push_reduce " + shape) << ": first at " << first << " (token " << first / rows
+                            << ", row " << first % rows << ")";
+    }
+  }
+}
+
 // The backend may fuse an op into the next one (rmsnorm or silu_mul into a small linear, rope into
 // kv_write); every buffer must end as the op-by-op CPU twin leaves it.
 TEST_P(cuda_ops, fused_op_pairs_match_op_by_op) {

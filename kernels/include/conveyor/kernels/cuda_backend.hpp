@@ -172,6 +172,12 @@ struct cuda_backend_options {
   int wgmma_qkv_min_n = 2;
   int wgmma_qkv_max_n = 64;
   int wgmma_qkv_ring_decode = 1;
+  /// The wgmma GEMM's K-split cluster epilogue (qkv at batch 17-64 on the H100's and H200's SM
+  /// counts): each block stores its f32 partial sums into the shared memory of the block that owns
+  /// those rows and the cluster meets once, arriving as soon as its first ring slots are free;
+  /// off: each block keeps its tile, the cluster meets, every block reads its peers' tiles, the
+  /// cluster meets again. Same sums in the same order (bit-identical). Session 20 (bench/NOTES.md).
+  bool wgmma_push_reduce = false;
   /// bf16 gate_up projections (backend::linear_silu_mul) of wgmma_swiglu_min_n ..
   /// wgmma_swiglu_max_n tokens on the wgmma GEMM with the SwiGLU in its epilogue (sm_90; elsewhere,
   /// and at token counts the GEMV takes or batch_invariant keeps row-invariant, the GEMM and silu_mul
