@@ -176,7 +176,9 @@ struct cuda_backend_options {
   /// counts): each block stores its f32 partial sums into the shared memory of the block that owns
   /// those rows and the cluster meets once, arriving as soon as its first ring slots are free;
   /// off: each block keeps its tile, the cluster meets, every block reads its peers' tiles, the
-  /// cluster meets again. Same sums in the same order (bit-identical). Session 20 (bench/NOTES.md).
+  /// cluster meets again. Same sums in the same order (bit-identical). Refuted on the H200 (session
+  /// 20, bench/NOTES.md): b=64 step +50 to +110 µs, b=8 +30 to +70 (the qkv kernel left ~3.5 µs
+  /// later: the small remote stores and the owner's pass cost more than the pull's remote loads).
   bool wgmma_push_reduce = false;
   /// bf16 gate_up projections (backend::linear_silu_mul) of wgmma_swiglu_min_n ..
   /// wgmma_swiglu_max_n tokens on the wgmma GEMM with the SwiGLU in its epilogue (sm_90; elsewhere,
