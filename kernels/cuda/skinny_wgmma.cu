@@ -616,8 +616,10 @@ bool launch_cfg(const skinny_gemm_args& a, bool pdl, bool push, int sms, cudaStr
     grid = (a.rows + p.rows_per_block - 1) / p.rows_per_block;
   }
   p.stamps = stamps_for(a.n, a.rows, a.cols, grid, splits, stages);
-  // push: the 128-row blocks' instance only (256-row blocks fill the GPU without a K split).
-  const auto kernel = push && splits > 1 && WGS == 2 ? skinny_wgmma_kernel<N, 2, epi::push> : skinny_wgmma_kernel<N, WGS, epi::plain>;
+  // push: the 128-row blocks' instance only (256-row blocks fill the GPU without a K split), and
+  // splits that divide the block's rows (SKINNY_WGMMA_SPLITS may force others).
+  const bool pushed = push && splits > 1 && WGS == 2 && S::BM % splits == 0;
+  const auto kernel = pushed ? skinny_wgmma_kernel<N, 2, epi::push> : skinny_wgmma_kernel<N, WGS, epi::plain>;
   launch_kx(launch_extras{pdl && !no_pdl, -1, splits}, kernel, dim3(static_cast<unsigned>(grid)), dim3(S::THREADS),
             static_cast<std::size_t>(HEAD_BYTES + std::max({stages * S::STAGE, S::RED_BYTES, S::PUSH_BYTES})), s, tw, tx,
             p);
