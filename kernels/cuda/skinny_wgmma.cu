@@ -418,11 +418,6 @@ __global__ void __launch_bounds__(shape<N, WGS>::THREADS, 1)
       }
     }
   }
-  if ((E != epi::plain && E != epi::push) || (E == epi::plain && p.splits == 1)) {
-    if (tid == 0) stamp(stamp_slot::exit);
-    return;
-  }
-
   // Sum over the cluster's K splits (fixed order) and store; each block stores 1/splits of the tile.
   const int splits = p.splits;
   if constexpr (push) {
@@ -440,6 +435,10 @@ __global__ void __launch_bounds__(shape<N, WGS>::THREADS, 1)
       store_linear_out(sum, p.bias, row, p.out + static_cast<std::size_t>(t) * rows + row);
     }
     if (tid == 0) stamp(stamp_slot::exit);  // no peer reads this block's memory: it leaves at once
+    return;
+  }
+  if (E != epi::plain || splits == 1) {
+    if (tid == 0) stamp(stamp_slot::exit);
     return;
   }
   cg::cluster_group cluster = cg::this_cluster();
@@ -594,6 +593,10 @@ bool launch_cfg(const skinny_gemm_args& a, bool pdl, bool push, int sms, cudaStr
     while (splits < MAX_SPLITS && tiles * splits * 2 <= sms && p.ktiles >= splits * 4) splits *= 2;
   }
   if (force_splits > 0) splits = std::min(force_splits, MAX_SPLITS);
+  // push: the 128-row blocks' instance only (256-row blocks fill the GPU without a K split), and
+  // splits that divide the block's rows (SKINNY_WGMMA_SPLITS may force others).
+  const bool pushed = push && splits > 1 && WGS == 2 && S::BM % splits == 0;
+  const int epi_bytes = pushed ? S::PUSH_BYTES : S::RED_BYTES;  // the epilogue's area over the ring
   // The most stages, unless the clusters would then not all fit at once (an SM each, grouped by
   // GPC): then the stages of two blocks an SM. (Session 5, call 3: the stages of two blocks an SM
   // wherever ≥ 4 fit, for more PDL overlap with the neighbouring kernels, made the b=64 step 50 µs
@@ -602,7 +605,7 @@ bool launch_cfg(const skinny_gemm_args& a, bool pdl, bool push, int sms, cudaStr
   int budget = full_budget;
   if (splits > 1 && !clusters_fit<N, WGS>(splits, tiles,
                                           HEAD_BYTES + std::max(std::min(MAX_STAGES, full_budget / S::STAGE) * S::STAGE,
-                                                                std::max(S::RED_BYTES, S::PUSH_BYTES)))) {
+                                                                epi_bytes))) {
     budget = half;
   }
   int stages = std::clamp(budget / S::STAGE, 2, MAX_STAGES);
@@ -616,13 +619,9 @@ bool launch_cfg(const skinny_gemm_args& a, bool pdl, bool push, int sms, cudaStr
     grid = (a.rows + p.rows_per_block - 1) / p.rows_per_block;
   }
   p.stamps = stamps_for(a.n, a.rows, a.cols, grid, splits, stages);
-  // push: the 128-row blocks' instance only (256-row blocks fill the GPU without a K split), and
-  // splits that divide the block's rows (SKINNY_WGMMA_SPLITS may force others).
-  const bool pushed = push && splits > 1 && WGS == 2 && S::BM % splits == 0;
   const auto kernel = pushed ? skinny_wgmma_kernel<N, 2, epi::push> : skinny_wgmma_kernel<N, WGS, epi::plain>;
   launch_kx(launch_extras{pdl && !no_pdl, -1, splits}, kernel, dim3(static_cast<unsigned>(grid)), dim3(S::THREADS),
-            static_cast<std::size_t>(HEAD_BYTES + std::max({stages * S::STAGE, S::RED_BYTES, S::PUSH_BYTES})), s, tw, tx,
-            p);
+            static_cast<std::size_t>(HEAD_BYTES + std::max(stages * S::STAGE, epi_bytes)), s, tw, tx, p);
   return true;
 }
 

@@ -64,6 +64,13 @@ class cuda_ops : public ::testing::TestWithParam<dtype> {
                                          ::testing::UnitTest::GetInstance()->current_test_info()->name()));
   }
   dtype t() const { return GetParam(); }
+  /// The current GPU's compute capability major (9: Hopper, where the wgmma GEMM runs).
+  static int sm_major() {
+    int dev = 0, major = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    return major;
+  }
   std::string tag(const std::string& op) const { return op + " " + name_of(t()); }
   /// A matrix weight uploaded from float32 host values; returns the values the device holds.
   kernels::weight upload_matrix(std::vector<float>& host, int rows, int cols) {
@@ -876,11 +883,8 @@ TEST_P(cuda_ops, skinny_wgmma_linear) {
   auto made = kernels::make_cuda_backend(o);
   ASSERT_TRUE(made.ok()) << made.err().message;
   b_ = std::move(made).value();
-  int dev = 0, major = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
   // On Hopper the backend must take the kernel (elsewhere these shapes run on cuBLAS).
-  if (major == 9) ASSERT_TRUE(kernels::cuda::skinny_wgmma_init()) << "no tensor-map encoder from the driver";
+  if (sm_major() == 9) ASSERT_TRUE(kernels::cuda::skinny_wgmma_init()) << "no tensor-map encoder from the driver";
   for (auto [rows, cols] : {std::pair{3072, 2048}, {2048, 8192}, {256, 2056}, {40, 40}, {130, 1000}, {8999, 72},
                             {20000, 64}, {17000, 136}, {13000, 72}, {34000, 72}}) {
     for (int n : {17, 33, 64, 80, 100, 128}) {
@@ -898,10 +902,9 @@ TEST_P(cuda_ops, skinny_wgmma_linear) {
 // every token tile, padding inside them, bias. (256-row blocks never split K: they need ≥ 256 rows an SM.)
 TEST_P(cuda_ops, skinny_wgmma_push_reduce_is_bit_identical) {
   if (t() != dtype::bf16) GTEST_SKIP() << "the wgmma GEMM is bf16's";
-  int dev = 0, major = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  if (major != 9) GTEST_SKIP() << "the wgmma GEMM needs sm_90 (this GPU is sm_" << major << "x)";
+  if (const int major = sm_major(); major != 9) {
+    GTEST_SKIP() << "the wgmma GEMM needs sm_90 (this GPU is sm_" << major << "x)";
+  }
   ASSERT_TRUE(kernels::cuda::skinny_wgmma_init()) << "no tensor-map encoder from the driver";
   for (auto [rows, cols] : {std::pair{3072, 2048}, {2048, 8192}, {256, 2056}, {130, 1000}}) {
     for (int n : {17, 33, 64, 80, 128}) {
