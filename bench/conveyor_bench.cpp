@@ -410,6 +410,12 @@ std::vector<variant> all_variants() {
   kernels::cuda_backend_options push = o;
   push.wgmma_push_reduce = true;
   v.push_back({"push", push});
+  // Session 21: the qkv GEMM's K slices summed by the attention prologue (no cluster epilogue).
+  kernels::cuda_backend_options qkvslices = o;
+  qkvslices.wgmma_qkv_slices = true;
+  v.push_back({"qkvslices", qkvslices});
+  qkvslices.wgmma_qkv_slices_min_n = 33;  // only where the 1B's decode attention keeps one split
+  v.push_back({"qkvslices33", qkvslices});
   // Quantized weights on the default paths (issue 12): the linear layers, then the LM head too.
   for (auto k : {kernels::weight_quant::int8, kernels::weight_quant::fp8}) {
     const std::string name(kernels::weight_quant_name(k));

@@ -20,6 +20,7 @@
 #include "attention_common.cuh"
 #include "device_types.cuh"
 #include "launch.hpp"
+#include "linear_epilogue.cuh"
 
 namespace conveyor::kernels::cuda {
 
@@ -479,6 +480,28 @@ __device__ __forceinline__ void rope_pair(float xa, float xb, float cos_v, float
 // every item is rotated with its pair's (cos, sin): the same bits as computing them per item. Off: one
 // sincos per item, each after its item's loads, so the G + 1 heads repeat each angle and warp 0 of a
 // 128-thread block (160 items at D 64, G 4) runs two sincos and two load round trips back to back.
+// qkv[row, col] as the qkv linear stores it: read from qkv, or (rope.parts) summed from its K slices
+// as the wgmma GEMM's cluster sums them (0 + part 0 + part 1 + ..., every slice's load in flight
+// first) and rounded as store_linear_out rounds.
+__device__ __forceinline__ __nv_bfloat16 qkv_entry(const attention_rope_kv& rope, const __nv_bfloat16* qrow, int row,
+                                                   int width, int col) {
+  if (rope.parts == nullptr) return qrow[col];
+  constexpr int MS = attention_rope_kv::max_splits;
+  const std::size_t slice = static_cast<std::size_t>(rope.n) * width;
+  const float* at = rope.parts + static_cast<std::size_t>(row) * width + col;
+  float v[MS];
+#pragma unroll
+  for (int sp = 0; sp < MS; ++sp) {
+    if (sp < rope.splits) v[sp] = __ldcg(at + sp * slice);
+  }
+  float sum = 0.0f;
+#pragma unroll
+  for (int sp = 0; sp < MS; ++sp) {
+    if (sp < rope.splits) sum += v[sp];
+  }
+  return __float2bfloat16_rn(linear_out_value(sum, rope.bias, col));
+}
+
 struct no_store_kv {
   __device__ void operator()(int, __nv_bfloat16, __nv_bfloat16, __nv_bfloat16, __nv_bfloat16) const {}
 };
@@ -493,7 +516,7 @@ __device__ __forceinline__ void rope_kv_prologue(const attention_rope_kv& rope, 
   if (rope.once) {
     __nv_bfloat16* kd = static_cast<__nv_bfloat16*>(rope.k_cache) + slot * D;
     __nv_bfloat16* vd = static_cast<__nv_bfloat16*>(rope.v_cache) + slot * D;
-    const __nv_bfloat16* vsrc = qrow + (heads + kv_heads + kvh) * D;
+    __nv_bfloat16* vsrc = qrow + (heads + kv_heads + kvh) * D;
     constexpr int items = (G + 1) * half, per = (items + NT - 1) / NT;
     __shared__ float2 cs_s[half];
     // Loads first: their latency runs under the sincos (all of them precede every store, so no
@@ -504,12 +527,12 @@ __device__ __forceinline__ void rope_kv_prologue(const attention_rope_kv& rope, 
       const int idx = threadIdx.x + u * NT;
       if (idx < items) {
         const int g = idx / half, i = idx % half;
-        const __nv_bfloat16* x = qrow + (g < G ? h0 + g : heads + kvh) * D;
-        xa[u] = x[i];
-        xb[u] = x[i + half];
+        const int x0 = (g < G ? h0 + g : heads + kvh) * D, v0 = (heads + kv_heads + kvh) * D;
+        xa[u] = qkv_entry(rope, qrow, row, width, x0 + i);
+        xb[u] = qkv_entry(rope, qrow, row, width, x0 + i + half);
         if (g == G) {
-          va[u] = vsrc[i];
-          vb[u] = vsrc[i + half];
+          va[u] = qkv_entry(rope, qrow, row, width, v0 + i);
+          vb[u] = qkv_entry(rope, qrow, row, width, v0 + i + half);
         }
       }
     }
@@ -539,6 +562,10 @@ __device__ __forceinline__ void rope_kv_prologue(const attention_rope_kv& rope, 
           kd[i + half] = b;
           vd[i] = va[u];
           vd[i + half] = vb[u];
+          if (rope.parts != nullptr) {  // v as the GEMM would have left it in qkv
+            vsrc[i] = va[u];
+            vsrc[i + half] = vb[u];
+          }
           store_kv(i, a, b, va[u], vb[u]);
         }
       }
@@ -553,8 +580,10 @@ __device__ __forceinline__ void rope_kv_prologue(const attention_rope_kv& rope, 
     double sn, cs;
     sincos(static_cast<double>(angle), &sn, &cs);
     const float cos_v = static_cast<float>(cs) * rope.scaling, sin_v = static_cast<float>(sn) * rope.scaling;
-    __nv_bfloat16* x = qrow + (g < G ? h0 + g : heads + kvh) * D;
-    const float xa = __bfloat162float(x[i]), xb = __bfloat162float(x[i + half]);
+    const int x0 = (g < G ? h0 + g : heads + kvh) * D;
+    __nv_bfloat16* x = qrow + x0;
+    const float xa = __bfloat162float(qkv_entry(rope, qrow, row, width, x0 + i));
+    const float xb = __bfloat162float(qkv_entry(rope, qrow, row, width, x0 + i + half));
     __nv_bfloat16 a, b;
     rope_pair(xa, xb, cos_v, sin_v, a, b);
     x[i] = a;
@@ -564,12 +593,18 @@ __device__ __forceinline__ void rope_kv_prologue(const attention_rope_kv& rope, 
     } else {
       __nv_bfloat16* kd = static_cast<__nv_bfloat16*>(rope.k_cache) + slot * D;
       __nv_bfloat16* vd = static_cast<__nv_bfloat16*>(rope.v_cache) + slot * D;
-      const __nv_bfloat16* vs = qrow + (heads + kv_heads + kvh) * D;
+      const int v0 = (heads + kv_heads + kvh) * D;
+      const __nv_bfloat16 va = qkv_entry(rope, qrow, row, width, v0 + i);
+      const __nv_bfloat16 vb = qkv_entry(rope, qrow, row, width, v0 + i + half);
       kd[i] = a;
       kd[i + half] = b;
-      vd[i] = vs[i];
-      vd[i + half] = vs[i + half];
-      store_kv(i, a, b, vs[i], vs[i + half]);
+      vd[i] = va;
+      vd[i + half] = vb;
+      if (rope.parts != nullptr) {
+        qrow[v0 + i] = va;
+        qrow[v0 + i + half] = vb;
+      }
+      store_kv(i, a, b, va, vb);
     }
   }
 }
@@ -1188,6 +1223,10 @@ void raise_smem_once(std::size_t bytes) {
 /// The rope_kv the caller handed over, run on its own (where the attention kernel cannot take it).
 void run_rope_kv(const attention_rope_kv& r, dtype t, const attn_shape& sh, const attention_tuning& tune,
                  cudaStream_t s) {
+  if (r.parts != nullptr) {  // the qkv linear's K slices into qkv first (bf16 only: the caller's check)
+    const int width = (sh.num_heads + 2 * sh.num_kv_heads) * sh.head_dim;
+    launch_sum_parts(r.parts, r.splits, r.n, width, r.bias, r.qkv, s, tune.pdl);
+  }
   launch_rope_kv(t, r.qkv, r.n, sh, r.positions, r.inv_freq, r.scaling, r.slots, r.k_cache, r.v_cache, s, tune.pdl);
 }
 

@@ -74,7 +74,8 @@ class cuda_backend final : public backend {
     lt_.reset();
     if (cublas_ != nullptr) cublasDestroy(cublas_);
     for (draw_slot& d : draw_slots_) free_draw_slot(d);
-    for (void* p : {cublas_ws_, quant_scratch_, static_cast<void*>(partials_), static_cast<void*>(split_parts_)}) {
+    for (void* p : {cublas_ws_, quant_scratch_, static_cast<void*>(partials_), static_cast<void*>(split_parts_),
+                    static_cast<void*>(qkv_parts_)}) {
       if (p != nullptr) cudaFree(p);
     }
     free_sample_workspace();
@@ -242,6 +243,18 @@ class cuda_backend final : public backend {
       flush();
       set_device();
       const skinny_gemm_args a = skinny_args(x, n, w, bias, out);
+      // wgmma_qkv_slices: the K split's sums left for the attention prologue (held until it comes).
+      if (wgmma_qkv_slices_ && n >= wgmma_qkv_slices_min_n_ && can_hold() && fuse_attention_ && !wgmma_push_reduce_ && qkv_parts(n, a.rows)) {
+        const int splits = launch_skinny_wgmma_split_parts(a, qkv_parts_, pdl_, num_sms_, stream_);
+        if (splits > 0) {
+          held_ = held_op{held_kind::qkv_parts, nullptr, nullptr, nullptr, 0.0f, out, n, a.rows};
+          held_.parts = qkv_parts_;
+          held_.splits = splits;
+          held_.bias = a.bias;
+          qkv_early_ = pdl_;
+          return;
+        }
+      }
       if (launch_skinny_wgmma(a, pdl_, num_sms_, stream_, wgmma_push_reduce_)) {
         qkv_early_ = pdl_;
         return;
@@ -300,13 +313,27 @@ class cuda_backend final : public backend {
   }
   void rope(void* qkv, int n, const attn_shape& shape, const std::int32_t* positions, const float* inv_freq,
             float attention_scaling) override {
-    flush();
+    // A qkv still in K slices stays so: the rope held with them (flush sums them first).
+    const held_op h = held_;
+    const bool parts = h.kind == held_kind::qkv_parts && h.out == qkv && h.n == n &&
+                       h.width == (shape.num_heads + 2 * shape.num_kv_heads) * shape.head_dim;
+    if (parts) {
+      held_.kind = held_kind::none;
+    } else {
+      flush();
+    }
     set_device();
     if (can_hold()) {
       held_ = held_op{held_kind::rope, qkv, nullptr, nullptr, 0.0f, nullptr, n, 0, shape, positions, inv_freq,
                       attention_scaling};
+      if (parts) {
+        held_.parts = h.parts;
+        held_.splits = h.splits;
+        held_.bias = h.bias;
+      }
       return;
     }
+    if (parts) sum_qkv_parts(h);
     launch_rope(t_, qkv, n, shape, positions, inv_freq, attention_scaling, stream_);
   }
   void kv_write(const void* qkv, int n, const attn_shape& shape, const std::int32_t* slots,
@@ -323,6 +350,7 @@ class cuda_backend final : public backend {
       }
       const held_op h = held_;
       held_.kind = held_kind::none;
+      sum_qkv_parts(h);
       launch_rope_kv(t_, h.a, n, h.shape, h.positions, h.inv_freq, h.scaling, slots, k_cache, v_cache, stream_, pdl_);
       return;
     }
@@ -344,7 +372,10 @@ class cuda_backend final : public backend {
     if (h.kind == held_kind::rope_kv && h.a == qkv && h.k_cache == k_cache && h.v_cache == v_cache &&
         h.shape.num_heads == shape.num_heads && h.shape.num_kv_heads == shape.num_kv_heads &&
         h.shape.head_dim == shape.head_dim) {
-      const attention_rope_kv rope{h.a, h.n, h.positions, h.inv_freq, h.scaling, h.slots, h.k_cache, h.v_cache};
+      attention_rope_kv rope{h.a, h.n, h.positions, h.inv_freq, h.scaling, h.slots, h.k_cache, h.v_cache};
+      rope.parts = h.parts;  // a qkv still in K slices (wgmma_qkv_slices), else nullptr
+      rope.splits = h.splits;
+      rope.bias = h.bias;
       held_.kind = held_kind::none;
       launch_attention(t_, qkv, shape, batch, layout, k_cache, v_cache, out, partials_, partial_floats_, num_sms_,
                        tune, stream_, &rope);
@@ -557,12 +588,14 @@ class cuda_backend final : public backend {
   }
 
  private:
-  enum class held_kind { none, norm, silu, rope, rope_kv, split_norm };
+  enum class held_kind { none, norm, silu, rope, rope_kv, split_norm, qkv_parts };
   /// An op held back for fusion with the next call. norm: out = rmsnorm(a (+= b when b is set)) * w;
   /// silu: out = silu_mul(a) with width = ffn; rope: rope of the qkv rows at a; rope_kv: that rope
   /// and the kv_write after it (slots, caches), for the decode attention to do; split_norm: the
   /// K-split add + rmsnorm (parts, splits, bias, delta; a = residual, w = norm weights), held only so
-  /// that the next linear can name its weights for `prefetch` (l2_prefetch_kb).
+  /// that the next linear can name its weights for `prefetch` (l2_prefetch_kb); qkv_parts: the
+  /// qkv linear's K slices not yet summed into `out` (n × width; parts, splits, bias), which rope and
+  /// rope_kv carry on in the same fields until the attention prologue sums them (wgmma_qkv_slices).
   struct held_op {
     held_kind kind = held_kind::none;
     void* a = nullptr;
@@ -649,13 +682,49 @@ class cuda_backend final : public backend {
         }
         break;
       }
-      case held_kind::rope: launch_rope(t_, h.a, h.n, h.shape, h.positions, h.inv_freq, h.scaling, stream_); break;
+      case held_kind::qkv_parts: sum_qkv_parts(h); break;
+      case held_kind::rope:
+        sum_qkv_parts(h);
+        launch_rope(t_, h.a, h.n, h.shape, h.positions, h.inv_freq, h.scaling, stream_);
+        break;
       case held_kind::rope_kv:
+        sum_qkv_parts(h);
         launch_rope_kv(t_, h.a, h.n, h.shape, h.positions, h.inv_freq, h.scaling, h.slots, h.k_cache, h.v_cache,
                        stream_, pdl_);
         break;
       case held_kind::none: break;
     }
+  }
+
+  static_assert(attention_rope_kv::max_splits == skinny_wgmma_max_splits, "the prologue sums every split");
+  /// A qkv held as K slices (qkv_parts, or a rope / rope_kv carrying them) summed into its rows.
+  void sum_qkv_parts(const held_op& h) {
+    if (h.parts == nullptr) return;
+    const bool own = h.kind == held_kind::qkv_parts;
+    const int width = own ? h.width : (h.shape.num_heads + 2 * h.shape.num_kv_heads) * h.shape.head_dim;
+    launch_sum_parts(h.parts, h.splits, h.n, width, h.bias, own ? h.out : h.a, stream_, pdl_);
+  }
+  /// qkv_parts_ holds the K slices of an n × rows qkv (allocated at the first call, regrown where a
+  /// larger one comes; false where no memory).
+  bool qkv_parts(int n, int rows) {
+    const std::size_t need = static_cast<std::size_t>(skinny_wgmma_max_splits) * n * rows;
+    if (need <= qkv_parts_floats_) return true;
+    if (capturing_) return false;  // a recording keeps the buffer its first step was given
+    if (qkv_parts_ != nullptr) {
+      CONVEYOR_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      CONVEYOR_CUDA_CHECK(cudaFree(qkv_parts_));
+      qkv_parts_ = nullptr;
+      qkv_parts_floats_ = 0;
+    }
+    // Room for the largest token count the option takes, so that it is allocated once.
+    const std::size_t most = static_cast<std::size_t>(skinny_wgmma_max_splits) * std::max(n, wgmma_qkv_max_n_) * rows;
+    if (cudaMalloc(&qkv_parts_, most * sizeof(float)) != cudaSuccess) {
+      cudaGetLastError();
+      qkv_parts_ = nullptr;
+      return false;
+    }
+    qkv_parts_floats_ = most;
+    return true;
   }
 
   /// bf16 linear with n ≤ 16 on the GEMV kernel, taking over a held norm or silu_mul that produces x.
@@ -769,6 +838,8 @@ class cuda_backend final : public backend {
     tune_after_early_qkv_.ring_decode = std::clamp(o.wgmma_qkv_ring_decode, 0, 2);
     wgmma_qkv_ = o.wgmma_qkv;
     wgmma_push_reduce_ = o.wgmma_push_reduce;
+    wgmma_qkv_slices_ = o.wgmma_qkv_slices;
+    wgmma_qkv_slices_min_n_ = o.wgmma_qkv_slices_min_n;
     wgmma_split_ = o.wgmma_split;
     wgmma_swiglu_ = o.wgmma_swiglu;
     wgmma_swiglu_min_n_ = o.wgmma_swiglu_min_n;
@@ -1032,6 +1103,10 @@ class cuda_backend final : public backend {
   attention_tuning tune_after_early_qkv_;  // tune_ with wgmma_qkv_ring_decode (after an early-releasing qkv)
   bool wgmma_qkv_ = false;                 ///< cuda_backend_options::wgmma_qkv (and the GPU has the kernel)
   bool wgmma_push_reduce_ = false;         ///< cuda_backend_options::wgmma_push_reduce
+  bool wgmma_qkv_slices_ = false;          ///< cuda_backend_options::wgmma_qkv_slices
+  int wgmma_qkv_slices_min_n_ = 2;
+  float* qkv_parts_ = nullptr;             ///< wgmma_qkv_slices' K slices (qkv_parts())
+  std::size_t qkv_parts_floats_ = 0;
   int wgmma_qkv_min_n_ = 0, wgmma_qkv_max_n_ = 0;
   bool wgmma_split_ = false;  ///< cuda_backend_options::wgmma_split (and the GPU has the kernel)
   bool wgmma_swiglu_ = false;  ///< cuda_backend_options::wgmma_swiglu (and the GPU has the kernel)

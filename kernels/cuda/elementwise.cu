@@ -8,6 +8,7 @@
 
 #include "device_types.cuh"
 #include "launch.hpp"
+#include "linear_epilogue.cuh"
 
 namespace conveyor::kernels::cuda {
 
@@ -418,6 +419,20 @@ __global__ void __launch_bounds__(1024) split_add_rmsnorm_bf16x8_kernel(const fl
   store_normed_bf16x8(v, nw, 1.0f / sqrtf(static_cast<float>(ss / width) + eps), chunks, out + base);
 }
 
+// launch_sum_parts: one thread an entry (the fallback of a qkv left as K slices; the decode
+// attention's prologue sums them itself).
+__global__ void sum_parts_bf16_kernel(const float* parts, int splits, std::size_t count, int width, const float* bias,
+                                      bf16* out) {
+  grid_dep_wait();
+  grid_dep_trigger();
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    float sum = 0.0f;
+    for (int sp = 0; sp < splits; ++sp) sum += __ldcg(parts + sp * count + i);
+    store_linear_out(sum, bias, static_cast<int>(i % width), out + i);
+  }
+}
+
 __global__ void silu_mul_bf16x8_kernel(const bf16* gate_up, int n, int ffn, bf16* out, l2_prefetch pf) {
   issue_l2_prefetch(pf);
   grid_dep_wait();
@@ -547,6 +562,15 @@ bool launch_split_add_rmsnorm(const float* parts, int splits, const float* bias,
            how.prefetch);
   CONVEYOR_CUDA_LAUNCHED("split add rmsnorm bf16x8");
   return true;
+}
+
+void launch_sum_parts(const float* parts, int splits, int n, int width, const float* bias, void* out, cudaStream_t s,
+                      bool pdl) {
+  const std::size_t count = static_cast<std::size_t>(n) * width;
+  if (count == 0) return;
+  launch_k(pdl, sum_parts_bf16_kernel, dim3(flat_blocks(count)), dim3(threads), 0, s, parts, splits, count, width, bias,
+           static_cast<bf16*>(out));
+  CONVEYOR_CUDA_LAUNCHED("sum parts bf16");
 }
 
 void launch_add(dtype t, void* acc, const void* x, std::size_t count, cudaStream_t s) {

@@ -59,6 +59,11 @@ void launch_rope_kv(dtype t, void* qkv, int n, const attn_shape& shape, const st
                     const float* inv_freq, float attention_scaling, const std::int32_t* slots, void* k_cache,
                     void* v_cache, cudaStream_t s, bool pdl = false);
 /// `prefetch`: the next GEMM's weights (the bf16 kernel only, issued before it waits).
+/// bf16 out[n, width] from a linear's K slices (parts[s][n, width], s < splits): each entry summed in
+/// slice order from 0 and stored as the linear stores its output (store_linear_out: rounded, bias
+/// added, rounded), i.e. what the unsplit kernel would have written.
+void launch_sum_parts(const float* parts, int splits, int n, int width, const float* bias, void* out, cudaStream_t s,
+                      bool pdl);
 void launch_silu_mul(dtype t, const void* gate_up, int n, int ffn, void* out, cudaStream_t s, bool pdl = false,
                      const l2_prefetch& prefetch = {});
 void launch_gather_rows(dtype t, const void* x, const std::int32_t* rows, int n, int width, void* out,
@@ -188,6 +193,15 @@ struct attention_rope_kv {
   bool once = true;
   /// set by launch_attention from attention_tuning::late_trigger (decode_gqa_ring_kernel)
   bool late_trigger = false;
+  /// The qkv linear left as its K slices (launch_skinny_wgmma_split_parts; nullptr: qkv holds it):
+  /// qkv[r, c] is store_linear_out(0 + parts[0][r, c] + ... + parts[splits - 1][r, c], bias), each
+  /// slice n × width floats. The prologue sums its own heads' entries and leaves them in qkv (q and k
+  /// roped, v as is), so memory ends as the summed GEMM, rope, kv_write and attention leave it;
+  /// where no kernel takes the prologue, launch_attention sums the slices into qkv first.
+  const float* parts = nullptr;
+  int splits = 0;
+  const float* bias = nullptr;
+  static constexpr int max_splits = 8;
 };
 /// Scratch floats the decode kernel needs for `splits` partial results per (sequence, head).
 std::size_t attention_partial_floats(int num_seqs, int num_heads, int head_dim, int splits);

@@ -54,6 +54,7 @@ using bf16 = __nv_bfloat16;
 constexpr int BK = 64;  // k a stage: one 128-byte swizzle span
 constexpr int MAX_STAGES = 8;
 constexpr int MAX_SPLITS = 8;  // portable cluster size
+static_assert(MAX_SPLITS == skinny_wgmma_max_splits, "skinny_wgmma.hpp");
 // Dynamic shared memory: up to 1 KB to align the base to the 1024 bytes the 128-byte swizzle
 // repeats over, 1 KB of barriers, then the ring (reused as the reduction tile).
 constexpr int HEAD_BYTES = 2048;
@@ -574,11 +575,14 @@ params params_of(const skinny_gemm_args& a) {
   return p;
 }
 
+// `parts` (launch_skinny_wgmma_split_parts): the same blocks, K splits and sums, but each split's f32
+// tile goes to parts[split][token][row] (the slices epilogue, no cluster) for the consumer to add up;
+// returns 0 without launching where the product would not be split. Else the splits launched (1: none).
 template <int N, int WGS>
-bool launch_cfg(const skinny_gemm_args& a, bool pdl, bool push, int sms, cudaStream_t s) {
+int launch_cfg(const skinny_gemm_args& a, bool pdl, bool push, float* parts, int sms, cudaStream_t s) {
   using S = shape<N, WGS>;
   CUtensorMap tw, tx;
-  if (!make_map(&tw, a.w, a.cols, a.rows, S::BM) || !make_map(&tx, a.x, a.cols, a.n, N)) return false;
+  if (!make_map(&tw, a.w, a.cols, a.rows, S::BM) || !make_map(&tx, a.x, a.cols, a.n, N)) return 0;
   static const int force_splits = env_int("SKINNY_WGMMA_SPLITS"), force_stages = env_int("SKINNY_WGMMA_STAGES");
   static const bool no_pdl = env_int("SKINNY_WGMMA_NOPDL") != 0;
   static const int evict_first = env_int("SKINNY_WGMMA_EVICT");
@@ -612,8 +616,22 @@ bool launch_cfg(const skinny_gemm_args& a, bool pdl, bool push, int sms, cudaStr
   if (force_stages > 0) stages = std::clamp(force_stages, 2, std::min(MAX_STAGES, (smem_limit - HEAD_BYTES) / S::STAGE));
   p.stages = stages;
   p.splits = splits;
-  if ((only == 1 && splits == 1) || (only == 2 && splits > 1)) return false;
+  if ((only == 1 && splits == 1) || (only == 2 && splits > 1)) return 0;
   int grid = tiles * splits;
+  if (parts != nullptr) {
+    // No cluster, so no fit check to pass: the most stages one block an SM holds.
+    if constexpr (WGS == 2) {
+      if (splits == 1) return 0;
+      p.parts = parts;
+      p.stages = std::clamp(full_budget / S::STAGE, 2, MAX_STAGES);
+      launch_kx(launch_extras{pdl && !no_pdl, -1, 1}, skinny_wgmma_kernel<N, 2, epi::slices>,
+                dim3(static_cast<unsigned>(grid)), dim3(S::THREADS),
+                static_cast<std::size_t>(HEAD_BYTES + p.stages * S::STAGE), s, tw, tx, p);
+      return splits;
+    } else {
+      return 0;  // 256-row blocks fill the GPU unsplit
+    }
+  }
   if (splits == 1) {
     p.rows_per_block = tiles <= sms ? S::BM : (a.rows + sms - 1) / sms;
     grid = (a.rows + p.rows_per_block - 1) / p.rows_per_block;
@@ -622,7 +640,7 @@ bool launch_cfg(const skinny_gemm_args& a, bool pdl, bool push, int sms, cudaStr
   const auto kernel = pushed ? skinny_wgmma_kernel<N, 2, epi::push> : skinny_wgmma_kernel<N, WGS, epi::plain>;
   launch_kx(launch_extras{pdl && !no_pdl, -1, splits}, kernel, dim3(static_cast<unsigned>(grid)), dim3(S::THREADS),
             static_cast<std::size_t>(HEAD_BYTES + std::max(stages * S::STAGE, epi_bytes)), s, tw, tx, p);
-  return true;
+  return splits;
 }
 
 // Slices mode: 64-row tiles (one consumer warpgroup), K cut into S ≤ max_splits slices of
@@ -682,12 +700,12 @@ bool launch_swiglu(const skinny_gemm_args& a, bool pdl, int sms, cudaStream_t s)
 }
 
 template <int N>
-bool launch_n(const skinny_gemm_args& a, bool pdl, bool push, int sms, cudaStream_t s) {
+int launch_n(const skinny_gemm_args& a, bool pdl, bool push, float* parts, int sms, cudaStream_t s) {
   static const int force_bm = env_int("SKINNY_WGMMA_BM");
   // 256-row blocks halve the activation tiles' re-reads from L2 (n / 256 of the weight bytes instead
   // of n / 128) where there are rows enough to fill the GPU with them.
   const bool wide = force_bm != 0 ? force_bm == 256 : a.rows >= 256 * sms;
-  return wide ? launch_cfg<N, 4>(a, pdl, push, sms, s) : launch_cfg<N, 2>(a, pdl, push, sms, s);
+  return wide ? launch_cfg<N, 4>(a, pdl, push, parts, sms, s) : launch_cfg<N, 2>(a, pdl, push, parts, sms, s);
 }
 
 template <int N, int WGS, epi E>
@@ -705,6 +723,7 @@ void allow_smem_n() {  // every instance the launchers use at this N
   allow_smem<N, 2, epi::plain>();
   allow_smem<N, 4, epi::plain>();
   allow_smem<N, 1, epi::slices>();
+  allow_smem<N, 2, epi::slices>();
   allow_smem<N, 2, epi::swiglu>();
   allow_smem<N, 2, epi::push>();
 }
@@ -733,11 +752,21 @@ bool skinny_wgmma_init() {
 }
 
 // Token tiles of 32, 64, 96 and 128 (wgmma's N): padding tokens cost math and x bytes, not weight bytes.
+namespace {
+int launch_any_n(const skinny_gemm_args& a, bool pdl, bool push, float* parts, int sms, cudaStream_t s) {
+  if (a.n <= 32) return launch_n<32>(a, pdl, push, parts, sms, s);
+  if (a.n <= 64) return launch_n<64>(a, pdl, push, parts, sms, s);
+  if (a.n <= 96) return launch_n<96>(a, pdl, push, parts, sms, s);
+  return launch_n<128>(a, pdl, push, parts, sms, s);
+}
+}  // namespace
+
 bool launch_skinny_wgmma(const skinny_gemm_args& a, bool pdl, int sms, cudaStream_t s, bool push_reduce) {
-  if (a.n <= 32) return launch_n<32>(a, pdl, push_reduce, sms, s);
-  if (a.n <= 64) return launch_n<64>(a, pdl, push_reduce, sms, s);
-  if (a.n <= 96) return launch_n<96>(a, pdl, push_reduce, sms, s);
-  return launch_n<128>(a, pdl, push_reduce, sms, s);
+  return launch_any_n(a, pdl, push_reduce, nullptr, sms, s) > 0;
+}
+
+int launch_skinny_wgmma_split_parts(const skinny_gemm_args& a, float* parts, bool pdl, int sms, cudaStream_t s) {
+  return launch_any_n(a, pdl, false, parts, sms, s);
 }
 
 bool launch_skinny_wgmma_swiglu(const skinny_gemm_args& a, bool pdl, int sms, cudaStream_t s) {

@@ -33,6 +33,15 @@ bool launch_skinny_wgmma_swiglu(const skinny_gemm_args& a, bool pdl, int sms, cu
 int launch_skinny_wgmma_slices(const skinny_gemm_args& a, float* parts, int max_splits, bool pdl, int sms,
                                cudaStream_t s);
 
+/// launch_skinny_wgmma's blocks and K splits (128-row tiles, its cluster size S), each split's f32
+/// sums without the bias stored to parts[s][n, rows] instead of summed in the cluster, for a consumer
+/// that adds them up as the cluster does (0 + part 0 + part 1 + ..., then the bias and the bf16
+/// rounding of store_linear_out: the same bits as launch_skinny_wgmma's output). Returns S, or 0
+/// (nothing launched) where that launch would not split K or the tensor maps could not be encoded.
+/// parts holds S × n × rows floats (S ≤ skinny_wgmma_max_splits).
+int launch_skinny_wgmma_split_parts(const skinny_gemm_args& a, float* parts, bool pdl, int sms, cudaStream_t s);
+inline constexpr int skinny_wgmma_max_splits = 8;
+
 /// Diagnostics (bench): with SKINNY_WGMMA_STAMPS=1 in the environment when the backend starts, the
 /// plain-epilogue launches stamp every block's progress (%globaltimer); this prints the last run of
 /// each stamped launch (at most 64, in launch order, a captured graph's launches once each), µs after

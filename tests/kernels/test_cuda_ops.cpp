@@ -1394,6 +1394,92 @@ TEST_P(cuda_ops, linear_into_attention_then_decode_matches_cpu) {
   b_->release(const_cast<void*>(w.data));
 }
 
+// wgmma_qkv_slices (session 21): the qkv GEMM's K splits left as f32 slices for the decode attention's
+// rope prologue to sum, against the default (the cluster sums them): q, k, v, the caches and the
+// attention output must keep every bit. Token counts on both sides of the fused prologue (2 and 8
+// with contexts that split the keys, where launch_attention sums the slices with its own kernel
+// first), a bias (Qwen2's qkv), and a rope flushed on its own (the slices summed, then rope).
+TEST_P(cuda_ops, qkv_slices_into_attention_is_bit_identical) {
+  if (t() != dtype::bf16) GTEST_SKIP() << "wgmma_qkv is a bf16 path";
+  if (const int major = sm_major(); major != 9) {
+    GTEST_SKIP() << "the wgmma GEMM needs sm_90 (this GPU is sm_" << major << "x)";
+  }
+  const int heads = 32, kv_heads = 8, d = 64, hidden = 2048, block_size = 16;
+  const int width = (heads + 2 * kv_heads) * d;
+  kernels::attn_shape sh{heads, kv_heads, d, 0.125f, 0};
+  const auto wh = testing::random_values(rng_, static_cast<std::size_t>(width) * hidden, t(), 0.05f);
+  std::vector<float> bias(width);
+  std::uniform_real_distribution<float> bd(-0.5f, 0.5f);
+  for (auto& v : bias) v = bd(rng_);
+  std::uniform_int_distribution<int> len(1, 300);
+  for (int n : {2, 8, 17, 33, 64}) {
+    for (int variant = 0; variant < 2; ++variant) {  // 1: with the bias, and a rope flushed on its own
+      std::vector<int> ctx;
+      for (int i = 0; i < n; ++i) ctx.push_back(len(rng_));
+      const auto [real_max, max_blocks, num_blocks, table, q_start, slots] = make_paged_decode(ctx, block_size, rng_);
+      int max_ctx = 256;
+      while (max_ctx < real_max) max_ctx *= 2;
+      std::vector<std::int32_t> pos;
+      for (int s0 = 0; s0 < n; ++s0) pos.push_back(ctx[s0] - 1);
+      const std::size_t cache = static_cast<std::size_t>(num_blocks) * block_size * kv_heads * d;
+      const auto k0 = testing::random_values(rng_, cache, t()), v0 = testing::random_values(rng_, cache, t());
+      const auto x = testing::random_values(rng_, static_cast<std::size_t>(n) * hidden, t());
+      std::vector<float> inv_freq(d / 2);
+      for (int i = 0; i < d / 2; ++i) inv_freq[i] = std::pow(5e5f, -2.0f * i / d);
+      std::vector<float> got[2][5];  // [slices][qkv, k, v, out, qkv after a lone rope]
+      for (int slices = 0; slices < 2; ++slices) {
+        kernels::cuda_backend_options o;
+        o.compute_dtype = t();
+        o.wgmma_qkv_slices = slices == 1;
+        auto made = kernels::make_cuda_backend(o);
+        ASSERT_TRUE(made.ok()) << made.err().message;
+        b_ = std::move(made).value();
+        auto w_copy = wh;
+        kernels::weight w = upload_matrix(w_copy, width, hidden);
+        kernels::weight bw = variant == 1 ? upload_vector(bias) : kernels::weight{};
+        dev_acts xd(*b_, x), qd(*b_, static_cast<std::size_t>(n) * width), kd(*b_, k0), vd(*b_, v0),
+            out(*b_, static_cast<std::size_t>(n) * heads * d);
+        dev_bytes pos_d(*b_, pos), slot_d(*b_, slots), freq_d(*b_, inv_freq), qs_d(*b_, q_start), ctx_d(*b_, ctx),
+            table_d(*b_, table);
+        const kernels::kv_layout layout{num_blocks, block_size};
+        kernels::attention_batch batch{n, qs_d.as<std::int32_t>(), ctx_d.as<std::int32_t>(),
+                                       table_d.as<std::int32_t>(), max_blocks, max_ctx, 1};
+        qd.poison();
+        out.poison();
+        b_->linear_into_attention(xd.get_ptr(), n, w, bw, qd.get_ptr());
+        b_->rope(qd.get_ptr(), n, sh, pos_d.as<std::int32_t>(), freq_d.as<float>(), 1.0f);
+        b_->kv_write(qd.get_ptr(), n, sh, slot_d.as<std::int32_t>(), layout, kd.get_ptr(), vd.get_ptr());
+        b_->attention(qd.get_ptr(), sh, batch, layout, kd.get_ptr(), vd.get_ptr(), out.get_ptr());
+        got[slices][0] = qd.get();
+        got[slices][1] = kd.get();
+        got[slices][2] = vd.get();
+        got[slices][3] = out.get();
+        if (variant == 1) {
+          qd.poison();
+          b_->linear_into_attention(xd.get_ptr(), n, w, bw, qd.get_ptr());
+          b_->rope(qd.get_ptr(), n, sh, pos_d.as<std::int32_t>(), freq_d.as<float>(), 1.0f);
+          got[slices][4] = qd.get();  // the download flushes the held rope
+        }
+        b_->release(const_cast<void*>(w.data));
+        if (variant == 1) b_->release(const_cast<void*>(bw.data));
+      }
+      const char* what[5] = {"qkv", "k cache", "v cache", "attention out", "qkv after rope alone"};
+      for (int k = 0; k < 5; ++k) {
+        ASSERT_EQ(got[1][k].size(), got[0][k].size()) << what[k];
+        std::size_t differ = 0, first = 0;
+        for (std::size_t i = 0; i < got[0][k].size(); ++i) {
+          if (!(got[1][k][i] == got[0][k][i])) {  // NaN poison left anywhere fails too
+            if (differ++ == 0) first = i;
+          }
+        }
+        EXPECT_EQ(differ, 0u) << tag(std::string("qkv_slices ") + what[k] + " seqs " + std::to_string(n) +
+                                     (variant == 1 ? " bias" : ""))
+                              << ": first at " << first;
+      }
+    }
+  }
+}
+
 // A decode-sized linear seen first while recording: the default backend times its algorithms then
 // (on a side stream, lt_gemm.hpp), and the recording replays with the inputs present at replay time.
 TEST_P(cuda_ops, capture_with_linear_tuned_while_recording) {

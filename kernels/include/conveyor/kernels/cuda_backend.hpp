@@ -180,6 +180,15 @@ struct cuda_backend_options {
   /// 20, bench/NOTES.md): b=64 step +50 to +110 µs, b=8 +30 to +70 (the qkv kernel left ~3.5 µs
   /// later: the small remote stores and the owner's pass cost more than the pull's remote loads).
   bool wgmma_push_reduce = false;
+  /// The wgmma qkv GEMM (wgmma_qkv) where it splits K over a cluster (batch 17-64 here): each split's
+  /// f32 sums stored to a scratch area (no cluster, no reduction, no barrier) and summed by the decode
+  /// attention kernel's rope prologue as it loads its heads' q, k and v, in the cluster's order and
+  /// with its rounding (the same bits; where no attention kernel takes the prologue, a small kernel
+  /// sums them first). Session 21: the cluster epilogue was ~3 µs of the b=64 qkv kernel's ~9.
+  bool wgmma_qkv_slices = false;
+  /// wgmma_qkv_slices from this many tokens (below, the decode attention may split each sequence's
+  /// keys, and then the slices are summed by a kernel of their own before rope_kv)
+  int wgmma_qkv_slices_min_n = 2;
   /// bf16 gate_up projections (backend::linear_silu_mul) of wgmma_swiglu_min_n ..
   /// wgmma_swiglu_max_n tokens on the wgmma GEMM with the SwiGLU in its epilogue (sm_90; elsewhere,
   /// and at token counts the GEMV takes or batch_invariant keeps row-invariant, the GEMM and silu_mul
