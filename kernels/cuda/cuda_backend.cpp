@@ -704,27 +704,23 @@ class cuda_backend final : public backend {
     const int width = own ? h.width : (h.shape.num_heads + 2 * h.shape.num_kv_heads) * h.shape.head_dim;
     launch_sum_parts(h.parts, h.splits, h.n, width, h.bias, own ? h.out : h.a, stream_, pdl_);
   }
-  /// qkv_parts_ holds the K slices of an n × rows qkv (allocated at the first call, regrown where a
-  /// larger one comes; false where no memory).
+  /// qkv_parts_ holds the K slices of an n × rows qkv: allocated once, at the first call, for the
+  /// most tokens wgmma_qkv takes (a recording may allocate: its capture mode is relaxed, as for
+  /// split_parts_); never regrown, since recorded graphs keep its address: a wider qkv later (another
+  /// model's) keeps the cluster's sums. False where it does not fit or there is no memory.
   bool qkv_parts(int n, int rows) {
     const std::size_t need = static_cast<std::size_t>(skinny_wgmma_max_splits) * n * rows;
-    if (need <= qkv_parts_floats_) return true;
-    if (capturing_) return false;  // a recording keeps the buffer its first step was given
-    if (qkv_parts_ != nullptr) {
-      CONVEYOR_CUDA_CHECK(cudaStreamSynchronize(stream_));
-      CONVEYOR_CUDA_CHECK(cudaFree(qkv_parts_));
-      qkv_parts_ = nullptr;
-      qkv_parts_floats_ = 0;
+    if (qkv_parts_ == nullptr) {
+      const std::size_t most = static_cast<std::size_t>(skinny_wgmma_max_splits) * std::max(n, wgmma_qkv_max_n_) * rows;
+      if (cudaMalloc(&qkv_parts_, most * sizeof(float)) != cudaSuccess) {
+        cudaGetLastError();
+        qkv_parts_ = nullptr;
+        wgmma_qkv_slices_ = false;  // not asked again
+        return false;
+      }
+      qkv_parts_floats_ = most;
     }
-    // Room for the largest token count the option takes, so that it is allocated once.
-    const std::size_t most = static_cast<std::size_t>(skinny_wgmma_max_splits) * std::max(n, wgmma_qkv_max_n_) * rows;
-    if (cudaMalloc(&qkv_parts_, most * sizeof(float)) != cudaSuccess) {
-      cudaGetLastError();
-      qkv_parts_ = nullptr;
-      return false;
-    }
-    qkv_parts_floats_ = most;
-    return true;
+    return need <= qkv_parts_floats_;
   }
 
   /// bf16 linear with n ≤ 16 on the GEMV kernel, taking over a held norm or silu_mul that produces x.
