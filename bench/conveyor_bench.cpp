@@ -416,6 +416,13 @@ std::vector<variant> all_variants() {
   v.push_back({"qkvslices", qkvslices});
   qkvslices.wgmma_qkv_slices_min_n = 33;  // only where the 1B's decode attention keeps one split
   v.push_back({"qkvslices33", qkvslices});
+  qkvslices.wgmma_qkv_slices_min_n = 2;
+  kernels::cuda_backend_options qkvslices_ring2 = qkvslices;  // two chunks a warp asked before the wait
+  qkvslices_ring2.wgmma_qkv_ring_decode = 2;
+  v.push_back({"qkvslices-ring2", qkvslices_ring2});
+  kernels::cuda_backend_options qkvslices_split = qkvslices;  // o_proj and down as wgmma K slices too
+  qkvslices_split.wgmma_split = true;
+  v.push_back({"qkvslices-split", qkvslices_split});
   // Quantized weights on the default paths (issue 12): the linear layers, then the LM head too.
   for (auto k : {kernels::weight_quant::int8, kernels::weight_quant::fp8}) {
     const std::string name(kernels::weight_quant_name(k));
