@@ -54,6 +54,35 @@ paged_decode make_paged_decode(const std::vector<int>& ctx, int block_size, std:
   return d;
 }
 
+/// A decode step of the 1B's attention shape after its qkv projection: n sequences of 1..300 keys,
+/// their paged layout, each new token's position, random caches and qkv input rows, rope frequencies.
+struct qkv_decode_step {
+  static constexpr int heads = 32, kv_heads = 8, d = 64, hidden = 2048, block_size = 16;
+  static constexpr int width = (heads + 2 * kv_heads) * d;
+  std::vector<int> ctx;
+  paged_decode paged;
+  int max_ctx = 256;  // the batch's bound: a power of two ≥ 256 and ≥ every context
+  std::vector<std::int32_t> pos;
+  std::vector<float> k0, v0, x, inv_freq;
+  kernels::attn_shape shape() const { return {heads, kv_heads, d, 0.125f, 0}; }
+};
+qkv_decode_step make_qkv_decode_step(int n, dtype t, std::mt19937_64& rng) {
+  using q = qkv_decode_step;
+  qkv_decode_step c;
+  std::uniform_int_distribution<int> len(1, 300);
+  for (int i = 0; i < n; ++i) c.ctx.push_back(len(rng));
+  c.paged = make_paged_decode(c.ctx, q::block_size, rng);
+  while (c.max_ctx < c.paged.max_ctx) c.max_ctx *= 2;
+  for (int s0 = 0; s0 < n; ++s0) c.pos.push_back(c.ctx[s0] - 1);
+  const std::size_t cache = static_cast<std::size_t>(c.paged.num_blocks) * q::block_size * q::kv_heads * q::d;
+  c.k0 = testing::random_values(rng, cache, t);
+  c.v0 = testing::random_values(rng, cache, t);
+  c.x = testing::random_values(rng, static_cast<std::size_t>(n) * q::hidden, t);
+  c.inv_freq.resize(q::d / 2);
+  for (int i = 0; i < q::d / 2; ++i) c.inv_freq[i] = std::pow(5e5f, -2.0f * i / q::d);
+  return c;
+}
+
 class cuda_ops : public ::testing::TestWithParam<dtype> {
  protected:
   void SetUp() override {
@@ -1347,39 +1376,28 @@ TEST_P(cuda_ops, ring_decode_matches_tc_decode_bit_for_bit) {
 // of the GPU's own roped qkv and caches, at the token counts on both sides of the range.
 TEST_P(cuda_ops, linear_into_attention_then_decode_matches_cpu) {
   if (t() != dtype::bf16) GTEST_SKIP() << "wgmma_qkv is a bf16 path";
-  const int heads = 32, kv_heads = 8, d = 64, hidden = 2048, block_size = 16;
-  const int width = (heads + 2 * kv_heads) * d;
-  kernels::attn_shape sh{heads, kv_heads, d, 0.125f, 0};
-  auto wh = testing::random_values(rng_, static_cast<std::size_t>(width) * hidden, t(), 0.05f);
-  kernels::weight w = upload_matrix(wh, width, hidden);
-  std::uniform_int_distribution<int> len(1, 300);
+  using q = qkv_decode_step;
+  const int heads = q::heads, d = q::d, width = q::width;
+  const kernels::attn_shape sh = qkv_decode_step{}.shape();
+  auto wh = testing::random_values(rng_, static_cast<std::size_t>(width) * q::hidden, t(), 0.05f);
+  kernels::weight w = upload_matrix(wh, width, q::hidden);
   for (int n : {1, 2, 8, 16, 17, 32, 40, 64, 65}) {
-    std::vector<int> ctx;
-    for (int i = 0; i < n; ++i) ctx.push_back(len(rng_));
-    const auto [real_max, max_blocks, num_blocks, table, q_start, slots] = make_paged_decode(ctx, block_size, rng_);
-    int max_ctx = 256;
-    while (max_ctx < real_max) max_ctx *= 2;
-    std::vector<std::int32_t> pos;
-    for (int s0 = 0; s0 < n; ++s0) pos.push_back(ctx[s0] - 1);
-    const std::size_t cache = static_cast<std::size_t>(num_blocks) * block_size * kv_heads * d;
-    const auto k0 = testing::random_values(rng_, cache, t()), v0 = testing::random_values(rng_, cache, t());
-    const auto x = testing::random_values(rng_, static_cast<std::size_t>(n) * hidden, t());
-    std::vector<float> inv_freq(d / 2);
-    for (int i = 0; i < d / 2; ++i) inv_freq[i] = std::pow(5e5f, -2.0f * i / d);
+    const qkv_decode_step c = make_qkv_decode_step(n, t(), rng_);
+    const paged_decode& pd = c.paged;
     const std::string shape = " seqs " + std::to_string(n);
-    dev_acts xd(*b_, x), qd(*b_, static_cast<std::size_t>(n) * width), kd(*b_, k0), vd(*b_, v0),
+    dev_acts xd(*b_, c.x), qd(*b_, static_cast<std::size_t>(n) * width), kd(*b_, c.k0), vd(*b_, c.v0),
         out(*b_, static_cast<std::size_t>(n) * heads * d);
-    dev_bytes pos_d(*b_, pos), slot_d(*b_, slots), freq_d(*b_, inv_freq), qs_d(*b_, q_start), ctx_d(*b_, ctx),
-        table_d(*b_, table);
-    const kernels::kv_layout layout{num_blocks, block_size};
+    dev_bytes pos_d(*b_, c.pos), slot_d(*b_, pd.slots), freq_d(*b_, c.inv_freq), qs_d(*b_, pd.q_start),
+        ctx_d(*b_, c.ctx), table_d(*b_, pd.table);
+    const kernels::kv_layout layout{pd.num_blocks, q::block_size};
     kernels::attention_batch batch{n, qs_d.as<std::int32_t>(), ctx_d.as<std::int32_t>(), table_d.as<std::int32_t>(),
-                                   max_blocks, max_ctx, 1};
+                                   pd.max_blocks, c.max_ctx, 1};
     qd.poison();
     out.poison();
     b_->linear_into_attention(xd.get_ptr(), n, w, {}, qd.get_ptr());
     const std::vector<float> qkv_lin = qd.get();
     std::vector<float> ref_lin(static_cast<std::size_t>(n) * width);
-    kernels::cpu::linear(x.data(), n, wh.data(), width, hidden, nullptr, ref_lin.data());
+    kernels::cpu::linear(c.x.data(), n, wh.data(), width, q::hidden, nullptr, ref_lin.data());
     EXPECT_CLOSE(qkv_lin, ref_lin, t(), tag("linear_into_attention" + shape));
     b_->linear_into_attention(xd.get_ptr(), n, w, {}, qd.get_ptr());
     b_->rope(qd.get_ptr(), n, sh, pos_d.as<std::int32_t>(), freq_d.as<float>(), 1.0f);
@@ -1387,7 +1405,7 @@ TEST_P(cuda_ops, linear_into_attention_then_decode_matches_cpu) {
     b_->attention(qd.get_ptr(), sh, batch, layout, kd.get_ptr(), vd.get_ptr(), out.get_ptr());
     const auto q_after = qd.get(), k_after = kd.get(), v_after = vd.get();
     std::vector<float> ref(static_cast<std::size_t>(n) * heads * d);
-    kernels::attention_batch hb{n, q_start.data(), ctx.data(), table.data(), max_blocks, max_ctx, 1};
+    kernels::attention_batch hb{n, pd.q_start.data(), c.ctx.data(), pd.table.data(), pd.max_blocks, c.max_ctx, 1};
     kernels::cpu::attention(q_after.data(), sh, hb, layout, k_after.data(), v_after.data(), ref.data());
     EXPECT_CLOSE(out.get(), ref, t(), tag("attention after linear_into_attention" + shape));
   }
@@ -1404,28 +1422,17 @@ TEST_P(cuda_ops, qkv_slices_into_attention_is_bit_identical) {
   if (const int major = sm_major(); major != 9) {
     GTEST_SKIP() << "the wgmma GEMM needs sm_90 (this GPU is sm_" << major << "x)";
   }
-  const int heads = 32, kv_heads = 8, d = 64, hidden = 2048, block_size = 16;
-  const int width = (heads + 2 * kv_heads) * d;
-  kernels::attn_shape sh{heads, kv_heads, d, 0.125f, 0};
-  const auto wh = testing::random_values(rng_, static_cast<std::size_t>(width) * hidden, t(), 0.05f);
+  using q = qkv_decode_step;
+  const int width = q::width;
+  const kernels::attn_shape sh = qkv_decode_step{}.shape();
+  const auto wh = testing::random_values(rng_, static_cast<std::size_t>(width) * q::hidden, t(), 0.05f);
   std::vector<float> bias(width);
   std::uniform_real_distribution<float> bd(-0.5f, 0.5f);
   for (auto& v : bias) v = bd(rng_);
-  std::uniform_int_distribution<int> len(1, 300);
   for (int n : {2, 8, 17, 33, 64}) {
     for (int variant = 0; variant < 2; ++variant) {  // 1: with the bias, and a rope flushed on its own
-      std::vector<int> ctx;
-      for (int i = 0; i < n; ++i) ctx.push_back(len(rng_));
-      const auto [real_max, max_blocks, num_blocks, table, q_start, slots] = make_paged_decode(ctx, block_size, rng_);
-      int max_ctx = 256;
-      while (max_ctx < real_max) max_ctx *= 2;
-      std::vector<std::int32_t> pos;
-      for (int s0 = 0; s0 < n; ++s0) pos.push_back(ctx[s0] - 1);
-      const std::size_t cache = static_cast<std::size_t>(num_blocks) * block_size * kv_heads * d;
-      const auto k0 = testing::random_values(rng_, cache, t()), v0 = testing::random_values(rng_, cache, t());
-      const auto x = testing::random_values(rng_, static_cast<std::size_t>(n) * hidden, t());
-      std::vector<float> inv_freq(d / 2);
-      for (int i = 0; i < d / 2; ++i) inv_freq[i] = std::pow(5e5f, -2.0f * i / d);
+      const qkv_decode_step c = make_qkv_decode_step(n, t(), rng_);
+      const paged_decode& pd = c.paged;
       std::vector<float> got[2][5];  // [slices][qkv, k, v, out, qkv after a lone rope]
       for (int slices = 0; slices < 2; ++slices) {
         kernels::cuda_backend_options o;
@@ -1435,15 +1442,15 @@ TEST_P(cuda_ops, qkv_slices_into_attention_is_bit_identical) {
         ASSERT_TRUE(made.ok()) << made.err().message;
         b_ = std::move(made).value();
         auto w_copy = wh;
-        kernels::weight w = upload_matrix(w_copy, width, hidden);
+        kernels::weight w = upload_matrix(w_copy, width, q::hidden);
         kernels::weight bw = variant == 1 ? upload_vector(bias) : kernels::weight{};
-        dev_acts xd(*b_, x), qd(*b_, static_cast<std::size_t>(n) * width), kd(*b_, k0), vd(*b_, v0),
-            out(*b_, static_cast<std::size_t>(n) * heads * d);
-        dev_bytes pos_d(*b_, pos), slot_d(*b_, slots), freq_d(*b_, inv_freq), qs_d(*b_, q_start), ctx_d(*b_, ctx),
-            table_d(*b_, table);
-        const kernels::kv_layout layout{num_blocks, block_size};
+        dev_acts xd(*b_, c.x), qd(*b_, static_cast<std::size_t>(n) * width), kd(*b_, c.k0), vd(*b_, c.v0),
+            out(*b_, static_cast<std::size_t>(n) * q::heads * q::d);
+        dev_bytes pos_d(*b_, c.pos), slot_d(*b_, pd.slots), freq_d(*b_, c.inv_freq), qs_d(*b_, pd.q_start),
+            ctx_d(*b_, c.ctx), table_d(*b_, pd.table);
+        const kernels::kv_layout layout{pd.num_blocks, q::block_size};
         kernels::attention_batch batch{n, qs_d.as<std::int32_t>(), ctx_d.as<std::int32_t>(),
-                                       table_d.as<std::int32_t>(), max_blocks, max_ctx, 1};
+                                       table_d.as<std::int32_t>(), pd.max_blocks, c.max_ctx, 1};
         qd.poison();
         out.poison();
         b_->linear_into_attention(xd.get_ptr(), n, w, bw, qd.get_ptr());
