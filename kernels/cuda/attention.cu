@@ -481,8 +481,11 @@ __device__ __forceinline__ void rope_pair(float xa, float xb, float cos_v, float
 // sincos per item, each after its item's loads, so the G + 1 heads repeat each angle and warp 0 of a
 // 128-thread block (160 items at D 64, G 4) runs two sincos and two load round trips back to back.
 // qkv[row, col] as the qkv linear stores it: read from qkv, or (rope.parts) summed from its K slices
-// as the wgmma GEMM's cluster sums them (0 + part 0 + part 1 + ..., every slice's load in flight
-// first) and rounded as store_linear_out rounds.
+// as the wgmma GEMM's cluster sums them (0 + part 0 + part 1 + ...) and rounded as store_linear_out
+// rounds. The slices' loads are unconditional (a split past the last reads the last again, not
+// added) so that the unrolled callers' loads all leave before the first sum: with a load behind
+// each split's own branch they went one entry at a time, a round trip each (session 21: the
+// attention kernel +1.8 µs a layer at b=64).
 __device__ __forceinline__ __nv_bfloat16 qkv_entry(const attention_rope_kv& rope, const __nv_bfloat16* qrow, int row,
                                                    int width, int col) {
   if (rope.parts == nullptr) return qrow[col];
@@ -491,9 +494,7 @@ __device__ __forceinline__ __nv_bfloat16 qkv_entry(const attention_rope_kv& rope
   const float* at = rope.parts + static_cast<std::size_t>(row) * width + col;
   float v[MS];
 #pragma unroll
-  for (int sp = 0; sp < MS; ++sp) {
-    if (sp < rope.splits) v[sp] = __ldcg(at + sp * slice);
-  }
+  for (int sp = 0; sp < MS; ++sp) v[sp] = __ldcg(at + min(sp, rope.splits - 1) * slice);
   float sum = 0.0f;
 #pragma unroll
   for (int sp = 0; sp < MS; ++sp) {

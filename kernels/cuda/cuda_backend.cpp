@@ -245,7 +245,8 @@ class cuda_backend final : public backend {
       const skinny_gemm_args a = skinny_args(x, n, w, bias, out);
       // wgmma_qkv_slices: the K split's sums left for the attention prologue (held until it comes).
       if (wgmma_qkv_slices_ && n >= wgmma_qkv_slices_min_n_ && can_hold() && fuse_attention_ && !wgmma_push_reduce_ && qkv_parts(n, a.rows)) {
-        const int splits = launch_skinny_wgmma_split_parts(a, qkv_parts_, pdl_, num_sms_, stream_);
+        const int splits = launch_skinny_wgmma_split_parts(a, qkv_parts_, attention_rope_kv::max_splits, pdl_,
+                                                           num_sms_, stream_);
         if (splits > 0) {
           held_ = held_op{held_kind::qkv_parts, nullptr, nullptr, nullptr, 0.0f, out, n, a.rows};
           held_.parts = qkv_parts_;
@@ -696,7 +697,6 @@ class cuda_backend final : public backend {
     }
   }
 
-  static_assert(attention_rope_kv::max_splits == skinny_wgmma_max_splits, "the prologue sums every split");
   /// A qkv held as K slices (qkv_parts, or a rope / rope_kv carrying them) summed into its rows.
   void sum_qkv_parts(const held_op& h) {
     if (h.parts == nullptr) return;
@@ -709,9 +709,9 @@ class cuda_backend final : public backend {
   /// split_parts_); never regrown, since recorded graphs keep its address: a wider qkv later (another
   /// model's) keeps the cluster's sums. False where it does not fit or there is no memory.
   bool qkv_parts(int n, int rows) {
-    const std::size_t need = static_cast<std::size_t>(skinny_wgmma_max_splits) * n * rows;
+    const std::size_t need = static_cast<std::size_t>(attention_rope_kv::max_splits) * n * rows;
     if (qkv_parts_ == nullptr) {
-      const std::size_t most = static_cast<std::size_t>(skinny_wgmma_max_splits) * std::max(n, wgmma_qkv_max_n_) * rows;
+      const std::size_t most = static_cast<std::size_t>(attention_rope_kv::max_splits) * std::max(n, wgmma_qkv_max_n_) * rows;
       if (cudaMalloc(&qkv_parts_, most * sizeof(float)) != cudaSuccess) {
         cudaGetLastError();
         qkv_parts_ = nullptr;

@@ -201,7 +201,7 @@ struct attention_rope_kv {
   const float* parts = nullptr;
   int splits = 0;
   const float* bias = nullptr;
-  static constexpr int max_splits = 8;
+  static constexpr int max_splits = 4;  ///< the most the prologue sums (the 1B's and Qwen2's qkv: 4)
 };
 /// Scratch floats the decode kernel needs for `splits` partial results per (sequence, head).
 std::size_t attention_partial_floats(int num_seqs, int num_heads, int head_dim, int splits);

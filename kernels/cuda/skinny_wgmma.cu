@@ -579,7 +579,7 @@ params params_of(const skinny_gemm_args& a) {
 // tile goes to parts[split][token][row] (the slices epilogue, no cluster) for the consumer to add up;
 // returns 0 without launching where the product would not be split. Else the splits launched (1: none).
 template <int N, int WGS>
-int launch_cfg(const skinny_gemm_args& a, bool pdl, bool push, float* parts, int sms, cudaStream_t s) {
+int launch_cfg(const skinny_gemm_args& a, bool pdl, bool push, float* parts, int max_parts, int sms, cudaStream_t s) {
   using S = shape<N, WGS>;
   CUtensorMap tw, tx;
   if (!make_map(&tw, a.w, a.cols, a.rows, S::BM) || !make_map(&tx, a.x, a.cols, a.n, N)) return 0;
@@ -621,7 +621,7 @@ int launch_cfg(const skinny_gemm_args& a, bool pdl, bool push, float* parts, int
   if (parts != nullptr) {
     // No cluster, so no fit check to pass: the most stages one block an SM holds.
     if constexpr (WGS == 2) {
-      if (splits == 1) return 0;
+      if (splits == 1 || splits > max_parts) return 0;
       p.parts = parts;
       p.stages = std::clamp(full_budget / S::STAGE, 2, MAX_STAGES);
       launch_kx(launch_extras{pdl && !no_pdl, -1, 1}, skinny_wgmma_kernel<N, 2, epi::slices>,
@@ -700,12 +700,13 @@ bool launch_swiglu(const skinny_gemm_args& a, bool pdl, int sms, cudaStream_t s)
 }
 
 template <int N>
-int launch_n(const skinny_gemm_args& a, bool pdl, bool push, float* parts, int sms, cudaStream_t s) {
+int launch_n(const skinny_gemm_args& a, bool pdl, bool push, float* parts, int max_parts, int sms, cudaStream_t s) {
   static const int force_bm = env_int("SKINNY_WGMMA_BM");
   // 256-row blocks halve the activation tiles' re-reads from L2 (n / 256 of the weight bytes instead
   // of n / 128) where there are rows enough to fill the GPU with them.
   const bool wide = force_bm != 0 ? force_bm == 256 : a.rows >= 256 * sms;
-  return wide ? launch_cfg<N, 4>(a, pdl, push, parts, sms, s) : launch_cfg<N, 2>(a, pdl, push, parts, sms, s);
+  return wide ? launch_cfg<N, 4>(a, pdl, push, parts, max_parts, sms, s)
+              : launch_cfg<N, 2>(a, pdl, push, parts, max_parts, sms, s);
 }
 
 template <int N, int WGS, epi E>
@@ -753,20 +754,22 @@ bool skinny_wgmma_init() {
 
 // Token tiles of 32, 64, 96 and 128 (wgmma's N): padding tokens cost math and x bytes, not weight bytes.
 namespace {
-int launch_any_n(const skinny_gemm_args& a, bool pdl, bool push, float* parts, int sms, cudaStream_t s) {
-  if (a.n <= 32) return launch_n<32>(a, pdl, push, parts, sms, s);
-  if (a.n <= 64) return launch_n<64>(a, pdl, push, parts, sms, s);
-  if (a.n <= 96) return launch_n<96>(a, pdl, push, parts, sms, s);
-  return launch_n<128>(a, pdl, push, parts, sms, s);
+int launch_any_n(const skinny_gemm_args& a, bool pdl, bool push, float* parts, int max_parts, int sms,
+                 cudaStream_t s) {
+  if (a.n <= 32) return launch_n<32>(a, pdl, push, parts, max_parts, sms, s);
+  if (a.n <= 64) return launch_n<64>(a, pdl, push, parts, max_parts, sms, s);
+  if (a.n <= 96) return launch_n<96>(a, pdl, push, parts, max_parts, sms, s);
+  return launch_n<128>(a, pdl, push, parts, max_parts, sms, s);
 }
 }  // namespace
 
 bool launch_skinny_wgmma(const skinny_gemm_args& a, bool pdl, int sms, cudaStream_t s, bool push_reduce) {
-  return launch_any_n(a, pdl, push_reduce, nullptr, sms, s) > 0;
+  return launch_any_n(a, pdl, push_reduce, nullptr, 0, sms, s) > 0;
 }
 
-int launch_skinny_wgmma_split_parts(const skinny_gemm_args& a, float* parts, bool pdl, int sms, cudaStream_t s) {
-  return launch_any_n(a, pdl, false, parts, sms, s);
+int launch_skinny_wgmma_split_parts(const skinny_gemm_args& a, float* parts, int max_splits, bool pdl, int sms,
+                                    cudaStream_t s) {
+  return launch_any_n(a, pdl, false, parts, max_splits, sms, s);
 }
 
 bool launch_skinny_wgmma_swiglu(const skinny_gemm_args& a, bool pdl, int sms, cudaStream_t s) {

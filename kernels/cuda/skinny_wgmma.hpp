@@ -37,9 +37,10 @@ int launch_skinny_wgmma_slices(const skinny_gemm_args& a, float* parts, int max_
 /// sums without the bias stored to parts[s][n, rows] instead of summed in the cluster, for a consumer
 /// that adds them up as the cluster does (0 + part 0 + part 1 + ..., then the bias and the bf16
 /// rounding of store_linear_out: the same bits as launch_skinny_wgmma's output). Returns S, or 0
-/// (nothing launched) where that launch would not split K or the tensor maps could not be encoded.
-/// parts holds S × n × rows floats (S ≤ skinny_wgmma_max_splits).
-int launch_skinny_wgmma_split_parts(const skinny_gemm_args& a, float* parts, bool pdl, int sms, cudaStream_t s);
+/// (nothing launched) where that launch would not split K, would split it more than max_splits
+/// ways, or the tensor maps could not be encoded. parts holds S × n × rows floats.
+int launch_skinny_wgmma_split_parts(const skinny_gemm_args& a, float* parts, int max_splits, bool pdl, int sms,
+                                    cudaStream_t s);
 inline constexpr int skinny_wgmma_max_splits = 8;
 
 /// Diagnostics (bench): with SKINNY_WGMMA_STAMPS=1 in the environment when the backend starts, the
