@@ -184,7 +184,10 @@ struct cuda_backend_options {
   /// f32 sums stored to a scratch area (no cluster, no reduction, no barrier) and summed by the decode
   /// attention kernel's rope prologue as it loads its heads' q, k and v, in the cluster's order and
   /// with its rounding (the same bits; where no attention kernel takes the prologue, a small kernel
-  /// sums them first). Session 21: the cluster epilogue was ~3 µs of the b=64 qkv kernel's ~9.
+  /// sums them first). Off: on an H100 (session 21, bench/NOTES.md) the b=64 qkv kernel ran 2.4 µs a
+  /// layer shorter (8.7 → 6.3), but the attention after it 1.9 longer (10.1 → 12.0): the pair is
+  /// bound by their 38 MB of memory traffic, which the cluster epilogue's time already overlapped; the
+  /// step +10 to +50 µs at b=64.
   bool wgmma_qkv_slices = false;
   /// wgmma_qkv_slices from this many tokens (below, the decode attention may split each sequence's
   /// keys, and then the slices are summed by a kernel of their own before rope_kv)
