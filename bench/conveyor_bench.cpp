@@ -291,6 +291,9 @@ std::vector<variant> all_variants() {
   kernels::cuda_backend_options wgmma_split = o;  // o_proj and down as our GEMM's K slices
   wgmma_split.wgmma_split = true;
   v.push_back({"wgmma-split", wgmma_split});
+  wgmma_split.wgmma_split_max_n = 32;  // session 21: only the small batches (b=64 stays on cuBLASLt's)
+  v.push_back({"wgmma-split32", wgmma_split});
+  wgmma_split.wgmma_split_max_n = 128;
   kernels::cuda_backend_options swiglu = o;  // gate_up + SwiGLU as cuBLAS's GEMM and silu_mul at every batch
   swiglu.wgmma_swiglu = false;
   v.push_back({"noswiglu", swiglu});

@@ -209,6 +209,8 @@ struct cuda_backend_options {
   /// with the cluster reduction 3 and 2 µs a layer slower than cuBLASLt's K split at batch 64), it
   /// measured −17 µs at batch 64 on one machine and +24 on another (bench/NOTES.md, session 15).
   bool wgmma_split = false;
+  /// wgmma_split only up to this many tokens (beyond, split_linears' cuBLASLt slices)
+  int wgmma_split_max_n = 128;
   /// bf16 linears of skinny_gemm_min_n ≤ n ≤ skinny_gemm_max_n tokens on the Hopper skinny GEMM
   /// (kernels/cuda/skinny_wgmma.cu: TMA weight ring, wgmma with the weights as A, K split in a
   /// cluster); takes precedence over skinny_gemm; sm_90 only (elsewhere cuBLAS as without it).
