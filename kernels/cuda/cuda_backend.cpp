@@ -244,7 +244,8 @@ class cuda_backend final : public backend {
       set_device();
       const skinny_gemm_args a = skinny_args(x, n, w, bias, out);
       // wgmma_qkv_slices: the K split's sums left for the attention prologue (held until it comes).
-      if (wgmma_qkv_slices_ && n >= wgmma_qkv_slices_min_n_ && can_hold() && fuse_attention_ && !wgmma_push_reduce_ && qkv_parts(n, a.rows)) {
+      if (wgmma_qkv_slices_ && n >= wgmma_qkv_slices_min_n_ && can_hold() && fuse_attention_ &&
+          !wgmma_push_reduce_ && qkv_parts(n, a.rows)) {
         const int splits = launch_skinny_wgmma_split_parts(a, qkv_parts_, attention_rope_kv::max_splits, pdl_,
                                                            num_sms_, stream_);
         if (splits > 0) {
@@ -711,7 +712,8 @@ class cuda_backend final : public backend {
   bool qkv_parts(int n, int rows) {
     const std::size_t need = static_cast<std::size_t>(attention_rope_kv::max_splits) * n * rows;
     if (qkv_parts_ == nullptr) {
-      const std::size_t most = static_cast<std::size_t>(attention_rope_kv::max_splits) * std::max(n, wgmma_qkv_max_n_) * rows;
+      const std::size_t most =
+          static_cast<std::size_t>(attention_rope_kv::max_splits) * std::max(n, wgmma_qkv_max_n_) * rows;
       if (cudaMalloc(&qkv_parts_, most * sizeof(float)) != cudaSuccess) {
         cudaGetLastError();
         qkv_parts_ = nullptr;
