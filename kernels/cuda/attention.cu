@@ -468,18 +468,6 @@ __device__ __forceinline__ void rope_pair(float xa, float xb, float cos_v, float
   b = __float2bfloat16_rn(xb * cos_v + xa * sin_v);
 }
 
-// rope_kv_kernel's work for one decode row, done by the attention block that serves KV head `kvh`:
-// its G query heads (h0 ...) and its KV head are rotated (same rounding), written back to qkv, the new
-// key's K and V rows stored to their cache slot, and each roped query pair handed to store_q(g, i, a, b)
-// (dims i and i + D/2), and the new key's pairs to store_kv(i, k_a, k_b, v_a, v_b) (the ring kernel's
-// shared-memory copy). The caller's __syncthreads orders the block's global writes before its reads.
-// NT: the block's threads (blockDim.x).
-// rope.once (tune.rope_once, the default): each thread first loads the pairs of its (head, pair) items
-// (at most ceil((G + 1) D/2 / NT)), then threads 0 .. D/2 - 1 compute one angle each (the same float
-// angle, double-precision sincos and float rounding as below) into shared memory, and after a barrier
-// every item is rotated with its pair's (cos, sin): the same bits as computing them per item. Off: one
-// sincos per item, each after its item's loads, so the G + 1 heads repeat each angle and warp 0 of a
-// 128-thread block (160 items at D 64, G 4) runs two sincos and two load round trips back to back.
 // qkv[row, col] as the qkv linear stores it: read from qkv, or (rope.parts) summed from its K slices
 // as the wgmma GEMM's cluster sums them (0 + part 0 + part 1 + ...) and rounded as store_linear_out
 // rounds. The slices' loads are unconditional (a split past the last reads the last again, not
@@ -503,6 +491,18 @@ __device__ __forceinline__ __nv_bfloat16 qkv_entry(const attention_rope_kv& rope
   return __float2bfloat16_rn(linear_out_value(sum, rope.bias, col));
 }
 
+// rope_kv_kernel's work for one decode row, done by the attention block that serves KV head `kvh`:
+// its G query heads (h0 ...) and its KV head are rotated (same rounding), written back to qkv, the new
+// key's K and V rows stored to their cache slot, and each roped query pair handed to store_q(g, i, a, b)
+// (dims i and i + D/2), and the new key's pairs to store_kv(i, k_a, k_b, v_a, v_b) (the ring kernel's
+// shared-memory copy). The caller's __syncthreads orders the block's global writes before its reads.
+// NT: the block's threads (blockDim.x).
+// rope.once (tune.rope_once, the default): each thread first loads the pairs of its (head, pair) items
+// (at most ceil((G + 1) D/2 / NT)), then threads 0 .. D/2 - 1 compute one angle each (the same float
+// angle, double-precision sincos and float rounding as below) into shared memory, and after a barrier
+// every item is rotated with its pair's (cos, sin): the same bits as computing them per item. Off: one
+// sincos per item, each after its item's loads, so the G + 1 heads repeat each angle and warp 0 of a
+// 128-thread block (160 items at D 64, G 4) runs two sincos and two load round trips back to back.
 struct no_store_kv {
   __device__ void operator()(int, __nv_bfloat16, __nv_bfloat16, __nv_bfloat16, __nv_bfloat16) const {}
 };
@@ -517,7 +517,8 @@ __device__ __forceinline__ void rope_kv_prologue(const attention_rope_kv& rope, 
   if (rope.once) {
     __nv_bfloat16* kd = static_cast<__nv_bfloat16*>(rope.k_cache) + slot * D;
     __nv_bfloat16* vd = static_cast<__nv_bfloat16*>(rope.v_cache) + slot * D;
-    __nv_bfloat16* vsrc = qrow + (heads + kv_heads + kvh) * D;
+    const int v0 = (heads + kv_heads + kvh) * D;  // the KV head's v entries in the row
+    __nv_bfloat16* vsrc = qrow + v0;
     constexpr int items = (G + 1) * half, per = (items + NT - 1) / NT;
     __shared__ float2 cs_s[half];
     // Loads first: their latency runs under the sincos (all of them precede every store, so no
@@ -528,7 +529,7 @@ __device__ __forceinline__ void rope_kv_prologue(const attention_rope_kv& rope, 
       const int idx = threadIdx.x + u * NT;
       if (idx < items) {
         const int g = idx / half, i = idx % half;
-        const int x0 = (g < G ? h0 + g : heads + kvh) * D, v0 = (heads + kv_heads + kvh) * D;
+        const int x0 = (g < G ? h0 + g : heads + kvh) * D;
         xa[u] = qkv_entry(rope, qrow, row, width, x0 + i);
         xb[u] = qkv_entry(rope, qrow, row, width, x0 + i + half);
         if (g == G) {

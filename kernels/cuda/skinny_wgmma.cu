@@ -597,6 +597,21 @@ int launch_cfg(const skinny_gemm_args& a, bool pdl, bool push, float* parts, int
     while (splits < MAX_SPLITS && tiles * splits * 2 <= sms && p.ktiles >= splits * 4) splits *= 2;
   }
   if (force_splits > 0) splits = std::min(force_splits, MAX_SPLITS);
+  if (parts != nullptr) {
+    // No cluster, so no fit check to pass: the most stages one block an SM holds.
+    if constexpr (WGS == 2) {
+      if (splits == 1 || splits > max_parts || only == 2) return 0;
+      p.parts = parts;
+      p.splits = splits;
+      p.stages = std::clamp((smem_limit - HEAD_BYTES) / S::STAGE, 2, MAX_STAGES);
+      launch_kx(launch_extras{pdl && !no_pdl, -1, 1}, skinny_wgmma_kernel<N, 2, epi::slices>,
+                dim3(static_cast<unsigned>(tiles * splits)), dim3(S::THREADS),
+                static_cast<std::size_t>(HEAD_BYTES + p.stages * S::STAGE), s, tw, tx, p);
+      return splits;
+    } else {
+      return 0;  // 256-row blocks fill the GPU unsplit
+    }
+  }
   // push: the 128-row blocks' instance only (256-row blocks fill the GPU without a K split), and
   // splits that divide the block's rows (SKINNY_WGMMA_SPLITS may force others).
   const bool pushed = push && splits > 1 && WGS == 2 && S::BM % splits == 0;
@@ -618,20 +633,6 @@ int launch_cfg(const skinny_gemm_args& a, bool pdl, bool push, float* parts, int
   p.splits = splits;
   if ((only == 1 && splits == 1) || (only == 2 && splits > 1)) return 0;
   int grid = tiles * splits;
-  if (parts != nullptr) {
-    // No cluster, so no fit check to pass: the most stages one block an SM holds.
-    if constexpr (WGS == 2) {
-      if (splits == 1 || splits > max_parts) return 0;
-      p.parts = parts;
-      p.stages = std::clamp(full_budget / S::STAGE, 2, MAX_STAGES);
-      launch_kx(launch_extras{pdl && !no_pdl, -1, 1}, skinny_wgmma_kernel<N, 2, epi::slices>,
-                dim3(static_cast<unsigned>(grid)), dim3(S::THREADS),
-                static_cast<std::size_t>(HEAD_BYTES + p.stages * S::STAGE), s, tw, tx, p);
-      return splits;
-    } else {
-      return 0;  // 256-row blocks fill the GPU unsplit
-    }
-  }
   if (splits == 1) {
     p.rows_per_block = tiles <= sms ? S::BM : (a.rows + sms - 1) / sms;
     grid = (a.rows + p.rows_per_block - 1) / p.rows_per_block;
