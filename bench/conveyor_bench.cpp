@@ -294,6 +294,9 @@ std::vector<variant> all_variants() {
   wgmma_split.wgmma_split_max_n = 32;  // session 21: only the small batches (b=64 stays on cuBLASLt's)
   v.push_back({"wgmma-split32", wgmma_split});
   wgmma_split.wgmma_split_max_n = 128;
+  wgmma_split.wgmma_silu_down = true;  // session 22: ... with silu_mul folded into down's x tiles
+  v.push_back({"wgmma-split-silu", wgmma_split});
+  wgmma_split.wgmma_silu_down = false;
   kernels::cuda_backend_options swiglu = o;  // gate_up + SwiGLU as cuBLAS's GEMM and silu_mul at every batch
   swiglu.wgmma_swiglu = false;
   v.push_back({"noswiglu", swiglu});

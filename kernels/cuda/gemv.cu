@@ -55,12 +55,6 @@ using bf16 = __nv_bfloat16;
 __device__ __forceinline__ uint4 load_stream(const uint4* p) { return __ldcs(p); }
 
 
-// silu(g) * u for two packed pairs, as silu_mul_kernel computes it.
-__device__ __forceinline__ std::uint32_t silu_pair(std::uint32_t g, std::uint32_t u) {
-  const float g0 = bf_lo(g), g1 = bf_hi(g);
-  return pack_bf16x2(g0 / (1.0f + expf(-g0)) * bf_lo(u), g1 / (1.0f + expf(-g1)) * bf_hi(u));
-}
-
 constexpr int max_tokens = 16;
 
 // Diagnostics (gemv_args::stamps, time_cuda_ops gemv-stamps): where a block's time goes, as

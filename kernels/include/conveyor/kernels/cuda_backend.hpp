@@ -211,6 +211,11 @@ struct cuda_backend_options {
   bool wgmma_split = false;
   /// wgmma_split only up to this many tokens (beyond, split_linears' cuBLASLt slices)
   int wgmma_split_max_n = 128;
+  /// With wgmma_split: where silu_mul computes down_proj's x (gate_up on cuBLAS, beyond
+  /// wgmma_swiglu_max_n), its kernel is not launched; down's K-slice GEMM makes x = silu(gate) * up
+  /// in each stage from gate_up's tiles (the same bits; x is still written) — one launch and its
+  /// wait fewer a layer.
+  bool wgmma_silu_down = false;
   /// bf16 linears of skinny_gemm_min_n ≤ n ≤ skinny_gemm_max_n tokens on the Hopper skinny GEMM
   /// (kernels/cuda/skinny_wgmma.cu: TMA weight ring, wgmma with the weights as A, K split in a
   /// cluster); takes precedence over skinny_gemm; sm_90 only (elsewhere cuBLAS as without it).
