@@ -288,15 +288,13 @@ std::vector<variant> all_variants() {
   wgmmaqkv_wide.wgmma_qkv_min_n = 17;
   wgmmaqkv_wide.wgmma_qkv_max_n = 128;
   v.push_back({"wgmmaqkv-wide", wgmmaqkv_wide});
-  kernels::cuda_backend_options wgmma_split = o;  // o_proj and down as our GEMM's K slices
+  kernels::cuda_backend_options wgmma_split = o;  // o_proj and down as our GEMM's K slices at every batch
   wgmma_split.wgmma_split = true;
-  v.push_back({"wgmma-split", wgmma_split});
-  wgmma_split.wgmma_split_max_n = 32;  // session 21: only the small batches (b=64 stays on cuBLASLt's)
-  v.push_back({"wgmma-split32", wgmma_split});
   wgmma_split.wgmma_split_max_n = 128;
-  wgmma_split.wgmma_silu_down = true;  // session 22: ... with silu_mul folded into down's x tiles
-  v.push_back({"wgmma-split-silu", wgmma_split});
-  wgmma_split.wgmma_silu_down = false;
+  v.push_back({"wgmma-split", wgmma_split});
+  kernels::cuda_backend_options no_wgmma_split = o;  // cuBLASLt's K slices at every batch (before session 22)
+  no_wgmma_split.wgmma_split = false;
+  v.push_back({"nowgmmasplit", no_wgmma_split});
   kernels::cuda_backend_options swiglu = o;  // gate_up + SwiGLU as cuBLAS's GEMM and silu_mul at every batch
   swiglu.wgmma_swiglu = false;
   v.push_back({"noswiglu", swiglu});
@@ -305,6 +303,7 @@ std::vector<variant> all_variants() {
   v.push_back({"swiglu-wide", swiglu_wide});
   kernels::cuda_backend_options split_swiglu = swiglu_wide;  // ... and o_proj / down as its K slices
   split_swiglu.wgmma_split = true;
+  split_swiglu.wgmma_split_max_n = 128;
   v.push_back({"split-swiglu", split_swiglu});
   kernels::cuda_backend_options wgmma_small = o;  // every linear of 2-128 tokens on the wgmma GEMM (not yet run)
   wgmma_small.skinny_wgmma = true;
@@ -324,6 +323,7 @@ std::vector<variant> all_variants() {
   v.push_back({"fused-l2", fused_l2});
   kernels::cuda_backend_options nosplit = o;  // linear_add_rmsnorm as linear + add_rmsnorm (before session 10)
   nosplit.split_linears = false;
+  nosplit.wgmma_split = false;
   v.push_back({"nosplit", nosplit});
   kernels::cuda_backend_options splitforce = o;  // the K split wherever it runs, whatever the tuning timed
   splitforce.split_linear_margin_us = -1e9f;
@@ -428,6 +428,7 @@ std::vector<variant> all_variants() {
   v.push_back({"qkvslices-ring2", qkvslices_ring2});
   kernels::cuda_backend_options qkvslices_split = qkvslices;  // o_proj and down as wgmma K slices too
   qkvslices_split.wgmma_split = true;
+  qkvslices_split.wgmma_split_max_n = 128;
   v.push_back({"qkvslices-split", qkvslices_split});
   // Quantized weights on the default paths (issue 12): the linear layers, then the LM head too.
   for (auto k : {kernels::weight_quant::int8, kernels::weight_quant::fp8}) {

@@ -390,8 +390,7 @@ class cuda_backend final : public backend {
   void silu_mul(const void* gate_up, int n, int ffn, void* out) override {
     flush();
     set_device();
-    if ((can_hold_for_gemv(n) || can_hold_for_prefetch() || (can_hold() && wgmma_silu_down_ && wgmma_split_takes(n))) &&
-        out != gate_up) {
+    if ((can_hold_for_gemv(n) || can_hold_for_prefetch()) && out != gate_up) {
       held_ = held_op{held_kind::silu, const_cast<void*>(gate_up), nullptr, nullptr, 0.0f, out, n, ffn};
       return;
     }
@@ -403,7 +402,7 @@ class cuda_backend final : public backend {
   bool split_linear_norm(const void* x, int n, const weight& w, const weight& bias, void* out, void* residual,
                          int width, const weight& norm_w, float eps, void* norm_out) {
     // wgmma_split: our kernel's K slices (a programmatic dependent that waits), at its token counts.
-    const bool ours = wgmma_split_takes(n);
+    const bool ours = wgmma_split_ && n >= wgmma_qkv_min_n_ && n <= std::min(skinny_max_n_, wgmma_split_max_n_);
     const bool lt_split = split_linears_ && lt_ != nullptr && n <= split_max_n_;  // cuBLASLt's slices
     if (!ours && !lt_split) return false;
     if (t_ != dtype::bf16 || w.type != dtype::bf16 || n > gemm_tune_max_n) return false;
@@ -423,23 +422,11 @@ class cuda_backend final : public backend {
       split_parts_floats_ = need;
     }
     if (need > split_parts_floats_) return false;
+    aim_prefetch(x, w, l2_prefetch_down);
+    flush();
+    set_device();
     int splits = 0;
-    const held_op& hs = held_;
-    if (ours && wgmma_silu_down_ && hs.kind == held_kind::silu && hs.out == x && hs.n == n && hs.width == cols &&
-        aligned(hs.a)) {
-      // The held silu_mul folded into the slices' x tiles: x is still written, by the GEMM.
-      flush_upload();
-      set_device();
-      splits = launch_skinny_wgmma_slices_silu(skinny_args(hs.a, n, w, bias, const_cast<void*>(x)), split_parts_,
-                                               lt_gemm::max_split, pdl_, num_sms_, stream_);
-      if (splits > 0) held_.kind = held_kind::none;
-    }
-    if (splits == 0) {
-      aim_prefetch(x, w, l2_prefetch_down);
-      flush();
-      set_device();
-    }
-    if (ours && splits == 0) {
+    if (ours) {
       splits = launch_skinny_wgmma_slices(skinny_args(x, n, w, bias, out), split_parts_, lt_gemm::max_split, pdl_,
                                           num_sms_, stream_);
     }
@@ -655,10 +642,6 @@ class cuda_backend final : public backend {
   static bool aligned(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
   /// Whether the wgmma GEMM may take this bf16 product in place of the path linear() picks: not at
   /// token counts the GEMV takes, nor at those batch_invariant keeps row-invariant.
-  /// Whether wgmma_split runs linear_add_rmsnorm's linear at n tokens.
-  bool wgmma_split_takes(int n) const {
-    return wgmma_split_ && n >= wgmma_qkv_min_n_ && n <= std::min(skinny_max_n_, wgmma_split_max_n_);
-  }
   bool wgmma_takes(const void* x, int n, const weight& w, const void* out) const {
     const int rows = static_cast<int>(w.rows), cols = static_cast<int>(w.cols);
     const bool gemv_takes = small_gemm_ && n <= small_gemm_max_n_;
@@ -857,7 +840,6 @@ class cuda_backend final : public backend {
     wgmma_qkv_slices_min_n_ = o.wgmma_qkv_slices_min_n;
     wgmma_split_ = o.wgmma_split;
     wgmma_split_max_n_ = o.wgmma_split_max_n;
-    wgmma_silu_down_ = o.wgmma_silu_down;
     wgmma_swiglu_ = o.wgmma_swiglu;
     wgmma_swiglu_min_n_ = o.wgmma_swiglu_min_n;
     wgmma_swiglu_max_n_ = o.wgmma_swiglu_max_n;
@@ -1127,7 +1109,6 @@ class cuda_backend final : public backend {
   int wgmma_qkv_min_n_ = 0, wgmma_qkv_max_n_ = 0;
   bool wgmma_split_ = false;  ///< cuda_backend_options::wgmma_split (and the GPU has the kernel)
   int wgmma_split_max_n_ = 128;  ///< cuda_backend_options::wgmma_split_max_n
-  bool wgmma_silu_down_ = false;  ///< cuda_backend_options::wgmma_silu_down
   bool wgmma_swiglu_ = false;  ///< cuda_backend_options::wgmma_swiglu (and the GPU has the kernel)
   int wgmma_swiglu_min_n_ = 0, wgmma_swiglu_max_n_ = 0;  ///< set from the options, like wgmma_qkv's
   bool qkv_early_ = false;  ///< the last linear_into_attention released its dependents early

@@ -66,10 +66,6 @@ struct shape {
   static constexpr int THREADS = CONSUMERS + 32;
   static constexpr int W_BYTES = BM * BK * 2;
   static constexpr int STAGE = W_BYTES + N * BK * 2;
-  // slices_silu: the gate and the up tile of x side by side (the product reads the gate's, which
-  // the consumers overwrite with silu(gate) * up).
-  static constexpr int X_BYTES = N * BK * 2;
-  static constexpr int STAGE_SILU = STAGE + X_BYTES;
   static constexpr int RED_PITCH = BM + 4;  // f32 reduction tile [token][row]: conflict-free fragment stores
   static constexpr int RED_BYTES = N * RED_PITCH * 4;
   // push: the owner's receive area [source split][owned row][token], tokens N + 2 apart (even, so a
@@ -84,9 +80,6 @@ struct shape {
 enum class epi {
   plain,   // bf16 out (+ bias): one block's rows (splits == 1) or the cluster's DSMEM sum of K splits
   slices,  // f32 partial sums of K slices to `parts` (launch_skinny_wgmma_slices)
-  slices_silu,  // the same, with x = silu(gate) * up made in each stage from gate_up's two tiles
-                // (launch_skinny_wgmma_slices_silu): a prologue on x, not an epilogue, but the
-                // instance is as fixed at compile time and used by that launcher alone
   swiglu,  // silu(gate) * up of gate_up's paired rows (launch_skinny_wgmma_swiglu)
   push,    // bf16 out (+ bias), K split over a cluster: each block stores its partial sums into the
            // block that owns those rows (push_area), the cluster meets once (wgmma_push_reduce)
@@ -109,10 +102,6 @@ struct params {
   // warpgroups multiply gate rows f, the others up rows ffn + f (two TMA boxes of BM / 2 rows a
   // stage), and out[t, f] = silu(gate) * up, each rounded as the op-by-op path rounds it.
   int ffn;
-  // slices_silu: the product's x is silu(gate) * up of gate_up [n, 2 ffn] (tx's tensor; `ffn` = the
-  // product's cols, a multiple of BK), and x_out (nullptr: not kept) gets that x as silu_mul would
-  // leave it, each k tile written by one block.
-  bf16* x_out;
   // Diagnostics (SKINNY_WGMMA_STAMPS, skinny_wgmma_stamps_report): nullptr, or stamp_slots
   // %globaltimer stamps a block at blockIdx.x * stamp_slots (slot meanings at stamp_slot).
   unsigned long long* stamps;
@@ -211,40 +200,6 @@ struct wgmma_n<128> {
   }
 };
 
-// slices_silu: the stage's gate tile (N tokens × BK k in the 128-byte swizzle TMA writes) becomes
-// silu(gate) * up in place, from the up tile after it. Both tiles have one layout, so each 16-byte
-// piece pairs with the piece at the same offset, and the arithmetic is silu_mul's (same bits). All
-// of a thread's loads go out before any use. The block whose tile index is kt % tiles also stores
-// the pieces of k tile kt to x_out, the swizzle undone (piece c of token row t = c / 8 holds k
-// chunk (c ^ t) & 7 of the tile). Then the writes are made visible to wgmma (the async proxy) and
-// the consumers meet, so none multiplies a tile another thread is still writing.
-template <int N, int THREADS>
-__device__ __forceinline__ void silu_tile(unsigned char* gate, const params& p, int kt, int tid, int tile, int tiles) {
-  constexpr int PIECES = N * BK * 2 / 16;
-  static_assert(PIECES % THREADS == 0, "whole pieces a thread");
-  constexpr int PER = PIECES / THREADS;
-  uint4* g4 = reinterpret_cast<uint4*>(gate);
-  const uint4* u4 = reinterpret_cast<const uint4*>(gate + N * BK * 2);
-  uint4 gv[PER], uv[PER];
-#pragma unroll
-  for (int j = 0; j < PER; ++j) {
-    gv[j] = g4[tid + j * THREADS];
-    uv[j] = u4[tid + j * THREADS];
-  }
-  const bool keep = p.x_out != nullptr && kt % tiles == tile;
-#pragma unroll
-  for (int j = 0; j < PER; ++j) {
-    const int c = tid + j * THREADS, t = c / 8;
-    const uint4 v = make_uint4(silu_pair(gv[j].x, uv[j].x), silu_pair(gv[j].y, uv[j].y), silu_pair(gv[j].z, uv[j].z),
-                               silu_pair(gv[j].w, uv[j].w));
-    g4[c] = v;
-    if (keep && t < p.n) {
-      *reinterpret_cast<uint4*>(p.x_out + static_cast<std::size_t>(t) * p.ffn + kt * BK + ((c ^ t) & 7) * 8) = v;
-    }
-  }
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-  asm volatile("bar.sync 1, %0;" ::"n"(THREADS) : "memory");
-}
 
 template <int N, int WGS, epi E>
 __global__ void __launch_bounds__(shape<N, WGS>::THREADS, 1)
@@ -253,8 +208,7 @@ __global__ void __launch_bounds__(shape<N, WGS>::THREADS, 1)
   __trap();  // built without the sm_90a target, which wgmma needs (CMake's default is 90a)
 #else
   using S = shape<N, WGS>;
-  constexpr bool silu_x = E == epi::slices_silu;
-  constexpr int STAGE = silu_x ? S::STAGE_SILU : S::STAGE, BM = S::BM, CONSUMERS = S::CONSUMERS, THREADS = S::THREADS;
+  constexpr int STAGE = S::STAGE, BM = S::BM, CONSUMERS = S::CONSUMERS, THREADS = S::THREADS;
   constexpr int W_BYTES = S::W_BYTES, RED_PITCH = S::RED_PITCH;
   constexpr int R = N / 2;  // accumulators a thread
   extern __shared__ unsigned char smem_raw[];
@@ -348,19 +302,13 @@ __global__ void __launch_bounds__(shape<N, WGS>::THREADS, 1)
       grid_dep_wait();
       grid_dep_trigger();
       stamp(stamp_slot::producer_waited);
-      auto load_x = [&](int slot, int it) {
-        unsigned char* dst = ring + slot * STAGE + W_BYTES;
-        const int k = (kt0 + it % nkt) * BK;
-        tma_2d(dst, &tx, k, 0, full + slot);
-        if constexpr (silu_x) tma_2d(dst + S::X_BYTES, &tx, p.ffn + k, 0, full + slot);  // the up tile
-      };
-      for (int it = 0; it < pre; ++it) load_x(it, it);
+      for (int it = 0; it < pre; ++it) tma_2d(ring + it * STAGE + W_BYTES, &tx, (kt0 + it % nkt) * BK, 0, full + it);
       for (int it = pre; it < total; ++it) {
         const int s = it % stages;
         mbar_wait(empty + s, ((it / stages) & 1) ^ 1);  // its previous use has been handed back
         mbar_expect_tx(full + s, STAGE);
         load_w(s, it);
-        load_x(s, it);
+        tma_2d(ring + s * STAGE + W_BYTES, &tx, (kt0 + it % nkt) * BK, 0, full + s);
       }
       stamp(stamp_slot::last_issued);
     } else {
@@ -384,8 +332,6 @@ __global__ void __launch_bounds__(shape<N, WGS>::THREADS, 1)
         const int s = it % stages;
         mbar_wait(full + s, (it / stages) & 1);
         if (tid == 0 && it < stamp_slot::stages_seen) stamp(stamp_slot::stage0 + it);
-        if constexpr (silu_x) silu_tile<N, CONSUMERS>(ring + s * STAGE + W_BYTES, p, kt0 + kk, tid, blockIdx.x / p.splits,
-                                                      gridDim.x / p.splits);
         const std::uint32_t a0 = smem_addr(ring + s * STAGE + wg * 64 * 128);
         const std::uint32_t b0 = smem_addr(ring + s * STAGE + W_BYTES);
         fence_acc(acc);
@@ -411,7 +357,7 @@ __global__ void __launch_bounds__(shape<N, WGS>::THREADS, 1)
 
       // Fragment e = 4 j + 2 h + c: row 16 (warp % 4) + g + 8 h of the warpgroup's 64, token 8 j + 2 q + c.
       const int r0 = wg * 64 + (warp % 4) * 16 + g;
-      if constexpr (E == epi::slices || silu_x) {
+      if constexpr (E == epi::slices) {
         float* part = p.parts + static_cast<std::size_t>(split) * n * rows;
 #pragma unroll
         for (int e = 0; e < R; ++e) {
@@ -702,23 +648,13 @@ int launch_cfg(const skinny_gemm_args& a, bool pdl, bool push, float* parts, int
 // separate blocks (no cluster: a cluster of S can only start where S SMs of one GPC are free, which
 // after a kernel that fills every SM is late), S the most that keeps the grid within one block an
 // SM and ≥ 4 k tiles a slice; 0 (nothing launched) where S would be 1 or the maps fail.
-// silu: a.x is gate_up [n, 2 a.cols] and the product's x is silu(gate) * up, made in each stage
-// (epi::slices_silu; a.out, or nullptr, gets that x); a.cols must be a multiple of BK, so no gate
-// tile runs into the up half.
 template <int N>
-int launch_slices(const skinny_gemm_args& a, float* parts, int max_splits, bool pdl, int sms, cudaStream_t s,
-                  bool silu) {
+int launch_slices(const skinny_gemm_args& a, float* parts, int max_splits, bool pdl, int sms, cudaStream_t s) {
   using S = shape<N, 1>;
-  if (silu && a.cols % BK != 0) return 0;
-  const int stage = silu ? S::STAGE_SILU : S::STAGE;
   params p = params_of(a);
   p.bias = nullptr;
   p.out = nullptr;
   p.parts = parts;
-  if (silu) {
-    p.ffn = a.cols;
-    p.x_out = a.out;
-  }
   const int tiles = (a.rows + S::BM - 1) / S::BM;
   int splits = 1;
   while (splits * 2 <= std::min(max_splits, MAX_SPLITS) && tiles * splits * 2 <= sms && p.ktiles >= splits * 2 * 4) {
@@ -726,14 +662,13 @@ int launch_slices(const skinny_gemm_args& a, float* parts, int max_splits, bool 
   }
   if (splits == 1) return 0;
   CUtensorMap tw, tx;
-  if (!make_map(&tw, a.w, a.cols, a.rows, S::BM) || !make_map(&tx, a.x, silu ? 2 * a.cols : a.cols, a.n, N)) return 0;
+  if (!make_map(&tw, a.w, a.cols, a.rows, S::BM) || !make_map(&tx, a.x, a.cols, a.n, N)) return 0;
   p.splits = splits;
   const int per = (p.ktiles + splits - 1) / splits;
-  p.stages = std::clamp(std::min((smem_limit - HEAD_BYTES) / stage, per), 2, MAX_STAGES);
-  launch_kx(launch_extras{pdl, -1, 1},
-            silu ? skinny_wgmma_kernel<N, 1, epi::slices_silu> : skinny_wgmma_kernel<N, 1, epi::slices>,
-            dim3(static_cast<unsigned>(tiles * splits)), dim3(S::THREADS),
-            static_cast<std::size_t>(HEAD_BYTES + std::max(p.stages * stage, S::RED_BYTES)), s, tw, tx, p);
+  p.stages = std::clamp(std::min((smem_limit - HEAD_BYTES) / S::STAGE, per), 2, MAX_STAGES);
+  launch_kx(launch_extras{pdl, -1, 1}, skinny_wgmma_kernel<N, 1, epi::slices>, dim3(static_cast<unsigned>(tiles * splits)),
+            dim3(S::THREADS), static_cast<std::size_t>(HEAD_BYTES + std::max(p.stages * S::STAGE, S::RED_BYTES)), s,
+            tw, tx, p);
   return splits;
 }
 
@@ -791,7 +726,6 @@ void allow_smem_n() {  // every instance the launchers use at this N
   allow_smem<N, 4, epi::plain>();
   allow_smem<N, 1, epi::slices>();
   allow_smem<N, 2, epi::slices>();
-  allow_smem<N, 1, epi::slices_silu>();
   allow_smem<N, 2, epi::swiglu>();
   allow_smem<N, 2, epi::push>();
 }
@@ -846,24 +780,12 @@ bool launch_skinny_wgmma_swiglu(const skinny_gemm_args& a, bool pdl, int sms, cu
   return launch_swiglu<128>(a, pdl, sms, s);
 }
 
-namespace {
-int launch_slices_any_n(const skinny_gemm_args& a, float* parts, int max_splits, bool pdl, int sms, cudaStream_t s,
-                        bool silu) {
-  if (a.n <= 32) return launch_slices<32>(a, parts, max_splits, pdl, sms, s, silu);
-  if (a.n <= 64) return launch_slices<64>(a, parts, max_splits, pdl, sms, s, silu);
-  if (a.n <= 96) return launch_slices<96>(a, parts, max_splits, pdl, sms, s, silu);
-  return launch_slices<128>(a, parts, max_splits, pdl, sms, s, silu);
-}
-}  // namespace
-
 int launch_skinny_wgmma_slices(const skinny_gemm_args& a, float* parts, int max_splits, bool pdl, int sms,
                                cudaStream_t s) {
-  return launch_slices_any_n(a, parts, max_splits, pdl, sms, s, false);
-}
-
-int launch_skinny_wgmma_slices_silu(const skinny_gemm_args& a, float* parts, int max_splits, bool pdl, int sms,
-                                    cudaStream_t s) {
-  return launch_slices_any_n(a, parts, max_splits, pdl, sms, s, true);
+  if (a.n <= 32) return launch_slices<32>(a, parts, max_splits, pdl, sms, s);
+  if (a.n <= 64) return launch_slices<64>(a, parts, max_splits, pdl, sms, s);
+  if (a.n <= 96) return launch_slices<96>(a, parts, max_splits, pdl, sms, s);
+  return launch_slices<128>(a, parts, max_splits, pdl, sms, s);
 }
 
 namespace {

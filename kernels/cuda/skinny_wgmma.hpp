@@ -41,14 +41,6 @@ int launch_skinny_wgmma_slices(const skinny_gemm_args& a, float* parts, int max_
 /// ways, or the tensor maps could not be encoded. parts holds S × n × rows floats.
 int launch_skinny_wgmma_split_parts(const skinny_gemm_args& a, float* parts, int max_splits, bool pdl, int sms,
                                     cudaStream_t s);
-/// launch_skinny_wgmma_slices of down_proj with silu_mul folded in: a.x is gate_up [n, 2 a.cols]
-/// (gate columns first) and the product's x is silu(gate) * up, computed in each stage of the
-/// kernel from gate_up's two tiles with silu_mul's arithmetic (the same slices, bit for bit, as
-/// silu_mul then launch_skinny_wgmma_slices); a.out gets that x as silu_mul leaves it (nullptr: not
-/// kept). Returns S, or 0 (nothing launched) where that launcher would, or a.cols is not a
-/// multiple of 64.
-int launch_skinny_wgmma_slices_silu(const skinny_gemm_args& a, float* parts, int max_splits, bool pdl, int sms,
-                                    cudaStream_t s);
 inline constexpr int skinny_wgmma_max_splits = 8;
 
 /// Diagnostics (bench): with SKINNY_WGMMA_STAMPS=1 in the environment when the backend starts, the

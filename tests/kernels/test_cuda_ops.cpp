@@ -588,13 +588,15 @@ TEST_P(cuda_ops, small_uploads_and_draw_overlay) {
 // the linear along K into float32 slices summed by the norm's kernel (forced here, whatever the
 // timing says; at n ≤ 16 the GEMV path runs). Repeated calls give the same bits.
 TEST_P(cuda_ops, linear_add_rmsnorm_matches_cpu) {
-  // 0: the default; 1: cuBLASLt's K split forced; 2: the wgmma GEMM's K slices (wgmma_split).
+  // 0: the default; 1: cuBLASLt's K split forced; 2: the wgmma GEMM's K slices (wgmma_split) at
+  // every token count it takes (the default stops at 32).
   for (const int config : {0, 1, 2}) {
     const bool force = config == 1;
     kernels::cuda_backend_options o;
     o.compute_dtype = t();
     if (force) o.split_linear_margin_us = -1e9f;
     o.wgmma_split = config == 2;
+    o.wgmma_split_max_n = 128;
     auto made = kernels::make_cuda_backend(o);
     ASSERT_TRUE(made.ok()) << made.err().message;
     b_ = std::move(made).value();
@@ -677,6 +679,7 @@ TEST_P(cuda_ops, norm_loads_ahead_is_bit_identical) {
     kernels::cuda_backend_options o;
     o.compute_dtype = t();
     o.split_linear_margin_us = -1e9f;  // cuBLASLt's K split wherever it can run
+    o.wgmma_split = false;
     o.norm_loads_ahead = ahead;
     auto made = kernels::make_cuda_backend(o);
     ASSERT_TRUE(made.ok()) << made.err().message;
@@ -742,6 +745,7 @@ TEST_P(cuda_ops, l2_prefetch_is_bit_identical) {
     kernels::cuda_backend_options o;
     o.compute_dtype = t();
     o.split_linear_margin_us = -1e9f;  // cuBLASLt's K split (the held norm) wherever it can run
+    o.wgmma_split = false;
     o.l2_prefetch_kb = budgets[bi];
     auto made = kernels::make_cuda_backend(o);
     ASSERT_TRUE(made.ok()) << made.err().message;
@@ -976,114 +980,6 @@ TEST_P(cuda_ops, skinny_wgmma_push_reduce_is_bit_identical) {
       EXPECT_EQ(differ, 0u) << tag("push_reduce " + shape) << ": first at " << first << " (token " << first / rows
                             << ", row " << first % rows << ")";
     }
-  }
-}
-
-// wgmma_silu_down (session 22): down_proj's K-slice GEMM making x = silu(gate) * up in each stage from
-// gate_up's tiles. First the kernels alone: launch_skinny_wgmma_slices_silu against silu_mul then
-// launch_skinny_wgmma_slices (the same splits, every f32 slice and every x element bit-identical).
-// Then the backend's wiring: silu_mul + linear_add_rmsnorm with wgmma_split, with and without the
-// option (x, out, residual and the normalised rows bit-identical). Shapes: the 1B's down at 64 and
-// 128 tokens (4 slices), 2 tokens, 33 tokens on a row tail (296 rows), 2-slice products (768, 512
-// columns), bias on some.
-TEST_P(cuda_ops, wgmma_silu_down_is_bit_identical) {
-  if (t() != dtype::bf16) GTEST_SKIP() << "the wgmma GEMM is bf16's";
-  if (const int major = sm_major(); major != 9) {
-    GTEST_SKIP() << "the wgmma GEMM needs sm_90 (this GPU is sm_" << major << "x)";
-  }
-  ASSERT_TRUE(kernels::cuda::skinny_wgmma_init()) << "no tensor-map encoder from the driver";
-  int sms = 0;
-  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
-  auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b, const std::string& what) {
-    ASSERT_EQ(a.size(), b.size()) << what;
-    std::size_t differ = 0, first = 0;
-    for (std::size_t i = 0; i < a.size(); ++i) {
-      if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) {  // NaN poison left anywhere differs too
-        if (differ++ == 0) first = i;
-      }
-    }
-    EXPECT_EQ(differ, 0u) << what << ": first at " << first;
-  };
-  constexpr int max_split = 4;  // lt_gemm::max_split, as the backend passes it
-  for (auto [n, rows, ffn] : {std::tuple{64, 2048, 8192}, {128, 2048, 8192}, {2, 2048, 8192}, {33, 296, 2048},
-                              {100, 512, 768}, {17, 136, 512}}) {
-    const std::string shape = "n" + std::to_string(n) + " " + std::to_string(rows) + "x" + std::to_string(ffn);
-    const auto guh = testing::random_values(rng_, static_cast<std::size_t>(n) * 2 * ffn, t(), 2.0f);
-    const auto wh = testing::random_values(rng_, static_cast<std::size_t>(rows) * ffn, t(), 0.05f);
-    const auto res = testing::random_values(rng_, static_cast<std::size_t>(n) * rows, t(), 2.0f);
-    std::vector<float> nw(rows), bias(rows);
-    std::uniform_real_distribution<float> wd(0.5f, 1.5f), bd(-0.5f, 0.5f);
-    for (auto& v : nw) v = wd(rng_);
-    for (auto& v : bias) v = bd(rng_);
-    const bool with_bias = (n + rows) % 2 == 1;
-    const std::size_t acts = static_cast<std::size_t>(n) * ffn, outs = static_cast<std::size_t>(n) * rows;
-    {  // the kernels alone
-      kernels::cuda_backend_options o;
-      o.compute_dtype = t();
-      auto made = kernels::make_cuda_backend(o);
-      ASSERT_TRUE(made.ok()) << made.err().message;
-      b_ = std::move(made).value();
-      auto w_copy = wh;
-      kernels::weight w = upload_matrix(w_copy, rows, ffn);
-      dev_acts gu(*b_, guh), act(*b_, acts), act2(*b_, acts);
-      act.poison();
-      act2.poison();
-      b_->silu_mul(gu.get_ptr(), n, ffn, act.get_ptr());
-      const std::vector<float> want_act = act.get();  // downloads: the silu_mul has run
-      const std::size_t part_floats = static_cast<std::size_t>(max_split) * outs;
-      const std::vector<float> nan_parts(part_floats, std::nanf(""));
-      dev_bytes p1(*b_, nan_parts), p2(*b_, nan_parts);
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      using bf = __nv_bfloat16;
-      kernels::cuda::skinny_gemm_args a;
-      a.w = static_cast<const bf*>(w.data);
-      a.rows = rows;
-      a.cols = ffn;
-      a.n = n;
-      a.x = static_cast<const bf*>(act.get_ptr());
-      const int s1 = kernels::cuda::launch_skinny_wgmma_slices(a, p1.as<float>(), max_split, false, sms, nullptr);
-      a.x = static_cast<const bf*>(gu.get_ptr());
-      a.out = static_cast<bf*>(act2.get_ptr());
-      const int s2 = kernels::cuda::launch_skinny_wgmma_slices_silu(a, p2.as<float>(), max_split, false, sms, nullptr);
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << shape;
-      ASSERT_GT(s1, 1) << shape << ": these shapes are all cut into slices";
-      ASSERT_EQ(s2, s1) << shape;
-      std::vector<float> got1(static_cast<std::size_t>(s1) * outs), got2(got1.size());
-      ASSERT_EQ(cudaMemcpy(got1.data(), p1.as<float>(), got1.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-      ASSERT_EQ(cudaMemcpy(got2.data(), p2.as<float>(), got2.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-      same_bits(got2, got1, tag("slices_silu parts " + shape));
-      same_bits(act2.get(), want_act, tag("slices_silu x " + shape));
-      b_->release(const_cast<void*>(w.data));
-    }
-    std::vector<float> got[2][4];  // [silu_down][x, out, residual, normed]
-    for (int fold = 0; fold < 2; ++fold) {  // the backend's path
-      kernels::cuda_backend_options o;
-      o.compute_dtype = t();
-      o.wgmma_split = true;
-      o.wgmma_silu_down = fold == 1;
-      auto made = kernels::make_cuda_backend(o);
-      ASSERT_TRUE(made.ok()) << made.err().message;
-      b_ = std::move(made).value();
-      auto w_copy = wh;
-      kernels::weight w = upload_matrix(w_copy, rows, ffn);
-      kernels::weight bw = with_bias ? upload_vector(bias) : kernels::weight{};
-      kernels::weight nwd = upload_vector(nw);
-      dev_acts gu(*b_, guh), act(*b_, acts), out(*b_, outs), rd(*b_, res), nd(*b_, outs);
-      act.poison();
-      out.poison();
-      nd.poison();
-      b_->silu_mul(gu.get_ptr(), n, ffn, act.get_ptr());
-      b_->linear_add_rmsnorm(act.get_ptr(), n, w, bw, out.get_ptr(), rd.get_ptr(), rows, nwd, 1e-5f, nd.get_ptr());
-      got[fold][0] = act.get();
-      got[fold][1] = out.get();
-      got[fold][2] = rd.get();
-      got[fold][3] = nd.get();
-      b_->release(const_cast<void*>(w.data));
-      b_->release(const_cast<void*>(nwd.data));
-      if (with_bias) b_->release(const_cast<void*>(bw.data));
-    }
-    const char* what[4] = {"x", "out", "residual", "normed"};
-    for (int k = 0; k < 4; ++k) same_bits(got[1][k], got[0][k], tag(std::string("silu_down ") + what[k] + " " + shape));
   }
 }
 

@@ -205,17 +205,14 @@ struct cuda_backend_options {
   /// linear_add_rmsnorm (o_proj, down_proj) at wgmma_qkv_min_n .. skinny_gemm_max_n tokens as the
   /// wgmma GEMM's K slices (separate blocks, no cluster, f32 sums summed by the add + rmsnorm
   /// kernel, as split_linears does with cuBLASLt), where one block an SM leaves room for ≥ 2 slices;
-  /// elsewhere split_linears' path. Off: built after session 14's timeline (our o_proj and down
-  /// with the cluster reduction 3 and 2 µs a layer slower than cuBLASLt's K split at batch 64), it
-  /// measured −17 µs at batch 64 on one machine and +24 on another (bench/NOTES.md, session 15).
-  bool wgmma_split = false;
+  /// elsewhere split_linears' path. At batch 64 it measured −17 µs on one machine and +24 on
+  /// another (session 15), +27 / −18 / −16 on an H100 (session 22), so it stops at
+  /// wgmma_split_max_n; below, on an H100 in three rounds of one process (session 22): batch 16
+  /// −30 / −61 / −61 µs a step against cuBLASLt's slices, batch 32 −21 / −59 / −68, batch 8
+  /// +14 / −26 / −23 (bench/NOTES.md).
+  bool wgmma_split = true;
   /// wgmma_split only up to this many tokens (beyond, split_linears' cuBLASLt slices)
-  int wgmma_split_max_n = 128;
-  /// With wgmma_split: where silu_mul computes down_proj's x (gate_up on cuBLAS, beyond
-  /// wgmma_swiglu_max_n), its kernel is not launched; down's K-slice GEMM makes x = silu(gate) * up
-  /// in each stage from gate_up's tiles (the same bits; x is still written) — one launch and its
-  /// wait fewer a layer.
-  bool wgmma_silu_down = false;
+  int wgmma_split_max_n = 32;
   /// bf16 linears of skinny_gemm_min_n ≤ n ≤ skinny_gemm_max_n tokens on the Hopper skinny GEMM
   /// (kernels/cuda/skinny_wgmma.cu: TMA weight ring, wgmma with the weights as A, K split in a
   /// cluster); takes precedence over skinny_gemm; sm_90 only (elsewhere cuBLAS as without it).
