@@ -291,7 +291,11 @@ std::vector<variant> all_variants() {
   kernels::cuda_backend_options wgmma_split = o;  // o_proj and down as our GEMM's K slices at every batch
   wgmma_split.wgmma_split = true;
   wgmma_split.wgmma_split_max_n = 128;
+  wgmma_split.wgmma_split_short_k_max_n = 128;
   v.push_back({"wgmma-split", wgmma_split});
+  kernels::cuda_backend_options wgmma_split_o = o;  // ... o_proj at every batch, down up to 32 tokens
+  wgmma_split_o.wgmma_split_short_k_max_n = 128;
+  v.push_back({"wgmma-split-o", wgmma_split_o});
   kernels::cuda_backend_options no_wgmma_split = o;  // cuBLASLt's K slices at every batch (before session 22)
   no_wgmma_split.wgmma_split = false;
   v.push_back({"nowgmmasplit", no_wgmma_split});
@@ -304,6 +308,7 @@ std::vector<variant> all_variants() {
   kernels::cuda_backend_options split_swiglu = swiglu_wide;  // ... and o_proj / down as its K slices
   split_swiglu.wgmma_split = true;
   split_swiglu.wgmma_split_max_n = 128;
+  split_swiglu.wgmma_split_short_k_max_n = 128;
   v.push_back({"split-swiglu", split_swiglu});
   kernels::cuda_backend_options wgmma_small = o;  // every linear of 2-128 tokens on the wgmma GEMM (not yet run)
   wgmma_small.skinny_wgmma = true;
@@ -429,6 +434,7 @@ std::vector<variant> all_variants() {
   kernels::cuda_backend_options qkvslices_split = qkvslices;  // o_proj and down as wgmma K slices too
   qkvslices_split.wgmma_split = true;
   qkvslices_split.wgmma_split_max_n = 128;
+  qkvslices_split.wgmma_split_short_k_max_n = 128;
   v.push_back({"qkvslices-split", qkvslices_split});
   // Quantized weights on the default paths (issue 12): the linear layers, then the LM head too.
   for (auto k : {kernels::weight_quant::int8, kernels::weight_quant::fp8}) {

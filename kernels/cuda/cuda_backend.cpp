@@ -402,7 +402,8 @@ class cuda_backend final : public backend {
   bool split_linear_norm(const void* x, int n, const weight& w, const weight& bias, void* out, void* residual,
                          int width, const weight& norm_w, float eps, void* norm_out) {
     // wgmma_split: our kernel's K slices (a programmatic dependent that waits), at its token counts.
-    const bool ours = wgmma_split_ && n >= wgmma_qkv_min_n_ && n <= std::min(skinny_max_n_, wgmma_split_max_n_);
+    const int max_n = w.cols <= w.rows ? wgmma_split_short_k_max_n_ : wgmma_split_max_n_;
+    const bool ours = wgmma_split_ && n >= wgmma_qkv_min_n_ && n <= std::min(skinny_max_n_, max_n);
     const bool lt_split = split_linears_ && lt_ != nullptr && n <= split_max_n_;  // cuBLASLt's slices
     if (!ours && !lt_split) return false;
     if (t_ != dtype::bf16 || w.type != dtype::bf16 || n > gemm_tune_max_n) return false;
@@ -840,6 +841,7 @@ class cuda_backend final : public backend {
     wgmma_qkv_slices_min_n_ = o.wgmma_qkv_slices_min_n;
     wgmma_split_ = o.wgmma_split;
     wgmma_split_max_n_ = o.wgmma_split_max_n;
+    wgmma_split_short_k_max_n_ = o.wgmma_split_short_k_max_n;
     wgmma_swiglu_ = o.wgmma_swiglu;
     wgmma_swiglu_min_n_ = o.wgmma_swiglu_min_n;
     wgmma_swiglu_max_n_ = o.wgmma_swiglu_max_n;
@@ -1109,6 +1111,7 @@ class cuda_backend final : public backend {
   int wgmma_qkv_min_n_ = 0, wgmma_qkv_max_n_ = 0;
   bool wgmma_split_ = false;  ///< cuda_backend_options::wgmma_split (and the GPU has the kernel)
   int wgmma_split_max_n_ = 128;  ///< cuda_backend_options::wgmma_split_max_n
+  int wgmma_split_short_k_max_n_ = 128;  ///< cuda_backend_options::wgmma_split_short_k_max_n
   bool wgmma_swiglu_ = false;  ///< cuda_backend_options::wgmma_swiglu (and the GPU has the kernel)
   int wgmma_swiglu_min_n_ = 0, wgmma_swiglu_max_n_ = 0;  ///< set from the options, like wgmma_qkv's
   bool qkv_early_ = false;  ///< the last linear_into_attention released its dependents early

@@ -597,6 +597,7 @@ TEST_P(cuda_ops, linear_add_rmsnorm_matches_cpu) {
     if (force) o.split_linear_margin_us = -1e9f;
     o.wgmma_split = config == 2;
     o.wgmma_split_max_n = 128;
+    o.wgmma_split_short_k_max_n = 128;
     auto made = kernels::make_cuda_backend(o);
     ASSERT_TRUE(made.ok()) << made.err().message;
     b_ = std::move(made).value();

@@ -213,6 +213,10 @@ struct cuda_backend_options {
   bool wgmma_split = true;
   /// wgmma_split only up to this many tokens (beyond, split_linears' cuBLASLt slices)
   int wgmma_split_max_n = 32;
+  /// ... and up to this many for a product whose K is no longer than its rows (o_proj: hidden ×
+  /// hidden; down, K = ffn, keeps wgmma_split_max_n). Session 22's b=64 timeline on an H100 had
+  /// cuBLASLt's o_proj at 6.7 µs a layer for 8.4 MB, our slices at 4.0-4.4.
+  int wgmma_split_short_k_max_n = 32;
   /// bf16 linears of skinny_gemm_min_n ≤ n ≤ skinny_gemm_max_n tokens on the Hopper skinny GEMM
   /// (kernels/cuda/skinny_wgmma.cu: TMA weight ring, wgmma with the weights as A, K split in a
   /// cluster); takes precedence over skinny_gemm; sm_90 only (elsewhere cuBLAS as without it).
