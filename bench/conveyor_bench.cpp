@@ -293,9 +293,9 @@ std::vector<variant> all_variants() {
   wgmma_split.wgmma_split_max_n = 128;
   wgmma_split.wgmma_split_short_k_max_n = 128;
   v.push_back({"wgmma-split", wgmma_split});
-  kernels::cuda_backend_options wgmma_split_o = o;  // ... o_proj at every batch, down up to 32 tokens
-  wgmma_split_o.wgmma_split_short_k_max_n = 128;
-  v.push_back({"wgmma-split-o", wgmma_split_o});
+  kernels::cuda_backend_options split_o32 = o;  // o_proj too only up to 32 tokens (session 22's call 2)
+  split_o32.wgmma_split_short_k_max_n = 32;
+  v.push_back({"split-o32", split_o32});
   kernels::cuda_backend_options no_wgmma_split = o;  // cuBLASLt's K slices at every batch (before session 22)
   no_wgmma_split.wgmma_split = false;
   v.push_back({"nowgmmasplit", no_wgmma_split});

@@ -214,9 +214,12 @@ struct cuda_backend_options {
   /// wgmma_split only up to this many tokens (beyond, split_linears' cuBLASLt slices)
   int wgmma_split_max_n = 32;
   /// ... and up to this many for a product whose K is no longer than its rows (o_proj: hidden ×
-  /// hidden; down, K = ffn, keeps wgmma_split_max_n). Session 22's b=64 timeline on an H100 had
-  /// cuBLASLt's o_proj at 6.7 µs a layer for 8.4 MB, our slices at 4.0-4.4.
-  int wgmma_split_short_k_max_n = 32;
+  /// hidden; down, K = ffn, keeps wgmma_split_max_n). Session 22's b=64 timelines on an H100:
+  /// cuBLASLt's o_proj 6.7 µs a layer for 8.4 MB, our slices 3.9-5.9 (the attention before it
+  /// +1.5, as o_proj's early weight requests share its bandwidth); steps at b=64 −17 to −26 µs in
+  /// 6 of 7 same-process rounds (the seventh was the process's first round, which reads fast for
+  /// whichever variant runs it).
+  int wgmma_split_short_k_max_n = 128;
   /// bf16 linears of skinny_gemm_min_n ≤ n ≤ skinny_gemm_max_n tokens on the Hopper skinny GEMM
   /// (kernels/cuda/skinny_wgmma.cu: TMA weight ring, wgmma with the weights as A, K split in a
   /// cluster); takes precedence over skinny_gemm; sm_90 only (elsewhere cuBLAS as without it).
