@@ -595,9 +595,11 @@ TEST_P(cuda_ops, linear_add_rmsnorm_matches_cpu) {
     kernels::cuda_backend_options o;
     o.compute_dtype = t();
     if (force) o.split_linear_margin_us = -1e9f;
-    o.wgmma_split = config == 2;
-    o.wgmma_split_max_n = 128;
-    o.wgmma_split_short_k_max_n = 128;
+    if (config != 0) o.wgmma_split = config == 2;
+    if (config == 2) {
+      o.wgmma_split_max_n = 128;
+      o.wgmma_split_short_k_max_n = 128;
+    }
     auto made = kernels::make_cuda_backend(o);
     ASSERT_TRUE(made.ok()) << made.err().message;
     b_ = std::move(made).value();

@@ -206,10 +206,10 @@ struct cuda_backend_options {
   /// wgmma GEMM's K slices (separate blocks, no cluster, f32 sums summed by the add + rmsnorm
   /// kernel, as split_linears does with cuBLASLt), where one block an SM leaves room for ≥ 2 slices;
   /// elsewhere split_linears' path. At batch 64 it measured −17 µs on one machine and +24 on
-  /// another (session 15), +27 / −18 / −16 on an H100 (session 22), so it stops at
-  /// wgmma_split_max_n; below, on an H100 in three rounds of one process (session 22): batch 16
-  /// −30 / −61 / −61 µs a step against cuBLASLt's slices, batch 32 −21 / −59 / −68, batch 8
-  /// +14 / −26 / −23 (bench/NOTES.md).
+  /// another (session 15), +27 / −18 / −16 on an H100 (session 22), so down stops at
+  /// wgmma_split_max_n; below, on H100s in three processes of 2-3 rounds (session 22) against
+  /// cuBLASLt's slices: batch 8 −36 to −39 µs a step (one process's first round +14), batch 16
+  /// −30 to −70, batch 32 −21 to −74 (bench/NOTES.md). Not yet measured on an H200.
   bool wgmma_split = true;
   /// wgmma_split only up to this many tokens (beyond, split_linears' cuBLASLt slices)
   int wgmma_split_max_n = 32;
