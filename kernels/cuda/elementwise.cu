@@ -445,16 +445,8 @@ __global__ void silu_mul_bf16x8_kernel(const bf16* gate_up, int n, int ffn, bf16
     const bf16* g = gate_up + row * 2 * ffn;
     const uint4 gv = reinterpret_cast<const uint4*>(g)[c];
     const uint4 uv = reinterpret_cast<const uint4*>(g + ffn)[c];
-    const std::uint32_t* gp = reinterpret_cast<const std::uint32_t*>(&gv);
-    const std::uint32_t* up = reinterpret_cast<const std::uint32_t*>(&uv);
-    uint4 r;
-    std::uint32_t* rp = reinterpret_cast<std::uint32_t*>(&r);
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float g0 = bf_lo(gp[e]), g1 = bf_hi(gp[e]);
-      rp[e] = pack_bf16x2(g0 / (1.0f + expf(-g0)) * bf_lo(up[e]), g1 / (1.0f + expf(-g1)) * bf_hi(up[e]));
-    }
-    reinterpret_cast<uint4*>(out + row * ffn)[c] = r;
+    reinterpret_cast<uint4*>(out + row * ffn)[c] = make_uint4(silu_pair(gv.x, uv.x), silu_pair(gv.y, uv.y),
+                                                             silu_pair(gv.z, uv.z), silu_pair(gv.w, uv.w));
   }
 }
 
