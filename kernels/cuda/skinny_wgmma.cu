@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <type_traits>
 #include <vector>
 
 #include "device_types.cuh"
@@ -754,13 +755,18 @@ bool skinny_wgmma_init() {
 }
 
 // Token tiles of 32, 64, 96 and 128 (wgmma's N): padding tokens cost math and x bytes, not weight bytes.
+// launch(std::integral_constant<int, N>) with the smallest tile that holds n tokens.
 namespace {
+template <class F>
+auto by_token_tile(int n, F&& launch) {
+  if (n <= 32) return launch(std::integral_constant<int, 32>{});
+  if (n <= 64) return launch(std::integral_constant<int, 64>{});
+  if (n <= 96) return launch(std::integral_constant<int, 96>{});
+  return launch(std::integral_constant<int, 128>{});
+}
 int launch_any_n(const skinny_gemm_args& a, bool pdl, bool push, float* parts, int max_parts, int sms,
                  cudaStream_t s) {
-  if (a.n <= 32) return launch_n<32>(a, pdl, push, parts, max_parts, sms, s);
-  if (a.n <= 64) return launch_n<64>(a, pdl, push, parts, max_parts, sms, s);
-  if (a.n <= 96) return launch_n<96>(a, pdl, push, parts, max_parts, sms, s);
-  return launch_n<128>(a, pdl, push, parts, max_parts, sms, s);
+  return by_token_tile(a.n, [&](auto N) { return launch_n<N()>(a, pdl, push, parts, max_parts, sms, s); });
 }
 }  // namespace
 
@@ -774,18 +780,12 @@ int launch_skinny_wgmma_split_parts(const skinny_gemm_args& a, float* parts, int
 }
 
 bool launch_skinny_wgmma_swiglu(const skinny_gemm_args& a, bool pdl, int sms, cudaStream_t s) {
-  if (a.n <= 32) return launch_swiglu<32>(a, pdl, sms, s);
-  if (a.n <= 64) return launch_swiglu<64>(a, pdl, sms, s);
-  if (a.n <= 96) return launch_swiglu<96>(a, pdl, sms, s);
-  return launch_swiglu<128>(a, pdl, sms, s);
+  return by_token_tile(a.n, [&](auto N) { return launch_swiglu<N()>(a, pdl, sms, s); });
 }
 
 int launch_skinny_wgmma_slices(const skinny_gemm_args& a, float* parts, int max_splits, bool pdl, int sms,
                                cudaStream_t s) {
-  if (a.n <= 32) return launch_slices<32>(a, parts, max_splits, pdl, sms, s);
-  if (a.n <= 64) return launch_slices<64>(a, parts, max_splits, pdl, sms, s);
-  if (a.n <= 96) return launch_slices<96>(a, parts, max_splits, pdl, sms, s);
-  return launch_slices<128>(a, parts, max_splits, pdl, sms, s);
+  return by_token_tile(a.n, [&](auto N) { return launch_slices<N()>(a, parts, max_splits, pdl, sms, s); });
 }
 
 namespace {
