@@ -288,11 +288,14 @@ std::vector<variant> all_variants() {
   wgmmaqkv_wide.wgmma_qkv_min_n = 17;
   wgmmaqkv_wide.wgmma_qkv_max_n = 128;
   v.push_back({"wgmmaqkv-wide", wgmmaqkv_wide});
-  kernels::cuda_backend_options wgmma_split = o;  // o_proj and down as our GEMM's K slices at every batch
-  wgmma_split.wgmma_split = true;
-  wgmma_split.wgmma_split_max_n = 128;
-  wgmma_split.wgmma_split_short_k_max_n = 128;
-  v.push_back({"wgmma-split", wgmma_split});
+  // o_proj and down as our GEMM's K slices at every batch (the default stops down at 32 tokens).
+  auto split_every_batch = [](kernels::cuda_backend_options b) {
+    b.wgmma_split = true;
+    b.wgmma_split_max_n = 128;
+    b.wgmma_split_short_k_max_n = 128;
+    return b;
+  };
+  v.push_back({"wgmma-split", split_every_batch(o)});
   kernels::cuda_backend_options split_o32 = o;  // o_proj too only up to 32 tokens (session 22's call 2)
   split_o32.wgmma_split_short_k_max_n = 32;
   v.push_back({"split-o32", split_o32});
@@ -305,11 +308,7 @@ std::vector<variant> all_variants() {
   kernels::cuda_backend_options swiglu_wide = o;  // the SwiGLU epilogue at 2-128 tokens (the default: 2-32)
   swiglu_wide.wgmma_swiglu_max_n = 128;
   v.push_back({"swiglu-wide", swiglu_wide});
-  kernels::cuda_backend_options split_swiglu = swiglu_wide;  // ... and o_proj / down as its K slices
-  split_swiglu.wgmma_split = true;
-  split_swiglu.wgmma_split_max_n = 128;
-  split_swiglu.wgmma_split_short_k_max_n = 128;
-  v.push_back({"split-swiglu", split_swiglu});
+  v.push_back({"split-swiglu", split_every_batch(swiglu_wide)});  // ... and o_proj / down as its K slices
   kernels::cuda_backend_options wgmma_small = o;  // every linear of 2-128 tokens on the wgmma GEMM (not yet run)
   wgmma_small.skinny_wgmma = true;
   wgmma_small.skinny_gemm_min_n = 2;
@@ -431,11 +430,7 @@ std::vector<variant> all_variants() {
   kernels::cuda_backend_options qkvslices_ring2 = qkvslices;  // two chunks a warp asked before the wait
   qkvslices_ring2.wgmma_qkv_ring_decode = 2;
   v.push_back({"qkvslices-ring2", qkvslices_ring2});
-  kernels::cuda_backend_options qkvslices_split = qkvslices;  // o_proj and down as wgmma K slices too
-  qkvslices_split.wgmma_split = true;
-  qkvslices_split.wgmma_split_max_n = 128;
-  qkvslices_split.wgmma_split_short_k_max_n = 128;
-  v.push_back({"qkvslices-split", qkvslices_split});
+  v.push_back({"qkvslices-split", split_every_batch(qkvslices)});  // o_proj and down as wgmma K slices too
   // Quantized weights on the default paths (issue 12): the linear layers, then the LM head too.
   for (auto k : {kernels::weight_quant::int8, kernels::weight_quant::fp8}) {
     const std::string name(kernels::weight_quant_name(k));
