@@ -397,13 +397,8 @@ __global__ void __launch_bounds__(1024) split_add_rmsnorm_bf16x8_kernel(const fl
     std::uint32_t* p = reinterpret_cast<std::uint32_t*>(&v[j]);
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      float lo = __bfloat162float(__float2bfloat16_rn(acc[2 * e]));
-      float hi = __bfloat162float(__float2bfloat16_rn(acc[2 * e + 1]));
-      if (bias != nullptr) {
-        lo += bias[c * 8 + 2 * e];
-        hi += bias[c * 8 + 2 * e + 1];
-      }
-      p[e] = pack_bf16x2(lo, hi);
+      p[e] = pack_bf16x2(linear_out_value(acc[2 * e], bias, c * 8 + 2 * e),
+                         linear_out_value(acc[2 * e + 1], bias, c * 8 + 2 * e + 1));
     }
     reinterpret_cast<uint4*>(delta + base)[c] = v[j];
     if constexpr (AHEAD == 0) r = reinterpret_cast<const uint4*>(residual + base)[c];
