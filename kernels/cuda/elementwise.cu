@@ -260,6 +260,13 @@ __device__ __forceinline__ void store_normed_bf16x8(uint4 (&v)[CH], const norm_w
     reinterpret_cast<uint4*>(out_row)[c] = v[j];
   }
 }
+/// v += r, eight bf16 pairs, each sum rounded to bf16 (the residual add of the op-by-op path).
+__device__ __forceinline__ void add_bf16x8(uint4& v, const uint4& r) {
+  std::uint32_t* p = reinterpret_cast<std::uint32_t*>(&v);
+  const std::uint32_t* rp = reinterpret_cast<const std::uint32_t*>(&r);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) p[e] = pack_bf16x2(bf_lo(rp[e]) + bf_lo(p[e]), bf_hi(rp[e]) + bf_hi(p[e]));
+}
 __device__ __forceinline__ double sum_squares_bf16x8(const uint4& v) {
   const std::uint32_t* p = reinterpret_cast<const std::uint32_t*>(&v);
   double ss = 0.0;
@@ -303,11 +310,8 @@ __global__ void __launch_bounds__(1024) rmsnorm_bf16x8_kernel(bf16* residual, co
   for (int j = 0; j < CH; ++j) {
     const int c = threadIdx.x + j * blockDim.x;
     if (c >= chunks) break;
-    std::uint32_t* p = reinterpret_cast<std::uint32_t*>(&v[j]);
     if (residual != nullptr) {
-      const std::uint32_t* rp = reinterpret_cast<const std::uint32_t*>(&r[j]);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) p[e] = pack_bf16x2(bf_lo(rp[e]) + bf_lo(p[e]), bf_hi(rp[e]) + bf_hi(p[e]));
+      add_bf16x8(v[j], r[j]);
       reinterpret_cast<uint4*>(residual + base)[c] = v[j];
     }
     ss += sum_squares_bf16x8(v[j]);
@@ -402,9 +406,7 @@ __global__ void __launch_bounds__(1024) split_add_rmsnorm_bf16x8_kernel(const fl
     }
     reinterpret_cast<uint4*>(delta + base)[c] = v[j];
     if constexpr (AHEAD == 0) r = reinterpret_cast<const uint4*>(residual + base)[c];
-    const std::uint32_t* rp = reinterpret_cast<const std::uint32_t*>(&r);
-#pragma unroll
-    for (int e = 0; e < 4; ++e) p[e] = pack_bf16x2(bf_lo(rp[e]) + bf_lo(p[e]), bf_hi(rp[e]) + bf_hi(p[e]));
+    add_bf16x8(v[j], r);
     reinterpret_cast<uint4*>(residual + base)[c] = v[j];
     ss += sum_squares_bf16x8(v[j]);
   }
