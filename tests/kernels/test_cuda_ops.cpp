@@ -1419,6 +1419,110 @@ TEST_P(cuda_ops, linear_into_attention_then_decode_matches_cpu) {
   b_->release(const_cast<void*>(w.data));
 }
 
+// attention_o_proj (session 23): the batch-1 decode attention with o_proj in its kernel, against the
+// same step without it. The caches and the attention output must keep every bit (the same
+// arithmetic; block 0 of each KV head writes them); o_proj's output is a float32 sum in another order,
+// so it, the residual and the norm after it are held to the CPU twin's tolerance, and a second run
+// must repeat o_proj's bits (fixed order; the row-group tickets left zeroed). Contexts from one key
+// to the one-split bound (256), groups 2, 4, 8, o_proj rows that leave a partial last row group, a
+// bias, a window, both ring sizes.
+TEST_P(cuda_ops, attention_o_proj_matches_op_by_op) {
+  if (t() != dtype::bf16) GTEST_SKIP() << "the ring decode kernel is bf16 only";
+  struct ocase {
+    int heads, kv_heads, window, rows;
+    bool bias;
+    std::vector<int> ctx;  // one sequence each, the new token included (<= 256: one split)
+  };
+  const std::vector<ocase> cases{{32, 8, 0, 2048, false, {1, 5, 32, 33, 128, 129, 200, 256}},
+                                 {16, 2, 0, 1000, true, {70, 256}},
+                                 {8, 4, 0, 512, false, {1, 100}},
+                                 {32, 8, 64, 2048, false, {200}}};
+  std::unique_ptr<kernels::backend> be[3];  // off, on (ring 1), on (ring 2)
+  for (int i = 0; i < 3; ++i) {
+    kernels::cuda_backend_options o;
+    o.compute_dtype = t();
+    o.attention_o_proj = i > 0;
+    o.attention_o_proj_ring = i;
+    auto made = kernels::make_cuda_backend(o);
+    ASSERT_TRUE(made.ok()) << made.err().message;
+    be[i] = std::move(made).value();
+  }
+  constexpr int d = 64, block_size = 16;
+  for (const ocase& c : cases) {
+    const kernels::attn_shape sh{c.heads, c.kv_heads, d, 0.125f, c.window};
+    const int width = (c.heads + 2 * c.kv_heads) * d, cols = c.heads * d;
+    auto wh = testing::random_values(rng_, static_cast<std::size_t>(c.rows) * cols, t(), 0.05f);
+    for (auto& x : wh) x = testing::representable(t(), x);
+    const std::vector<float> bias_h = c.bias ? testing::random_values(rng_, c.rows, dtype::f32) : std::vector<float>{};
+    std::vector<float> norm_h = testing::random_values(rng_, c.rows, dtype::f32);
+    for (int ctx : c.ctx) {
+      const paged_decode pd = make_paged_decode({ctx}, block_size, rng_);
+      const std::vector<std::int32_t> pos{ctx - 1}, ctx_v{ctx};
+      const std::size_t cache = static_cast<std::size_t>(pd.num_blocks) * block_size * c.kv_heads * d;
+      const auto k0 = testing::random_values(rng_, cache, t()), v0 = testing::random_values(rng_, cache, t());
+      const auto qkv0 = testing::random_values(rng_, width, t(), 2.0f);
+      const auto res0 = testing::random_values(rng_, c.rows, t());
+      std::vector<float> inv_freq(d / 2);
+      for (int i = 0; i < d / 2; ++i) inv_freq[i] = std::pow(5e5f, -2.0f * i / d);
+      const std::string shape = " h" + std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) + " rows " +
+                                std::to_string(c.rows) + (c.bias ? " bias" : "") + " window " +
+                                std::to_string(c.window) + " ctx " + std::to_string(ctx);
+      // got[backend][run] = {k cache, v cache, attention out, o_proj out, residual, norm out}
+      std::vector<float> got[3][2][6];
+      for (int i = 0; i < 3; ++i) {
+        kernels::backend& b = *be[i];
+        kernels::weight w = b.upload_weight(wh.data(), dtype::f32, c.rows, cols, false);
+        kernels::weight bias = c.bias ? b.upload_weight(bias_h.data(), dtype::f32, 1, c.rows, true) : kernels::weight{};
+        kernels::weight nw = b.upload_weight(norm_h.data(), dtype::f32, 1, c.rows, true);
+        dev_bytes pos_d(b, pos), slot_d(b, pd.slots), freq_d(b, inv_freq), qs_d(b, pd.q_start), ctx_d(b, ctx_v),
+            table_d(b, pd.table);
+        const kernels::attention_batch batch{1, qs_d.as<std::int32_t>(), ctx_d.as<std::int32_t>(),
+                                             table_d.as<std::int32_t>(), pd.max_blocks, 256, 1};
+        const kernels::kv_layout layout{pd.num_blocks, block_size};
+        for (int run = 0; run < 2; ++run) {
+          dev_acts qd(b, qkv0), kd(b, k0), vd(b, v0), attn(b, cols), delta(b, c.rows), res(b, res0), normed(b, c.rows);
+          attn.poison();
+          delta.poison();
+          normed.poison();
+          b.rope(qd.get_ptr(), 1, sh, pos_d.as<std::int32_t>(), freq_d.as<float>(), 1.0f);
+          b.kv_write(qd.get_ptr(), 1, sh, slot_d.as<std::int32_t>(), layout, kd.get_ptr(), vd.get_ptr());
+          b.attention(qd.get_ptr(), sh, batch, layout, kd.get_ptr(), vd.get_ptr(), attn.get_ptr());
+          b.linear_add_rmsnorm(attn.get_ptr(), 1, w, bias, delta.get_ptr(), res.get_ptr(), c.rows, nw, 1e-5f,
+                               normed.get_ptr());
+          got[i][run][0] = kd.get();
+          got[i][run][1] = vd.get();
+          got[i][run][2] = attn.get();
+          got[i][run][3] = delta.get();
+          got[i][run][4] = res.get();
+          got[i][run][5] = normed.get();
+        }
+        b.release(const_cast<void*>(w.data));
+        if (c.bias) b.release(const_cast<void*>(bias.data));
+        b.release(const_cast<void*>(nw.data));
+      }
+      // The CPU twin of o_proj on the attention output the device wrote (checked bit for bit below).
+      std::vector<float> ref(c.rows);
+      kernels::cpu::linear(got[0][0][2].data(), 1, wh.data(), c.rows, cols, c.bias ? bias_h.data() : nullptr, ref.data());
+      const char* what[3] = {"k cache", "v cache", "attention out"};
+      for (int i = 1; i < 3; ++i) {
+        const std::string on = " ring " + std::to_string(i) + shape;
+        for (int k = 0; k < 3; ++k) {
+          const long at = first_difference(got[i][0][k], got[0][0][k]);
+          EXPECT_EQ(at, -1) << "attention_o_proj " << what[k] << on << ": first difference at " << at << ", seed "
+                            << testing::test_seed();
+        }
+        EXPECT_CLOSE(got[i][0][3], ref, t(), tag("attention_o_proj o_proj out" + on));
+        EXPECT_CLOSE(got[i][0][4], got[0][0][4], t(), tag("attention_o_proj residual" + on));
+        EXPECT_CLOSE(got[i][0][5], got[0][0][5], t(), tag("attention_o_proj norm out" + on));
+        for (int k = 0; k < 6; ++k) {
+          EXPECT_EQ(first_difference(got[i][1][k], got[i][0][k]), -1) << "attention_o_proj second run, buffer " << k << on;
+        }
+      }
+      EXPECT_CLOSE(got[0][0][3], ref, t(), tag("o_proj GEMV out" + shape));
+    }
+  }
+}
+
 // wgmma_qkv_slices (session 21): the qkv GEMM's K splits left as f32 slices for the decode attention's
 // rope prologue to sum, against the default (the cluster sums them): q, k, v, the caches and the
 // attention output must keep every bit. Token counts on both sides of the fused prologue (2 and 8
