@@ -1099,6 +1099,10 @@ __global__ void __launch_bounds__(block_threads, 4) decode_gqa_ring_kernel(
   __shared__ __align__(16) __nv_bfloat16 q_b[G][D];
   __shared__ float m_s[W][G], l_s[W][G];
   __shared__ float o_s[W][G][D];
+  // OP: the new key's roped K row and V row. Only block 0 of a head writes the cache slot, so the
+  // others may not read it back: a chunk holding the new key that is requested after the prologue
+  // leaves that row out and gets it from here once its copies are in.
+  __shared__ __align__(16) __nv_bfloat16 new_kv_s[OP ? 2 * D : 1];
   if constexpr (!ROPE) {
     grid_dep_wait();
     grid_dep_trigger();
@@ -1172,12 +1176,18 @@ __global__ void __launch_bounds__(block_threads, 4) decode_gqa_ring_kernel(
       q_b[g][i + D / 2] = b;
     };
     auto store_kv = [&](int i, __nv_bfloat16 ka, __nv_bfloat16 kb, __nv_bfloat16 va, __nv_bfloat16 vb) {
+      const int ib = i + D / 2;
       if (nc < S) {
-        const int ib = i + D / 2;
         nks[((i / 8) ^ sw) * 8 + i % 8] = ka;
         nks[((ib / 8) ^ sw) * 8 + ib % 8] = kb;
         nvs[i] = va;
         nvs[ib] = vb;
+      }
+      if constexpr (OP) {
+        new_kv_s[i] = ka;
+        new_kv_s[ib] = kb;
+        new_kv_s[D + i] = va;
+        new_kv_s[D + ib] = vb;
       }
     };
     using sq = decltype(store_q);
@@ -1212,6 +1222,18 @@ __global__ void __launch_bounds__(block_threads, 4) decode_gqa_ring_kernel(
   for (int c = warp; c < chunks; c += W) {
     cp_async_wait_group<P - 1>();  // this lane's pieces of chunk c are in
     __syncwarp();                  // and the other lanes'
+    if constexpr (OP) {
+      const int new_chunk = (pos - begin) / 32, new_row = (pos - begin) % 32;
+      if (c == new_chunk && c >= S) {  // requested late without the new key: its row from new_kv_s
+        __nv_bfloat16* slot = ring + (c % S) * SLOT;
+        const int sw = (new_row & 1) << 2;
+        for (int i = lane; i < D; i += 32) {
+          slot[new_row * D + ((i / 8) ^ sw) * 8 + i % 8] = new_kv_s[i];
+          slot[KT + new_row * LD + i] = new_kv_s[D + i];
+        }
+        __syncwarp();
+      }
+    }
     const __nv_bfloat16* ks = ring + (c % S) * SLOT;
     // K: key nb*8 + g of n-tile nb, lane q's 16 bytes of each 32-dim slice (piece 4 s + q).
     uint4 kr[4][D / 32];
@@ -1225,7 +1247,7 @@ __global__ void __launch_bounds__(block_threads, 4) decode_gqa_ring_kernel(
     }
     tc_decode_chunk<D, LD>(qa, kr, ks + KT, begin + c * 32, end, sl2, lane, m, l, o, [] {});
     __syncwarp();  // the slot's reads are done before it is refilled
-    request(c + S, -1);
+    request(c + S, OP ? pos : -1);  // (OP: the new key from new_kv_s, above)
   }
   tc_decode_store<G, W, D>(m, l, o, warp, lane, m_s, l_s, o_s);
   __syncthreads();
