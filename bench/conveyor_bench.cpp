@@ -431,12 +431,6 @@ std::vector<variant> all_variants() {
   qkvslices_ring2.wgmma_qkv_ring_decode = 2;
   v.push_back({"qkvslices-ring2", qkvslices_ring2});
   v.push_back({"qkvslices-split", split_every_batch(qkvslices)});  // o_proj and down as wgmma K slices too
-  // Session 23: o_proj inside the batch-1 decode attention kernel (a one-chunk ring, then two).
-  kernels::cuda_backend_options attn_oproj = o;
-  attn_oproj.attention_o_proj = true;
-  v.push_back({"attnoproj", attn_oproj});
-  attn_oproj.attention_o_proj_ring = 2;
-  v.push_back({"attnoproj2", attn_oproj});
   // Quantized weights on the default paths (issue 12): the linear layers, then the LM head too.
   for (auto k : {kernels::weight_quant::int8, kernels::weight_quant::fp8}) {
     const std::string name(kernels::weight_quant_name(k));

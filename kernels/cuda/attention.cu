@@ -330,13 +330,11 @@ __device__ __forceinline__ void dot_rows(const float* q, int q_stride, const flo
 // The last step of a grouped decode block: merges its W warps' softmax states for each of the G
 // query heads (running max m, sum l and unnormalised o, kept in shared memory) and writes the split's
 // partial result (m in natural-log units, l, o: what combine_kernel reads) or, with one split, the
-// output row. kLog2: m and l were kept with exp2 (the tensor-core kernel), not exp. KEEP (one split):
-// the output row's G × D values also into `keep` (shared memory), and into `out` only if write_out.
-template <int G, int W, int QS, bool kLog2, class T, bool KEEP = false>
+// output row. kLog2: m and l were kept with exp2 (the tensor-core kernel), not exp.
+template <int G, int W, int QS, bool kLog2, class T>
 __device__ __forceinline__ void merge_warps_and_store(const float (&m_s)[W][G], const float (&l_s)[W][G],
                                                       const float (&o_s)[W][G][QS], int D, int heads, int h0, int seq,
-                                                      int split, int splits, int row, float* partials, T* out,
-                                                      T* keep = nullptr, bool write_out = true) {
+                                                      int split, int splits, int row, float* partials, T* out) {
   for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
     const int g = idx / D, d = idx % D;
     float m_all = -INFINITY;
@@ -355,10 +353,6 @@ __device__ __forceinline__ void merge_warps_and_store(const float (&m_s)[W][G], 
         p_out[1] = l_all;
       }
       p_out[2 + d] = acc;
-    } else if constexpr (KEEP) {
-      const T y = from_f32<T>(acc / l_all);
-      keep[g * D + d] = y;
-      if (write_out) out[static_cast<std::size_t>(row) * heads * D + h * D + d] = y;
     } else {
       out[static_cast<std::size_t>(row) * heads * D + h * D + d] = from_f32<T>(acc / l_all);
     }
@@ -509,13 +503,10 @@ __device__ __forceinline__ __nv_bfloat16 qkv_entry(const attention_rope_kv& rope
 // every item is rotated with its pair's (cos, sin): the same bits as computing them per item. Off: one
 // sincos per item, each after its item's loads, so the G + 1 heads repeat each angle and warp 0 of a
 // 128-thread block (160 items at D 64, G 4) runs two sincos and two load round trips back to back.
-// WR (rope.once only; launch_attention_o_proj, where several blocks serve one KV head): 2, the roped
-// heads back to qkv and the new key to its cache slot; 1, the cache slot only; 0, neither (the
-// store_q / store_kv callbacks still get every value).
 struct no_store_kv {
   __device__ void operator()(int, __nv_bfloat16, __nv_bfloat16, __nv_bfloat16, __nv_bfloat16) const {}
 };
-template <int D, int G, int NT, class StoreQ, class StoreKV = no_store_kv, int WR = 2>
+template <int D, int G, int NT, class StoreQ, class StoreKV = no_store_kv>
 __device__ __forceinline__ void rope_kv_prologue(const attention_rope_kv& rope, int row, int width, int heads,
                                                  int kv_heads, int kvh, int h0, StoreQ store_q,
                                                  StoreKV store_kv = {}) {
@@ -523,7 +514,7 @@ __device__ __forceinline__ void rope_kv_prologue(const attention_rope_kv& rope, 
   static_assert(NT >= half, "one thread per pair computes the angles");
   __nv_bfloat16* qrow = static_cast<__nv_bfloat16*>(rope.qkv) + static_cast<std::size_t>(row) * width;
   const std::size_t slot = static_cast<std::size_t>(rope.slots[row]) * kv_heads + kvh;
-  if (WR != 2 || rope.once) {  // (WR < 2: always; launch_attention_o_proj asks for rope.once)
+  if (rope.once) {
     __nv_bfloat16* kd = static_cast<__nv_bfloat16*>(rope.k_cache) + slot * D;
     __nv_bfloat16* vd = static_cast<__nv_bfloat16*>(rope.v_cache) + slot * D;
     const int v0 = (heads + kv_heads + kvh) * D;  // the KV head's v entries in the row
@@ -563,25 +554,19 @@ __device__ __forceinline__ void rope_kv_prologue(const attention_rope_kv& rope, 
         const float2 c = cs_s[i];
         __nv_bfloat16 a, b;
         rope_pair(__bfloat162float(xa[u]), __bfloat162float(xb[u]), c.x, c.y, a, b);
-        if constexpr (WR == 2) {
-          __nv_bfloat16* x = qrow + (g < G ? h0 + g : heads + kvh) * D;
-          x[i] = a;
-          x[i + half] = b;
-        }
+        __nv_bfloat16* x = qrow + (g < G ? h0 + g : heads + kvh) * D;
+        x[i] = a;
+        x[i + half] = b;
         if (g < G) {
           store_q(g, i, a, b);
         } else {
-          if constexpr (WR >= 1) {
-            kd[i] = a;
-            kd[i + half] = b;
-            vd[i] = va[u];
-            vd[i + half] = vb[u];
-          }
-          if constexpr (WR == 2) {
-            if (rope.parts != nullptr) {  // v as the GEMM would have left it in qkv
-              vsrc[i] = va[u];
-              vsrc[i + half] = vb[u];
-            }
+          kd[i] = a;
+          kd[i + half] = b;
+          vd[i] = va[u];
+          vd[i + half] = vb[u];
+          if (rope.parts != nullptr) {  // v as the GEMM would have left it in qkv
+            vsrc[i] = va[u];
+            vsrc[i + half] = vb[u];
           }
           store_kv(i, a, b, va[u], vb[u]);
         }
@@ -1054,11 +1039,6 @@ __device__ __forceinline__ void cp_async_wait_group() {
 // V tile 32 × 72 bf16 a chunk, 4 warps.
 constexpr std::size_t ring_chunk_bytes = (32 * 64 + 32 * 72) * sizeof(__nv_bfloat16);
 constexpr std::size_t ring_smem_bytes(int stages) { return static_cast<std::size_t>(4 * stages) * ring_chunk_bytes; }
-// launch_attention_o_proj: a block's W slice (rows of G × D columns, padded by 8) is at most this many
-// bytes, so that with a one-chunk ring (35 KB) a block fits beside a GEMV block of ~100 KB on an SM
-// (the o_proj GEMV's footprint, which the kernel replaces); and at most this many rows.
-constexpr std::size_t attention_o_proj_max_w_bytes = 68 * 1024;
-constexpr int attention_o_proj_max_rows = 256;
 
 // decode_gqa_tc_kernel's arithmetic (the same chunks per warp, the same bits) with every key's K and V
 // rows staged in shared memory by cp.async, K too (there it went through registers, loaded after the
@@ -1076,21 +1056,13 @@ constexpr int attention_o_proj_max_rows = 256;
 // B-fragment reads of rows g and g + 1 (one phase of a 16-byte ld.shared) hit different banks; V
 // tiles: rows padded to LD as in decode_gqa_tc_kernel (ldmatrix.trans). Rows past the end are
 // zero-filled (0 × garbage would be NaN in P V).
-//
-// OP (launch_attention_o_proj; ROPE, one sequence, one split): grid (row groups, kv_heads). Every block
-// of a KV head computes that head's attention (the same bits), block 0 of the head writes the cache
-// slot and `out`, and each block multiplies its group's rows of o_proj's W, restricted to the head's
-// G × D columns (requested by cp.async before griddepcontrol.wait, behind the ring), by the output it
-// keeps in shared memory. Its float32 sums go to op.parts; the last block of a row group to arrive
-// (op.tickets) adds the kv_heads parts of its rows in head order and stores them as a linear does.
-template <int G, bool ROPE, int P, bool OP = false>
+template <int G, bool ROPE, int P>
 __global__ void __launch_bounds__(block_threads, 4) decode_gqa_ring_kernel(
     const __nv_bfloat16* qkv, int heads, int kv_heads, float scale, int window, const std::int32_t* q_start,
     const std::int32_t* ctx_len, const std::int32_t* block_table, int table_stride, int block_size,
     const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache, int split_len, float* partials,
-    __nv_bfloat16* out, attention_rope_kv rope, attention_o_proj op) {
+    __nv_bfloat16* out, attention_rope_kv rope) {
   constexpr int D = 64, LD = D + 8, W = warps, S = W * P;
-  static_assert(!OP || ROPE, "o_proj rides on the fused decode step only");
   constexpr int KT = 32 * D, SLOT = KT + 32 * LD;  // elements: K tile, then V tile
   static_assert(G <= 8, "query rows beyond 8 would need A's second row block");
   static_assert(SLOT * sizeof(__nv_bfloat16) == ring_chunk_bytes, "ring_smem_bytes");
@@ -1099,15 +1071,11 @@ __global__ void __launch_bounds__(block_threads, 4) decode_gqa_ring_kernel(
   __shared__ __align__(16) __nv_bfloat16 q_b[G][D];
   __shared__ float m_s[W][G], l_s[W][G];
   __shared__ float o_s[W][G][D];
-  // OP: the new key's roped K row and V row. Only block 0 of a head writes the cache slot, so the
-  // others may not read it back: a chunk holding the new key that is requested after the prologue
-  // leaves that row out and gets it from here once its copies are in.
-  __shared__ __align__(16) __nv_bfloat16 new_kv_s[OP ? 2 * D : 1];
   if constexpr (!ROPE) {
     grid_dep_wait();
     grid_dep_trigger();
   }
-  const int split = OP ? 0 : blockIdx.x, splits = OP ? 1 : gridDim.x, kvh = blockIdx.y, seq = blockIdx.z;
+  const int split = blockIdx.x, splits = gridDim.x, kvh = blockIdx.y, seq = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int row = q_start[seq];
   if (q_start[seq + 1] - row != 1) {
@@ -1145,21 +1113,6 @@ __global__ void __launch_bounds__(block_threads, 4) decode_gqa_ring_kernel(
     }
     cp_async_commit();
   };
-  // OP: this block's rows r0 .. r0 + nr - 1 of W, columns h0·D ... + QC, one commit group in front
-  // of the ring's (so every later cp_async_wait_group covers it too).
-  constexpr int QC = G * D, PITCH = QC + 8;  // W rows padded by 16 bytes: the row reads do not conflict
-  const int rg = OP ? static_cast<int>(blockIdx.x) : 0;
-  const int rows_per = OP ? (op.rows + static_cast<int>(gridDim.x) - 1) / static_cast<int>(gridDim.x) : 0;
-  const int r0 = rg * rows_per, nr = OP ? max(0, min(op.rows - r0, rows_per)) : 0;
-  __nv_bfloat16* wo = ring + S * SLOT;
-  if constexpr (OP) {
-    const __nv_bfloat16* wg = static_cast<const __nv_bfloat16*>(op.w) + static_cast<std::size_t>(r0) * heads * D + h0 * D;
-    for (int idx = threadIdx.x; idx < nr * (QC / 8); idx += block_threads) {
-      const int r = idx / (QC / 8), c = idx % (QC / 8);
-      cp_async16(wo + r * PITCH + c * 8, wg + static_cast<std::size_t>(r) * heads * D + c * 8, true);
-    }
-    cp_async_commit();
-  }
   if constexpr (ROPE) {
 #pragma unroll
     for (int i = 0; i < P; ++i) request(warp + i * W, pos);
@@ -1167,38 +1120,25 @@ __global__ void __launch_bounds__(block_threads, 4) decode_gqa_ring_kernel(
     if (!rope.late_trigger) grid_dep_trigger();
     // The new key: chunk nc, row nr (pos is in [begin, end) with one split). Its chunk was requested
     // above without it when nc < S; a later chunk is requested after the prologue, from the cache.
-    const int nc = (pos - begin) / 32, kr_new = (pos - begin) % 32;
-    __nv_bfloat16* nks = ring + (nc % S) * SLOT + kr_new * D;
-    __nv_bfloat16* nvs = ring + (nc % S) * SLOT + KT + kr_new * LD;
-    const int sw = (kr_new & 1) << 2;
-    auto store_q = [&](int g, int i, __nv_bfloat16 a, __nv_bfloat16 b) {
-      q_b[g][i] = a;
-      q_b[g][i + D / 2] = b;
-    };
-    auto store_kv = [&](int i, __nv_bfloat16 ka, __nv_bfloat16 kb, __nv_bfloat16 va, __nv_bfloat16 vb) {
-      const int ib = i + D / 2;
-      if (nc < S) {
-        nks[((i / 8) ^ sw) * 8 + i % 8] = ka;
-        nks[((ib / 8) ^ sw) * 8 + ib % 8] = kb;
-        nvs[i] = va;
-        nvs[ib] = vb;
-      }
-      if constexpr (OP) {
-        new_kv_s[i] = ka;
-        new_kv_s[ib] = kb;
-        new_kv_s[D + i] = va;
-        new_kv_s[D + ib] = vb;
-      }
-    };
-    using sq = decltype(store_q);
-    using skv = decltype(store_kv);
-    if constexpr (!OP) {
-      rope_kv_prologue<D, G, block_threads>(rope, row, width, heads, kv_heads, kvh, h0, store_q, store_kv);
-    } else if (rg == 0) {  // the one block of the head that writes the cache slot
-      rope_kv_prologue<D, G, block_threads, sq, skv, 1>(rope, row, width, heads, kv_heads, kvh, h0, store_q, store_kv);
-    } else {
-      rope_kv_prologue<D, G, block_threads, sq, skv, 0>(rope, row, width, heads, kv_heads, kvh, h0, store_q, store_kv);
-    }
+    const int nc = (pos - begin) / 32, nr = (pos - begin) % 32;
+    __nv_bfloat16* nks = ring + (nc % S) * SLOT + nr * D;
+    __nv_bfloat16* nvs = ring + (nc % S) * SLOT + KT + nr * LD;
+    const int sw = (nr & 1) << 2;
+    rope_kv_prologue<D, G, block_threads>(
+        rope, row, width, heads, kv_heads, kvh, h0,
+        [&](int g, int i, __nv_bfloat16 a, __nv_bfloat16 b) {
+          q_b[g][i] = a;
+          q_b[g][i + D / 2] = b;
+        },
+        [&](int i, __nv_bfloat16 ka, __nv_bfloat16 kb, __nv_bfloat16 va, __nv_bfloat16 vb) {
+          if (nc < S) {
+            const int ib = i + D / 2;
+            nks[((i / 8) ^ sw) * 8 + i % 8] = ka;
+            nks[((ib / 8) ^ sw) * 8 + ib % 8] = kb;
+            nvs[i] = va;
+            nvs[ib] = vb;
+          }
+        });
   } else {
 #pragma unroll
     for (int i = 0; i < P; ++i) request(warp + i * W, -1);
@@ -1222,18 +1162,6 @@ __global__ void __launch_bounds__(block_threads, 4) decode_gqa_ring_kernel(
   for (int c = warp; c < chunks; c += W) {
     cp_async_wait_group<P - 1>();  // this lane's pieces of chunk c are in
     __syncwarp();                  // and the other lanes'
-    if constexpr (OP) {
-      const int new_chunk = (pos - begin) / 32, new_row = (pos - begin) % 32;
-      if (c == new_chunk && c >= S) {  // requested late without the new key: its row from new_kv_s
-        __nv_bfloat16* slot = ring + (c % S) * SLOT;
-        const int sw = (new_row & 1) << 2;
-        for (int i = lane; i < D; i += 32) {
-          slot[new_row * D + ((i / 8) ^ sw) * 8 + i % 8] = new_kv_s[i];
-          slot[KT + new_row * LD + i] = new_kv_s[D + i];
-        }
-        __syncwarp();
-      }
-    }
     const __nv_bfloat16* ks = ring + (c % S) * SLOT;
     // K: key nb*8 + g of n-tile nb, lane q's 16 bytes of each 32-dim slice (piece 4 s + q).
     uint4 kr[4][D / 32];
@@ -1247,65 +1175,11 @@ __global__ void __launch_bounds__(block_threads, 4) decode_gqa_ring_kernel(
     }
     tc_decode_chunk<D, LD>(qa, kr, ks + KT, begin + c * 32, end, sl2, lane, m, l, o, [] {});
     __syncwarp();  // the slot's reads are done before it is refilled
-    request(c + S, OP ? pos : -1);  // (OP: the new key from new_kv_s, above)
+    request(c + S, -1);
   }
   tc_decode_store<G, W, D>(m, l, o, warp, lane, m_s, l_s, o_s);
   __syncthreads();
-  if constexpr (!OP) {
-    merge_warps_and_store<G, W, D, true>(m_s, l_s, o_s, D, heads, h0, seq, split, splits, row, partials, out);
-  } else {
-    __shared__ __align__(16) __nv_bfloat16 a_s[QC];
-    __shared__ float y_s[attention_o_proj_max_rows];
-    __shared__ unsigned last_s;
-    merge_warps_and_store<G, W, D, true, __nv_bfloat16, true>(m_s, l_s, o_s, D, heads, h0, seq, split, splits, row,
-                                                              partials, out, a_s, rg == 0);
-    cp_async_wait_group<0>();  // this thread's W pieces (warps without a chunk never waited)
-    __syncthreads();
-    // Row r: lane l multiplies columns l·8 ... l·8 + 7 of each 256-column piece, in order, then the
-    // warp's butterfly adds the lanes (a fixed order: the same bits every run).
-    constexpr int PIECES = (QC + 255) / 256;
-    float a_r[PIECES][8];
-#pragma unroll
-    for (int p = 0; p < PIECES; ++p) {
-      const int c0 = p * 256 + lane * 8;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) a_r[p][e] = c0 < QC ? __bfloat162float(a_s[c0 + e]) : 0.0f;
-    }
-    for (int r = warp; r < nr; r += W) {
-      float acc = 0.0f;
-#pragma unroll
-      for (int p = 0; p < PIECES; ++p) {
-        const int c0 = p * 256 + lane * 8;
-        if (c0 < QC) {
-          const uint4 wv = *reinterpret_cast<const uint4*>(wo + r * PITCH + c0);
-          const std::uint32_t* wp = reinterpret_cast<const std::uint32_t*>(&wv);
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            acc = fmaf(bf_lo(wp[e]), a_r[p][2 * e], acc);
-            acc = fmaf(bf_hi(wp[e]), a_r[p][2 * e + 1], acc);
-          }
-        }
-      }
-#pragma unroll
-      for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-      if (lane == 0) y_s[r] = acc;
-    }
-    __syncthreads();
-    for (int r = threadIdx.x; r < nr; r += block_threads) op.parts[static_cast<std::size_t>(kvh) * op.rows + r0 + r] = y_s[r];
-    __threadfence();  // the parts before the ticket
-    __syncthreads();
-    if (threadIdx.x == 0) last_s = atomicAdd(op.tickets + rg, 1u) == gridDim.y - 1 ? 1u : 0u;
-    __syncthreads();
-    if (last_s != 0) {
-      __threadfence();  // every other head's parts after its ticket
-      for (int r = threadIdx.x; r < nr; r += block_threads) {
-        float sum = 0.0f;
-        for (int h = 0; h < kv_heads; ++h) sum += __ldcg(op.parts + static_cast<std::size_t>(h) * op.rows + r0 + r);
-        store_linear_out(sum, op.bias, r0 + r, static_cast<__nv_bfloat16*>(op.out) + r0 + r);
-      }
-      if (threadIdx.x == 0) op.tickets[rg] = 0;  // for the next launch (graphs replay the same tickets)
-    }
-  }
+  merge_warps_and_store<G, W, D, true>(m_s, l_s, o_s, D, heads, h0, seq, split, splits, row, partials, out);
 }
 
 // grid (heads, seqs), block head_dim threads (≤ 256): merges a row's splits.
@@ -1415,7 +1289,7 @@ void launch_gqa(const T* qkv, const attn_shape& sh, const attention_batch& b, co
             raise_smem_once<kernel>(smem);
             launch_kx(decode_extras(tune), kernel, grid, dim3(block_threads), smem, s, qkv, sh.num_heads, sh.num_kv_heads,
                      sh.scale, sh.sliding_window, b.q_start, b.ctx_len, b.block_table, b.max_blocks_per_seq,
-                     layout.block_size, k, v, split_len, partials, out, r, attention_o_proj{});
+                     layout.block_size, k, v, split_len, partials, out, r);
           };
           using one = std::integral_constant<int, 1>;
           using two = std::integral_constant<int, 2>;
@@ -1570,63 +1444,6 @@ void launch_attention(dtype t, const void* qkv, const attn_shape& shape, const a
   } else {
     run_t<float>(qkv, shape, batch, layout, k_cache, v_cache, out, partials, partial_floats, num_sms, tune, s, rope);
   }
-}
-
-int attention_o_proj_groups(int rows, int q_cols) {
-  if (rows <= 0 || q_cols <= 0) return 0;
-  const std::size_t row_bytes = (static_cast<std::size_t>(q_cols) + 8) * sizeof(__nv_bfloat16);
-  const int most = static_cast<int>(std::min<std::size_t>(attention_o_proj_max_rows, attention_o_proj_max_w_bytes / row_bytes));
-  return most >= 1 ? (rows + most - 1) / most : 0;
-}
-
-bool launch_attention_o_proj(const void* qkv, const attn_shape& sh, const attention_batch& b, const kv_layout& layout,
-                             const void* k_cache, const void* v_cache, void* out, int num_sms,
-                             const attention_tuning& tune, cudaStream_t s, const attention_rope_kv& rope,
-                             const attention_o_proj& o) {
-  // The case the ring kernel's fused step takes in launch_gqa, at one sequence and one split.
-  constexpr int D = 64;
-  if (b.num_seqs != 1 || b.max_q_len != 1 || rope.n != 1 || rope.parts != nullptr || sh.head_dim != D) return false;
-  if (!tune.gqa_decode || !tune.vec_decode || !tune.tc_decode || tune.ring_decode <= 0 || !tune.rope_once ||
-      tune.split_len > 0) {
-    return false;
-  }
-  if (sh.num_kv_heads <= 0 || sh.num_heads % sh.num_kv_heads != 0) return false;
-  const int group = sh.num_heads / sh.num_kv_heads;
-  if (group != 2 && group != 4 && group != 8) return false;
-  const int base_blocks = sh.num_kv_heads;
-  int splits = std::max(1, (2 * num_sms + base_blocks - 1) / base_blocks);
-  splits = std::min(splits, std::max(1, (b.max_ctx_len + 255) / 256));
-  if (splits != 1 || (tune.wide_decode && base_blocks < num_sms)) return false;
-  const int q_cols = group * D, groups = attention_o_proj_groups(o.rows, q_cols);
-  if (groups <= 0 || o.w == nullptr || o.parts == nullptr || o.tickets == nullptr || o.out == nullptr ||
-      reinterpret_cast<std::uintptr_t>(o.w) % 16 != 0) {
-    return false;
-  }
-  const int split_len = (b.max_ctx_len + 31) / 32 * 32;
-  attention_rope_kv r = rope;
-  r.once = true;
-  r.late_trigger = tune.late_trigger;
-  const int rows_per = (o.rows + groups - 1) / groups;
-  const std::size_t w_bytes = static_cast<std::size_t>(rows_per) * (q_cols + 8) * sizeof(__nv_bfloat16);
-  auto go = [&](auto g, auto stages) {
-    constexpr int G = decltype(g)::value, P = decltype(stages)::value;
-    constexpr auto kernel = &decode_gqa_ring_kernel<G, true, P, true>;
-    raise_smem_once<kernel>(ring_smem_bytes(P) + attention_o_proj_max_w_bytes);
-    launch_kx(decode_extras(tune), kernel, dim3(groups, sh.num_kv_heads, 1), dim3(block_threads),
-              ring_smem_bytes(P) + w_bytes, s, static_cast<const __nv_bfloat16*>(qkv), sh.num_heads, sh.num_kv_heads,
-              sh.scale, sh.sliding_window, b.q_start, b.ctx_len, b.block_table, b.max_blocks_per_seq,
-              layout.block_size, static_cast<const __nv_bfloat16*>(k_cache),
-              static_cast<const __nv_bfloat16*>(v_cache), split_len, static_cast<float*>(nullptr),
-              static_cast<__nv_bfloat16*>(out), r, o);
-  };
-  auto with_g = [&](auto stages) {
-    if (group == 2) go(std::integral_constant<int, 2>{}, stages);
-    if (group == 4) go(std::integral_constant<int, 4>{}, stages);
-    if (group == 8) go(std::integral_constant<int, 8>{}, stages);
-  };
-  o.ring >= 2 ? with_g(std::integral_constant<int, 2>{}) : with_g(std::integral_constant<int, 1>{});
-  CONVEYOR_CUDA_LAUNCHED("attention decode + o_proj");
-  return true;
 }
 
 }  // namespace conveyor::kernels::cuda

@@ -71,7 +71,6 @@ class cuda_backend final : public backend {
       if (slot.done != nullptr) cudaEventDestroy(slot.done);
     }
     if (counter_ != nullptr) cudaFree(counter_);
-    if (o_proj_tickets_ != nullptr) cudaFree(o_proj_tickets_);
     lt_.reset();
     if (cublas_ != nullptr) cublasDestroy(cublas_);
     for (draw_slot& d : draw_slots_) free_draw_slot(d);
@@ -380,23 +379,6 @@ class cuda_backend final : public backend {
       rope.splits = h.splits;
       rope.bias = h.bias;
       held_.kind = held_kind::none;
-      if (attention_o_proj_ && batch.num_seqs == 1 && rope.parts == nullptr && o_proj_tickets_ != nullptr) {
-        // Held for the o_proj linear that reads `out` (small_linear); anything else flushes it.
-        held_op a{};
-        a.kind = held_kind::attention;
-        a.a = const_cast<void*>(qkv);
-        a.out = out;
-        a.n = h.n;
-        a.shape = shape;
-        a.batch = batch;
-        a.layout = layout;
-        a.k_cache = const_cast<void*>(k_cache);
-        a.v_cache = const_cast<void*>(v_cache);
-        a.rope = rope;
-        a.tune = &tune;
-        held_ = a;
-        return;
-      }
       launch_attention(t_, qkv, shape, batch, layout, k_cache, v_cache, out, partials_, partial_floats_, num_sms_,
                        tune, stream_, &rope);
       return;
@@ -609,16 +591,14 @@ class cuda_backend final : public backend {
   }
 
  private:
-  enum class held_kind { none, norm, silu, rope, rope_kv, split_norm, qkv_parts, attention };
+  enum class held_kind { none, norm, silu, rope, rope_kv, split_norm, qkv_parts };
   /// An op held back for fusion with the next call. norm: out = rmsnorm(a (+= b when b is set)) * w;
   /// silu: out = silu_mul(a) with width = ffn; rope: rope of the qkv rows at a; rope_kv: that rope
   /// and the kv_write after it (slots, caches), for the decode attention to do; split_norm: the
   /// K-split add + rmsnorm (parts, splits, bias, delta; a = residual, w = norm weights), held only so
   /// that the next linear can name its weights for `prefetch` (l2_prefetch_kb); qkv_parts: the
   /// qkv linear's K slices not yet summed into `out` (n × width; parts, splits, bias), which rope and
-  /// rope_kv carry on in the same fields until the attention prologue sums them (wgmma_qkv_slices);
-  /// attention: the batch-1 decode attention with its rope + kv_write (a: qkv, out, shape, batch,
-  /// layout, k/v caches, rope), for the o_proj linear that reads `out` (attention_o_proj).
+  /// rope_kv carry on in the same fields until the attention prologue sums them (wgmma_qkv_slices).
   struct held_op {
     held_kind kind = held_kind::none;
     void* a = nullptr;
@@ -641,10 +621,6 @@ class cuda_backend final : public backend {
     void* delta = nullptr;
     l2_prefetch prefetch{};  ///< split_norm, silu: the next GEMM's weights (aim_prefetch)
     bool aimed = false;      ///< aim_prefetch has seen the GEMM that reads `out`
-    attention_batch batch{};          ///< attention
-    kv_layout layout{};               ///< attention
-    attention_rope_kv rope{};         ///< attention
-    const attention_tuning* tune = nullptr;  ///< attention
   };
 
   /// rope waits for kv_write; rmsnorm and silu_mul wait for a small linear only where one takes them.
@@ -710,10 +686,6 @@ class cuda_backend final : public backend {
         break;
       }
       case held_kind::qkv_parts: sum_qkv_parts(h); break;
-      case held_kind::attention:
-        launch_attention(t_, h.a, h.shape, h.batch, h.layout, h.k_cache, h.v_cache, h.out, partials_, partial_floats_,
-                         num_sms_, *h.tune, stream_, &h.rope);
-        break;
       case held_kind::rope:
         sum_qkv_parts(h);
         launch_rope(t_, h.a, h.n, h.shape, h.positions, h.inv_freq, h.scaling, stream_);
@@ -789,9 +761,6 @@ class cuda_backend final : public backend {
       a.x_out = static_cast<__nv_bfloat16*>(h.out);
       held_.kind = held_kind::none;
     } else {
-      if (h.kind == held_kind::attention && h.out == x && n == 1 && out != h.a && attention_with_o_proj(h, w, bias, out)) {
-        return;
-      }
       flush();
       a.x = static_cast<const __nv_bfloat16*>(x);
     }
@@ -802,31 +771,6 @@ class cuda_backend final : public backend {
     a.late_trigger = (gemv_late_trigger_ & kind_bit) != 0 ? 1 : 0;
     if ((gemv_pre_wait_mask_ & kind_bit) != 0) a.pre_wait_stages = gemv_pre_wait_stages_;
     launch_gemv(a, pro, pdl_, num_sms_, stream_);
-  }
-
-  /// The held batch-1 attention with the o_proj linear (w, bias) into out, in one kernel
-  /// (launch_attention_o_proj); false, with the attention still held, where it does not take the case.
-  bool attention_with_o_proj(const held_op& h, const weight& w, const weight& bias, void* out) {
-    const int q_cols = h.shape.num_heads * h.shape.head_dim, rows = static_cast<int>(w.rows);
-    const int groups = attention_o_proj_groups(rows, q_cols / std::max(1, h.shape.num_kv_heads));
-    if (w.cols != q_cols || groups <= 0 || groups > o_proj_max_groups ||
-        static_cast<std::size_t>(h.shape.num_kv_heads) * rows > partial_floats_) {
-      return false;
-    }
-    attention_o_proj o;
-    o.w = w.data;
-    o.rows = rows;
-    o.bias = bias.empty() ? nullptr : static_cast<const float*>(bias.data);
-    o.parts = partials_;  // the one-split attention leaves the attention scratch unused
-    o.tickets = o_proj_tickets_;
-    o.out = out;
-    o.ring = attention_o_proj_ring_;
-    if (!launch_attention_o_proj(h.a, h.shape, h.batch, h.layout, h.k_cache, h.v_cache, h.out, num_sms_, *h.tune,
-                                 stream_, h.rope, o)) {
-      return false;
-    }
-    held_.kind = held_kind::none;
-    return true;
   }
 
   /// i8 / f8e4m3 weights. Decode (n ≤ 16, bf16): the fused kernel, weights cross HBM once as bytes.
@@ -904,8 +848,6 @@ class cuda_backend final : public backend {
     wgmma_qkv_min_n_ = o.wgmma_qkv_min_n;
     wgmma_qkv_max_n_ = o.wgmma_qkv_max_n;
     ring_decode_max_seqs_ = o.ring_decode_max_seqs;
-    attention_o_proj_ = o.attention_o_proj;
-    attention_o_proj_ring_ = std::clamp(o.attention_o_proj_ring, 1, 2);
     fused_decode_ = o.fused_decode;
     fused_l2_ahead_ = std::max(0, o.fused_l2_ahead);
     split_linears_ = o.split_linears;
@@ -951,13 +893,6 @@ class cuda_backend final : public backend {
     counter_ = static_cast<unsigned*>(alloc(256));
     if (counter_ == nullptr) return make_error(errc::out_of_memory, "CUDA backend: no device memory for its workspace");
     CONVEYOR_CUDA_CHECK(cudaMemset(counter_, 0, 256));
-    if (attention_o_proj_) {
-      o_proj_tickets_ = static_cast<unsigned*>(alloc(o_proj_max_groups * sizeof(unsigned)));
-      if (o_proj_tickets_ == nullptr) {
-        return make_error(errc::out_of_memory, "CUDA backend: no device memory for its workspace");
-      }
-      CONVEYOR_CUDA_CHECK(cudaMemset(o_proj_tickets_, 0, o_proj_max_groups * sizeof(unsigned)));
-    }
     gemv_init();
     skinny_gemm_init();
     if (fused_decode_) fused_blocks_ = fused_decode_blocks(num_sms_);
@@ -1181,10 +1116,6 @@ class cuda_backend final : public backend {
   int wgmma_swiglu_min_n_ = 0, wgmma_swiglu_max_n_ = 0;  ///< set from the options, like wgmma_qkv's
   bool qkv_early_ = false;  ///< the last linear_into_attention released its dependents early
   int ring_decode_max_seqs_ = 0;
-  bool attention_o_proj_ = false;      ///< cuda_backend_options::attention_o_proj
-  int attention_o_proj_ring_ = 1;      ///< cuda_backend_options::attention_o_proj_ring
-  unsigned* o_proj_tickets_ = nullptr;  ///< launch_attention_o_proj's row-group tickets (zeroed)
-  static constexpr int o_proj_max_groups = 64;
   held_op held_;
   bool capturing_ = false;
   bool kernel_copies_ = true;

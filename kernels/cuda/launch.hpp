@@ -203,33 +203,6 @@ struct attention_rope_kv {
   const float* bias = nullptr;
   static constexpr int max_splits = 4;  ///< the most the prologue sums (the 1B's and Qwen2's qkv: 4)
 };
-/// o_proj after a batch-1 decode attention, done by the attention kernel (launch_attention_o_proj):
-/// out[r] = store_linear_out(0 + parts[0][r] + ... + parts[kv_heads - 1][r], bias), where parts[h][r]
-/// is row r of w times the attention output of KV head h's query heads (columns h·G·D ... + G·D), each
-/// summed in float32 by the block that owns (row group, h). So out differs from the GEMV's (one sum over
-/// all columns) by float32 rounding only.
-struct attention_o_proj {
-  const void* w = nullptr;        ///< rows × (heads · head_dim) bf16, row-major
-  int rows = 0;
-  const float* bias = nullptr;    ///< rows floats or nullptr
-  float* parts = nullptr;         ///< kv_heads × rows floats of scratch
-  unsigned* tickets = nullptr;    ///< one zeroed counter a row group (left zeroed)
-  void* out = nullptr;            ///< rows bf16
-  int ring = 1;                   ///< chunks of 32 keys a warp (decode_gqa_ring_kernel's P): 1 or 2
-};
-/// The batch-1 decode attention (one sequence, one split, the fused rope + kv_write prologue) with
-/// o_proj in the same kernel: one block a (row group, KV head) computes its KV head's attention (the
-/// ring kernel's arithmetic: `out` bit for bit as launch_attention writes it) and its rows' share of
-/// o_proj from a slice of W prefetched before griddepcontrol.wait; o.out as attention_o_proj says.
-/// Unlike launch_attention, the roped q and k are not written back to qkv (blocks of one KV head
-/// would race on them; nothing after the attention reads them). False, with nothing launched, where
-/// the kernel does not take the case (then launch_attention and the linear run as before).
-bool launch_attention_o_proj(const void* qkv, const attn_shape& shape, const attention_batch& batch,
-                             const kv_layout& layout, const void* k_cache, const void* v_cache, void* out,
-                             int num_sms, const attention_tuning& tune, cudaStream_t s,
-                             const attention_rope_kv& rope, const attention_o_proj& o);
-/// Row groups launch_attention_o_proj splits o_proj's rows into (the tickets it needs), or 0.
-int attention_o_proj_groups(int rows, int q_cols);
 /// Scratch floats the decode kernel needs for `splits` partial results per (sequence, head).
 std::size_t attention_partial_floats(int num_seqs, int num_heads, int head_dim, int splits);
 /// `partials`/`partial_floats`: preallocated scratch; the launcher picks the number of splits that fits.

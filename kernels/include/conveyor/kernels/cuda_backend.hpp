@@ -132,17 +132,6 @@ struct cuda_backend_options {
   /// for batch 1 only (ring_decode_max_seqs). Two chunks a warp (session 8): at batch 1 a warp's
   /// second chunk (contexts of 129-256 keys on 4 warps) is requested before the wait too.
   int ring_decode = 2;
-  /// At batch 1 (one sequence, the ring kernel's fused step, one split): o_proj done by the decode
-  /// attention kernel itself (launch_attention_o_proj): one block a (group of o_proj's rows, KV
-  /// head) repeats its head's attention (K/V from L2) and multiplies the result by its rows' slice of
-  /// W, prefetched before the kernel waits for qkv; the last block of a row group adds the heads'
-  /// float32 parts. One dependent launch fewer a layer (the o_proj GEMV's wait, its x load and the
-  /// attention's store). o_proj's output then differs from the GEMV's by float32 summation order only;
-  /// the roped q and k stay unwritten in qkv. Session 23; off until measured.
-  bool attention_o_proj = false;
-  /// with attention_o_proj: chunks of 32 keys a warp in flight (1 or 2; 2 doubles the ring to 70 KB,
-  /// and a block no longer fits beside a GEMV block)
-  int attention_o_proj_ring = 1;
   /// ring_decode only for steps of at most this many sequences (1: the steps whose qkv runs on the
   /// GEMV, small_gemm_max_n, which releases the attention kernel early); 1 << 30: every step
   int ring_decode_max_seqs = 1;
