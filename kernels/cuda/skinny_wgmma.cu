@@ -201,7 +201,6 @@ struct wgmma_n<128> {
   }
 };
 
-
 template <int N, int WGS, epi E>
 __global__ void __launch_bounds__(shape<N, WGS>::THREADS, 1)
     skinny_wgmma_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tx, params p) {
@@ -293,6 +292,10 @@ __global__ void __launch_bounds__(shape<N, WGS>::THREADS, 1)
           copy_w(dst + W_BYTES / 2, k, p.ffn + row, full + slot);
         }
       };
+      // x's k tile of item it: after the wait, since the previous kernel writes x.
+      auto load_x = [&](int slot, int it) {
+        tma_2d(ring + slot * STAGE + W_BYTES, &tx, (kt0 + it % nkt) * BK, 0, full + slot);
+      };
       const int total = items * nkt;
       const int pre = min(stages, total);
       for (int it = 0; it < pre; ++it) {  // weights first: they do not depend on the previous kernel
@@ -303,13 +306,13 @@ __global__ void __launch_bounds__(shape<N, WGS>::THREADS, 1)
       grid_dep_wait();
       grid_dep_trigger();
       stamp(stamp_slot::producer_waited);
-      for (int it = 0; it < pre; ++it) tma_2d(ring + it * STAGE + W_BYTES, &tx, (kt0 + it % nkt) * BK, 0, full + it);
+      for (int it = 0; it < pre; ++it) load_x(it, it);
       for (int it = pre; it < total; ++it) {
         const int s = it % stages;
         mbar_wait(empty + s, ((it / stages) & 1) ^ 1);  // its previous use has been handed back
         mbar_expect_tx(full + s, STAGE);
         load_w(s, it);
-        tma_2d(ring + s * STAGE + W_BYTES, &tx, (kt0 + it % nkt) * BK, 0, full + s);
+        load_x(s, it);
       }
       stamp(stamp_slot::last_issued);
     } else {
