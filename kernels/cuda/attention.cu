@@ -503,24 +503,54 @@ __device__ __forceinline__ __nv_bfloat16 qkv_entry(const attention_rope_kv& rope
 // every item is rotated with its pair's (cos, sin): the same bits as computing them per item. Off: one
 // sincos per item, each after its item's loads, so the G + 1 heads repeat each angle and warp 0 of a
 // 128-thread block (160 items at D 64, G 4) runs two sincos and two load round trips back to back.
+// prep (rope.early_angles, rope.once): what a kernel took before griddepcontrol.wait, where the
+// prologue would only start it after: the pairs' (cos, sin) in shared memory and the new key's slot
+// (rope_prepare). Positions, slots and inv_freq are plan and weight data that no kernel of the step
+// writes (the plan's ints are copied before its first kernel), so reading them early is safe; the
+// double sincos and the plan loads then leave the chain that starts at the wait.
 struct no_store_kv {
   __device__ void operator()(int, __nv_bfloat16, __nv_bfloat16, __nv_bfloat16, __nv_bfloat16) const {}
 };
+struct rope_prep {
+  const float2* cs = nullptr;  ///< each pair's (cos, sin) times rope.scaling; null: the prologue computes them
+  int slot = -1;               ///< rope.slots[row]; -1: the prologue loads it
+};
+// One thread per pair (threadIdx.x < D / 2): the pair's float angle, double-precision sincos and float
+// rounding, times rope.scaling. The one expression both paths of rope_kv_prologue use.
+template <int D>
+__device__ __forceinline__ void rope_angle(const attention_rope_kv& rope, int row, float2* cs_s) {
+  if (threadIdx.x < D / 2) {
+    const int i = threadIdx.x;
+    const float angle = static_cast<float>(rope.positions[row]) * rope.inv_freq[i];
+    double sn, cs;
+    sincos(static_cast<double>(angle), &sn, &cs);
+    cs_s[i] = make_float2(static_cast<float>(cs) * rope.scaling, static_cast<float>(sn) * rope.scaling);
+  }
+}
+// The pre-wait half of the prologue (rope.early_angles with rope.once; else nothing): the angles into
+// cs_s (read after the prologue's barrier) and the slot. Returns what rope_kv_prologue takes.
+template <int D>
+__device__ __forceinline__ rope_prep rope_prepare(const attention_rope_kv& rope, int row, float2* cs_s) {
+  if (!rope.early_angles || !rope.once) return {};
+  rope_angle<D>(rope, row, cs_s);
+  return rope_prep{cs_s, rope.slots[row]};
+}
 template <int D, int G, int NT, class StoreQ, class StoreKV = no_store_kv>
 __device__ __forceinline__ void rope_kv_prologue(const attention_rope_kv& rope, int row, int width, int heads,
-                                                 int kv_heads, int kvh, int h0, StoreQ store_q,
+                                                 int kv_heads, int kvh, int h0, rope_prep prep, StoreQ store_q,
                                                  StoreKV store_kv = {}) {
   constexpr int half = D / 2;
   static_assert(NT >= half, "one thread per pair computes the angles");
   __nv_bfloat16* qrow = static_cast<__nv_bfloat16*>(rope.qkv) + static_cast<std::size_t>(row) * width;
-  const std::size_t slot = static_cast<std::size_t>(rope.slots[row]) * kv_heads + kvh;
+  const std::size_t slot =
+      static_cast<std::size_t>(prep.slot >= 0 ? prep.slot : rope.slots[row]) * kv_heads + kvh;
   if (rope.once) {
     __nv_bfloat16* kd = static_cast<__nv_bfloat16*>(rope.k_cache) + slot * D;
     __nv_bfloat16* vd = static_cast<__nv_bfloat16*>(rope.v_cache) + slot * D;
     const int v0 = (heads + kv_heads + kvh) * D;  // the KV head's v entries in the row
     __nv_bfloat16* vsrc = qrow + v0;
     constexpr int items = (G + 1) * half, per = (items + NT - 1) / NT;
-    __shared__ float2 cs_s[half];
+    __shared__ float2 cs_own[half];
     // Loads first: their latency runs under the sincos (all of them precede every store, so no
     // store can alias a later load).
     __nv_bfloat16 xa[per], xb[per], va[per], vb[per];
@@ -538,13 +568,8 @@ __device__ __forceinline__ void rope_kv_prologue(const attention_rope_kv& rope, 
         }
       }
     }
-    if (threadIdx.x < half) {
-      const int i = threadIdx.x;
-      const float angle = static_cast<float>(rope.positions[row]) * rope.inv_freq[i];
-      double sn, cs;
-      sincos(static_cast<double>(angle), &sn, &cs);
-      cs_s[i] = make_float2(static_cast<float>(cs) * rope.scaling, static_cast<float>(sn) * rope.scaling);
-    }
+    if (prep.cs == nullptr) rope_angle<D>(rope, row, cs_own);
+    const float2* cs_s = prep.cs != nullptr ? prep.cs : cs_own;
     __syncthreads();
 #pragma unroll
     for (int u = 0; u < per; ++u) {
@@ -653,7 +678,7 @@ __global__ void __launch_bounds__(W * 32, (W == 4 && D == 64 && G == 4) ? 4 : 1)
   const int h0 = kvh * G;
   const std::int32_t* table = block_table + static_cast<std::size_t>(seq) * table_stride;
   if constexpr (ROPE) {
-    rope_kv_prologue<D, G, W * 32>(rope, row, width, heads, kv_heads, kvh, h0,
+    rope_kv_prologue<D, G, W * 32>(rope, row, width, heads, kv_heads, kvh, h0, rope_prep{},
                                    [&](int g, int i, __nv_bfloat16 a, __nv_bfloat16 b) {
                              q_s[g][i] = __bfloat162float(a) * scale;
                              q_s[g][i + D / 2] = __bfloat162float(b) * scale;
@@ -900,14 +925,17 @@ __global__ void __launch_bounds__(block_threads, 4) decode_gqa_tc_kernel(
   __shared__ float o_s[W][G][D];
   static_assert(ROPE || !EARLY, "EARLY leaves out the key the fused prologue writes");
   __shared__ __align__(16) __nv_bfloat16 k_new[EARLY ? D : 1];
-  if constexpr (!EARLY) {
+  __shared__ float2 cs_pre[ROPE ? D / 2 : 1];
+  // Work before griddepcontrol.wait: EARLY's first chunk, and (rope.early_angles) the rope angles.
+  const bool pre = EARLY || (ROPE && rope.early_angles && rope.once);
+  if (!pre) {
     grid_dep_wait();
     grid_dep_trigger();
   }
   const int split = blockIdx.x, splits = gridDim.x, kvh = blockIdx.y, seq = blockIdx.z;
   const int row = q_start[seq];
   if (q_start[seq + 1] - row != 1) {
-    if constexpr (EARLY) {
+    if (pre) {
       grid_dep_wait();  // before the return, as every PDL kernel here (device_types.cuh)
       grid_dep_trigger();
     }
@@ -946,6 +974,10 @@ __global__ void __launch_bounds__(block_threads, 4) decode_gqa_tc_kernel(
         }
       }
     }
+  }
+  rope_prep prep{};
+  if constexpr (ROPE) prep = rope_prepare<D>(rope, row, cs_pre);
+  if (pre) {
     grid_dep_wait();
     grid_dep_trigger();
   }
@@ -953,7 +985,7 @@ __global__ void __launch_bounds__(block_threads, 4) decode_gqa_tc_kernel(
     // EARLY: the new key's chunk nc was requested above (without it) where it is some warp's first.
     const int nc = (pos - begin) / 32, nr = (pos - begin) % 32;
     rope_kv_prologue<D, G, block_threads>(
-        rope, row, width, heads, kv_heads, kvh, h0,
+        rope, row, width, heads, kv_heads, kvh, h0, prep,
         [&](int g, int i, __nv_bfloat16 a, __nv_bfloat16 b) {
           q_b[g][i] = a;
           q_b[g][i + D / 2] = b;
@@ -1036,9 +1068,11 @@ __device__ __forceinline__ void cp_async_wait_group() {
 }
 
 // Bytes of decode_gqa_ring_kernel's ring of `stages` chunks a warp (head_dim 64): K tile 32 × 64 +
-// V tile 32 × 72 bf16 a chunk, 4 warps.
+// V tile 32 × 72 bf16 a chunk, `w` warps.
 constexpr std::size_t ring_chunk_bytes = (32 * 64 + 32 * 72) * sizeof(__nv_bfloat16);
-constexpr std::size_t ring_smem_bytes(int stages) { return static_cast<std::size_t>(4 * stages) * ring_chunk_bytes; }
+constexpr std::size_t ring_smem_bytes(int w, int stages) {
+  return static_cast<std::size_t>(w * stages) * ring_chunk_bytes;
+}
 
 // decode_gqa_tc_kernel's arithmetic (the same chunks per warp, the same bits) with every key's K and V
 // rows staged in shared memory by cp.async, K too (there it went through registers, loaded after the
@@ -1056,13 +1090,17 @@ constexpr std::size_t ring_smem_bytes(int stages) { return static_cast<std::size
 // B-fragment reads of rows g and g + 1 (one phase of a 16-byte ld.shared) hit different banks; V
 // tiles: rows padded to LD as in decode_gqa_tc_kernel (ldmatrix.trans). Rows past the end are
 // zero-filled (0 × garbage would be NaN in P V).
-template <int G, bool ROPE, int P>
-__global__ void __launch_bounds__(block_threads, 4) decode_gqa_ring_kernel(
+// W warps a block: 4, or 8 (attention_tuning::ring_warps, the fused batch-1 step): at batch 1 the
+// 8 blocks' chain after the wait is the prologue and then each warp's chunks one after another, and
+// contexts of 129-256 keys give some of 4 warps two chunks; 8 warps take one each. The warps' merge
+// then adds other partial sums (not the tc kernel's bits; the same result within rounding).
+template <int G, bool ROPE, int P, int W = warps>
+__global__ void __launch_bounds__(W * 32, W == 4 ? 4 : 2) decode_gqa_ring_kernel(
     const __nv_bfloat16* qkv, int heads, int kv_heads, float scale, int window, const std::int32_t* q_start,
     const std::int32_t* ctx_len, const std::int32_t* block_table, int table_stride, int block_size,
     const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache, int split_len, float* partials,
     __nv_bfloat16* out, attention_rope_kv rope) {
-  constexpr int D = 64, LD = D + 8, W = warps, S = W * P;
+  constexpr int D = 64, LD = D + 8, S = W * P;
   constexpr int KT = 32 * D, SLOT = KT + 32 * LD;  // elements: K tile, then V tile
   static_assert(G <= 8, "query rows beyond 8 would need A's second row block");
   static_assert(SLOT * sizeof(__nv_bfloat16) == ring_chunk_bytes, "ring_smem_bytes");
@@ -1116,6 +1154,8 @@ __global__ void __launch_bounds__(block_threads, 4) decode_gqa_ring_kernel(
   if constexpr (ROPE) {
 #pragma unroll
     for (int i = 0; i < P; ++i) request(warp + i * W, pos);
+    __shared__ float2 cs_pre[D / 2];
+    const rope_prep prep = rope_prepare<D>(rope, row, cs_pre);  // the sincos under the loads
     grid_dep_wait();
     if (!rope.late_trigger) grid_dep_trigger();
     // The new key: chunk nc, row nr (pos is in [begin, end) with one split). Its chunk was requested
@@ -1124,8 +1164,8 @@ __global__ void __launch_bounds__(block_threads, 4) decode_gqa_ring_kernel(
     __nv_bfloat16* nks = ring + (nc % S) * SLOT + nr * D;
     __nv_bfloat16* nvs = ring + (nc % S) * SLOT + KT + nr * LD;
     const int sw = (nr & 1) << 2;
-    rope_kv_prologue<D, G, block_threads>(
-        rope, row, width, heads, kv_heads, kvh, h0,
+    rope_kv_prologue<D, G, W * 32>(
+        rope, row, width, heads, kv_heads, kvh, h0, prep,
         [&](int g, int i, __nv_bfloat16 a, __nv_bfloat16 b) {
           q_b[g][i] = a;
           q_b[g][i + D / 2] = b;
@@ -1273,6 +1313,7 @@ void launch_gqa(const T* qkv, const attn_shape& sh, const attention_batch& b, co
       attention_rope_kv r = fuse ? *rope : attention_rope_kv{};
       r.once = tune.rope_once;
       r.late_trigger = tune.late_trigger;
+      r.early_angles = tune.early_angles;
       rope = nullptr;
       auto go = [&](auto kernel, int w) {
         launch_kx(decode_extras(tune), kernel, grid, dim3(32 * w), 0, s, qkv, sh.num_heads, sh.num_kv_heads, sh.scale,
@@ -1283,20 +1324,26 @@ void launch_gqa(const T* qkv, const attn_shape& sh, const attention_batch& b, co
       if constexpr (DC == 2 && G <= 8) {
         if (!wide && tune.tc_decode && tune.ring_decode > 0) {
           const int p = tune.ring_decode >= 2 ? 2 : 1;
-          auto ring = [&](auto with_rope, auto stages) {
-            constexpr auto kernel = &decode_gqa_ring_kernel<G, decltype(with_rope)::value, decltype(stages)::value>;
-            const std::size_t smem = ring_smem_bytes(decltype(stages)::value);
+          auto ring = [&](auto with_rope, auto stages, auto w) {
+            constexpr int W = decltype(w)::value;
+            constexpr auto kernel =
+                &decode_gqa_ring_kernel<G, decltype(with_rope)::value, decltype(stages)::value, W>;
+            const std::size_t smem = ring_smem_bytes(W, decltype(stages)::value);
             raise_smem_once<kernel>(smem);
-            launch_kx(decode_extras(tune), kernel, grid, dim3(block_threads), smem, s, qkv, sh.num_heads, sh.num_kv_heads,
+            launch_kx(decode_extras(tune), kernel, grid, dim3(32 * W), smem, s, qkv, sh.num_heads, sh.num_kv_heads,
                      sh.scale, sh.sliding_window, b.q_start, b.ctx_len, b.block_table, b.max_blocks_per_seq,
                      layout.block_size, k, v, split_len, partials, out, r);
           };
           using one = std::integral_constant<int, 1>;
           using two = std::integral_constant<int, 2>;
-          if (p == 1) {
-            fuse ? ring(std::true_type{}, one{}) : ring(std::false_type{}, one{});
+          using w4 = std::integral_constant<int, warps>;
+          // 8 warps only in grids of less than a wave: their blocks would not all fit at once in larger ones.
+          if (fuse && tune.ring_warps == 8 && static_cast<long>(splits) * base_blocks < num_sms) {
+            ring(std::true_type{}, one{}, std::integral_constant<int, 8>{});  // 8 chunks before the wait, as 4 × 2
+          } else if (p == 1) {
+            fuse ? ring(std::true_type{}, one{}, w4{}) : ring(std::false_type{}, one{}, w4{});
           } else {
-            fuse ? ring(std::true_type{}, two{}) : ring(std::false_type{}, two{});
+            fuse ? ring(std::true_type{}, two{}, w4{}) : ring(std::false_type{}, two{}, w4{});
           }
           launched = true;
         } else if (!wide && tune.tc_decode) {

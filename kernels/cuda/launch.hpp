@@ -175,6 +175,13 @@ struct attention_tuning {
   /// rope prologue is done, so its weight prefetch does not queue in front of the prologue's loads
   /// (off: right after griddepcontrol.wait). Session 17.
   bool late_trigger = false;
+  /// with rope_once, the fused prologue of the ring and tc decode kernels: the rope angles' sincos and
+  /// the new key's slot before griddepcontrol.wait (plan data), not after it. The same bits. Session 24.
+  bool early_angles = false;
+  /// with ring_decode and the fused prologue, in grids of fewer blocks than SMs: warps a ring-kernel
+  /// block, 4 or 8 (8: one chunk ring a warp, 8 chunks requested before the wait, as 4 warps × 2).
+  /// Session 24.
+  int ring_warps = 4;
 };
 /// rope + kv_write of the step's rows (launch_rope_kv's arguments), handed to launch_attention: the
 /// grouped decode kernel does them in its prologue where one block serves each (sequence, KV head),
@@ -193,6 +200,8 @@ struct attention_rope_kv {
   bool once = true;
   /// set by launch_attention from attention_tuning::late_trigger (decode_gqa_ring_kernel)
   bool late_trigger = false;
+  /// set by launch_attention from attention_tuning::early_angles (the ring and tc decode kernels)
+  bool early_angles = false;
   /// The qkv linear left as its K slices (launch_skinny_wgmma_split_parts; nullptr: qkv holds it):
   /// qkv[r, c] is store_linear_out(0 + parts[0][r, c] + ... + parts[splits - 1][r, c], bias), each
   /// slice n × width floats. The prologue sums its own heads' entries and leaves them in qkv (q and k

@@ -88,6 +88,16 @@ struct cuda_backend_options {
   /// prologue (off: right after griddepcontrol.wait). Measured +29 µs at b=1: o_proj's prefetch under
   /// attention is worth more (session 17).
   bool decode_late_trigger = false;
+  /// The decode attention's fused rope prologue (ring and tc kernels, rope_once): each pair's double
+  /// sincos and the new key's slot computed before griddepcontrol.wait (they read plan and weight data
+  /// only), so the chain after the wait is the qkv loads, the rotation and the keys. The same bits.
+  /// Session 24: not yet measured (variant `angles`).
+  bool decode_early_angles = false;
+  /// ring_decode in the fused step, grids of fewer blocks than SMs: warps a block, 4 or 8. 8: one
+  /// chunk of 32 keys a warp up to 256
+  /// keys (4 warps take two at contexts of 129-256), the merge adding 8 partial states (other bits,
+  /// the same result within rounding). Session 24: not yet measured (variant `ring8`).
+  int decode_ring_warps = 4;
   /// The bf16 rmsnorm kernels (add + rmsnorm, the K-split sum + rmsnorm) let the next kernel launch
   /// once their loads are in, not at their start (at batch 2-64 the wgmma qkv's weight prefetch then
   /// no longer queues in front of them). Measured +46 / +23 µs at b=8 / 64 (session 17).
