@@ -390,6 +390,12 @@ std::vector<variant> all_variants() {
   kernels::cuda_backend_options ring8a = ring8;
   ring8a.decode_early_angles = true;
   v.push_back({"ring8a", ring8a});
+  kernels::cuda_backend_options poll = o;  // session 24: o_proj polls the attention's arrivals
+  poll.oproj_poll = true;
+  v.push_back({"poll", poll});
+  kernels::cuda_backend_options ring8p = ring8a;
+  ring8p.oproj_poll = true;
+  v.push_back({"ring8ap", ring8p});
   kernels::cuda_backend_options normtrig = o;  // the qkv GEMM launched once the norm's loads are in
   normtrig.norm_late_trigger = true;
   v.push_back({"normtrig", normtrig});

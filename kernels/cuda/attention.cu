@@ -1120,6 +1120,7 @@ __global__ void __launch_bounds__(W * 32, W == 4 ? 4 : 2) decode_gqa_ring_kernel
     if constexpr (ROPE) {
       grid_dep_wait();  // before the return, as every PDL kernel here (device_types.cuh)
       grid_dep_trigger();
+      if (rope.done != nullptr && threadIdx.x == 0) atomicAdd(rope.done, 1u);  // an arrival all the same
     }
     return;
   }
@@ -1220,6 +1221,15 @@ __global__ void __launch_bounds__(W * 32, W == 4 ? 4 : 2) decode_gqa_ring_kernel
   tc_decode_store<G, W, D>(m, l, o, warp, lane, m_s, l_s, o_s);
   __syncthreads();
   merge_warps_and_store<G, W, D, true>(m_s, l_s, o_s, D, heads, h0, seq, split, splits, row, partials, out);
+  if constexpr (ROPE) {
+    if (rope.done != nullptr) {  // the o_proj GEMV polls the arrivals (gemv_args::ready)
+      __syncthreads();           // every thread's stores are in before thread 0's release
+      if (threadIdx.x == 0) {
+        __threadfence();
+        atomicAdd(rope.done, 1u);
+      }
+    }
+  }
 }
 
 // grid (heads, seqs), block head_dim threads (≤ 256): merges a row's splits.
@@ -1314,6 +1324,9 @@ void launch_gqa(const T* qkv, const attn_shape& sh, const attention_batch& b, co
       r.once = tune.rope_once;
       r.late_trigger = tune.late_trigger;
       r.early_angles = tune.early_angles;
+      r.done = nullptr;  // only the ring kernel's fused path below signals arrivals
+      int* const done_blocks = rope != nullptr ? rope->done_blocks : nullptr;
+      unsigned* const done = rope != nullptr ? rope->done : nullptr;
       rope = nullptr;
       auto go = [&](auto kernel, int w) {
         launch_kx(decode_extras(tune), kernel, grid, dim3(32 * w), 0, s, qkv, sh.num_heads, sh.num_kv_heads, sh.scale,
@@ -1337,6 +1350,10 @@ void launch_gqa(const T* qkv, const attn_shape& sh, const attention_batch& b, co
           using one = std::integral_constant<int, 1>;
           using two = std::integral_constant<int, 2>;
           using w4 = std::integral_constant<int, warps>;
+          if (fuse && done != nullptr && done_blocks != nullptr) {
+            r.done = done;
+            *done_blocks = static_cast<int>(grid.x * grid.y * grid.z);
+          }
           // 8 warps only in grids of less than a wave: their blocks would not all fit at once in larger ones.
           if (fuse && tune.ring_warps == 8 && static_cast<long>(splits) * base_blocks < num_sms) {
             ring(std::true_type{}, one{}, std::integral_constant<int, 8>{});  // 8 chunks before the wait, as 4 × 2

@@ -1440,6 +1440,104 @@ TEST_P(cuda_ops, linear_into_attention_then_decode_matches_cpu) {
   b_->release(const_cast<void*>(w.data));
 }
 
+// oproj_poll (session 24): at batch 1 the o_proj GEMV polls the ring attention's arrivals instead of
+// waiting for its grid's end. Against the default, every bit of qkv, the caches, the attention output
+// and o_proj's output: eagerly three times over (the words must be zero again after each use), with
+// an op between attention and o_proj in round 1 (the arrivals then zeroed unused, o_proj waiting as
+// usual), and recorded once and replayed twice (a decode step's graph). 4 and 8 warps (ring8).
+TEST_P(cuda_ops, oproj_poll_is_bit_identical) {
+  if (t() != dtype::bf16) GTEST_SKIP() << "the ring decode kernel is bf16 only";
+  using q = qkv_decode_step;
+  const int width = q::width, hidden = q::hidden, attn_width = q::heads * q::d;
+  const kernels::attn_shape sh = qkv_decode_step{}.shape();
+  const auto wh = testing::random_values(rng_, static_cast<std::size_t>(width) * hidden, t(), 0.05f);
+  const auto wo = testing::random_values(rng_, static_cast<std::size_t>(hidden) * attn_width, t(), 0.05f);
+  const qkv_decode_step c = make_qkv_decode_step(1, t(), rng_);
+  const paged_decode& pd = c.paged;
+  const std::vector<float> spare(hidden, 0.25f);
+  constexpr int rounds = 5;  // 0-2 eager (1 with an op between), 3-4 replays
+  struct config {
+    bool poll;
+    int warps;
+  };
+  const std::vector<config> configs{{false, 4}, {true, 4}, {true, 8}};
+  std::vector<std::array<std::array<std::vector<float>, 5>, rounds>> got(configs.size());
+  for (std::size_t ci = 0; ci < configs.size(); ++ci) {
+    kernels::cuda_backend_options o;
+    o.compute_dtype = t();
+    o.oproj_poll = configs[ci].poll;
+    o.decode_ring_warps = configs[ci].warps;
+    auto made = kernels::make_cuda_backend(o);
+    ASSERT_TRUE(made.ok()) << made.err().message;
+    b_ = std::move(made).value();
+    auto wh_copy = wh, wo_copy = wo;
+    kernels::weight w = upload_matrix(wh_copy, width, hidden);
+    kernels::weight w_o = upload_matrix(wo_copy, hidden, attn_width);
+    dev_acts xd(*b_, c.x), qd(*b_, static_cast<std::size_t>(width)), kd(*b_, c.k0), vd(*b_, c.v0),
+        out(*b_, static_cast<std::size_t>(attn_width)), od(*b_, static_cast<std::size_t>(hidden)),
+        sd(*b_, spare);
+    dev_bytes pos_d(*b_, c.pos), slot_d(*b_, pd.slots), freq_d(*b_, c.inv_freq), qs_d(*b_, pd.q_start),
+        ctx_d(*b_, c.ctx), table_d(*b_, pd.table);
+    const kernels::kv_layout layout{pd.num_blocks, q::block_size};
+    kernels::attention_batch batch{1, qs_d.as<std::int32_t>(), ctx_d.as<std::int32_t>(), table_d.as<std::int32_t>(),
+                                   pd.max_blocks, c.max_ctx, 1};
+    auto step = [&](bool op_between) {
+      b_->linear_into_attention(xd.get_ptr(), 1, w, {}, qd.get_ptr());
+      b_->rope(qd.get_ptr(), 1, sh, pos_d.as<std::int32_t>(), freq_d.as<float>(), 1.0f);
+      b_->kv_write(qd.get_ptr(), 1, sh, slot_d.as<std::int32_t>(), layout, kd.get_ptr(), vd.get_ptr());
+      b_->attention(qd.get_ptr(), sh, batch, layout, kd.get_ptr(), vd.get_ptr(), out.get_ptr());
+      if (op_between) b_->add(sd.get_ptr(), sd.get_ptr(), static_cast<std::size_t>(hidden));
+      b_->linear(out.get_ptr(), 1, w_o, {}, od.get_ptr());
+    };
+    auto keep = [&](int r) {
+      got[ci][r] = {qd.get(), kd.get(), vd.get(), out.get(), od.get()};
+      qd.poison();
+      out.poison();
+      od.poison();
+    };
+    for (int r = 0; r < 3; ++r) {
+      step(r == 1);
+      keep(r);
+    }
+    ASSERT_TRUE(b_->can_capture());
+    b_->begin_capture();
+    step(false);
+    const kernels::capture_id id = b_->end_capture();
+    for (int r = 3; r < rounds; ++r) {
+      b_->replay(id);
+      keep(r);
+    }
+    b_->drop_capture(id);
+    b_->release(const_cast<void*>(w.data));
+    b_->release(const_cast<void*>(w_o.data));
+  }
+  // Every round of every config has the same inputs: each buffer as the default's first round, except
+  // that 8 warps merge other partial states (their attention and o_proj outputs as their own first
+  // round's, and held to the CPU below).
+  const char* what[5] = {"qkv", "k cache", "v cache", "attention out", "o_proj out"};
+  for (std::size_t ci = 0; ci < configs.size(); ++ci) {
+    for (int r = 0; r < rounds; ++r) {
+      for (int w = 0; w < 5; ++w) {
+        const auto& want = configs[ci].warps == 4 || w < 3 ? got[0][0][w] : got[2][0][w];
+        const long at = first_difference(got[ci][r][w], want);
+        EXPECT_EQ(at, -1) << "poll " << configs[ci].poll << " warps " << configs[ci].warps << " round " << r << ", "
+                          << what[w] << ": first difference at " << at << ", seed " << testing::test_seed();
+      }
+    }
+  }
+  // The default against the CPU twins: attention of its own roped qkv and caches, then o_proj.
+  for (std::size_t ci : {std::size_t{0}, std::size_t{2}}) {
+    const auto& g = got[ci][0];
+    std::vector<float> ref(attn_width), ref_o(hidden);
+    kernels::attention_batch hb{1, pd.q_start.data(), c.ctx.data(), pd.table.data(), pd.max_blocks, c.max_ctx, 1};
+    const kernels::kv_layout layout{pd.num_blocks, q::block_size};
+    kernels::cpu::attention(g[0].data(), sh, hb, layout, g[1].data(), g[2].data(), ref.data());
+    EXPECT_CLOSE(g[3], ref, t(), tag("attention, warps " + std::to_string(configs[ci].warps)));
+    kernels::cpu::linear(g[3].data(), 1, wo.data(), hidden, attn_width, nullptr, ref_o.data());
+    EXPECT_CLOSE(g[4], ref_o, t(), tag("o_proj, warps " + std::to_string(configs[ci].warps)));
+  }
+}
+
 // wgmma_qkv_slices (session 21): the qkv GEMM's K splits left as f32 slices for the decode attention's
 // rope prologue to sum, against the default (the cluster sums them): q, k, v, the caches and the
 // attention output must keep every bit. Token counts on both sides of the fused prologue (2 and 8
