@@ -503,54 +503,24 @@ __device__ __forceinline__ __nv_bfloat16 qkv_entry(const attention_rope_kv& rope
 // every item is rotated with its pair's (cos, sin): the same bits as computing them per item. Off: one
 // sincos per item, each after its item's loads, so the G + 1 heads repeat each angle and warp 0 of a
 // 128-thread block (160 items at D 64, G 4) runs two sincos and two load round trips back to back.
-// prep (rope.early_angles, rope.once): what a kernel took before griddepcontrol.wait, where the
-// prologue would only start it after: the pairs' (cos, sin) in shared memory and the new key's slot
-// (rope_prepare). Positions, slots and inv_freq are plan and weight data that no kernel of the step
-// writes (the plan's ints are copied before its first kernel), so reading them early is safe; the
-// double sincos and the plan loads then leave the chain that starts at the wait.
 struct no_store_kv {
   __device__ void operator()(int, __nv_bfloat16, __nv_bfloat16, __nv_bfloat16, __nv_bfloat16) const {}
 };
-struct rope_prep {
-  const float2* cs = nullptr;  ///< each pair's (cos, sin) times rope.scaling; null: the prologue computes them
-  int slot = -1;               ///< rope.slots[row]; -1: the prologue loads it
-};
-// One thread per pair (threadIdx.x < D / 2): the pair's float angle, double-precision sincos and float
-// rounding, times rope.scaling. The one expression both paths of rope_kv_prologue use.
-template <int D>
-__device__ __forceinline__ void rope_angle(const attention_rope_kv& rope, int row, float2* cs_s) {
-  if (threadIdx.x < D / 2) {
-    const int i = threadIdx.x;
-    const float angle = static_cast<float>(rope.positions[row]) * rope.inv_freq[i];
-    double sn, cs;
-    sincos(static_cast<double>(angle), &sn, &cs);
-    cs_s[i] = make_float2(static_cast<float>(cs) * rope.scaling, static_cast<float>(sn) * rope.scaling);
-  }
-}
-// The pre-wait half of the prologue (rope.early_angles with rope.once; else nothing): the angles into
-// cs_s (read after the prologue's barrier) and the slot. Returns what rope_kv_prologue takes.
-template <int D>
-__device__ __forceinline__ rope_prep rope_prepare(const attention_rope_kv& rope, int row, float2* cs_s) {
-  if (!rope.early_angles || !rope.once) return {};
-  rope_angle<D>(rope, row, cs_s);
-  return rope_prep{cs_s, rope.slots[row]};
-}
 template <int D, int G, int NT, class StoreQ, class StoreKV = no_store_kv>
 __device__ __forceinline__ void rope_kv_prologue(const attention_rope_kv& rope, int row, int width, int heads,
-                                                 int kv_heads, int kvh, int h0, rope_prep prep, StoreQ store_q,
+                                                 int kv_heads, int kvh, int h0, StoreQ store_q,
                                                  StoreKV store_kv = {}) {
   constexpr int half = D / 2;
   static_assert(NT >= half, "one thread per pair computes the angles");
   __nv_bfloat16* qrow = static_cast<__nv_bfloat16*>(rope.qkv) + static_cast<std::size_t>(row) * width;
-  const std::size_t slot =
-      static_cast<std::size_t>(prep.slot >= 0 ? prep.slot : rope.slots[row]) * kv_heads + kvh;
+  const std::size_t slot = static_cast<std::size_t>(rope.slots[row]) * kv_heads + kvh;
   if (rope.once) {
     __nv_bfloat16* kd = static_cast<__nv_bfloat16*>(rope.k_cache) + slot * D;
     __nv_bfloat16* vd = static_cast<__nv_bfloat16*>(rope.v_cache) + slot * D;
     const int v0 = (heads + kv_heads + kvh) * D;  // the KV head's v entries in the row
     __nv_bfloat16* vsrc = qrow + v0;
     constexpr int items = (G + 1) * half, per = (items + NT - 1) / NT;
-    __shared__ float2 cs_own[half];
+    __shared__ float2 cs_s[half];
     // Loads first: their latency runs under the sincos (all of them precede every store, so no
     // store can alias a later load).
     __nv_bfloat16 xa[per], xb[per], va[per], vb[per];
@@ -568,8 +538,13 @@ __device__ __forceinline__ void rope_kv_prologue(const attention_rope_kv& rope, 
         }
       }
     }
-    if (prep.cs == nullptr) rope_angle<D>(rope, row, cs_own);
-    const float2* cs_s = prep.cs != nullptr ? prep.cs : cs_own;
+    if (threadIdx.x < half) {
+      const int i = threadIdx.x;
+      const float angle = static_cast<float>(rope.positions[row]) * rope.inv_freq[i];
+      double sn, cs;
+      sincos(static_cast<double>(angle), &sn, &cs);
+      cs_s[i] = make_float2(static_cast<float>(cs) * rope.scaling, static_cast<float>(sn) * rope.scaling);
+    }
     __syncthreads();
 #pragma unroll
     for (int u = 0; u < per; ++u) {
@@ -678,7 +653,7 @@ __global__ void __launch_bounds__(W * 32, (W == 4 && D == 64 && G == 4) ? 4 : 1)
   const int h0 = kvh * G;
   const std::int32_t* table = block_table + static_cast<std::size_t>(seq) * table_stride;
   if constexpr (ROPE) {
-    rope_kv_prologue<D, G, W * 32>(rope, row, width, heads, kv_heads, kvh, h0, rope_prep{},
+    rope_kv_prologue<D, G, W * 32>(rope, row, width, heads, kv_heads, kvh, h0,
                                    [&](int g, int i, __nv_bfloat16 a, __nv_bfloat16 b) {
                              q_s[g][i] = __bfloat162float(a) * scale;
                              q_s[g][i + D / 2] = __bfloat162float(b) * scale;
@@ -925,17 +900,14 @@ __global__ void __launch_bounds__(block_threads, 4) decode_gqa_tc_kernel(
   __shared__ float o_s[W][G][D];
   static_assert(ROPE || !EARLY, "EARLY leaves out the key the fused prologue writes");
   __shared__ __align__(16) __nv_bfloat16 k_new[EARLY ? D : 1];
-  __shared__ float2 cs_pre[ROPE ? D / 2 : 1];
-  // Work before griddepcontrol.wait: EARLY's first chunk, and (rope.early_angles) the rope angles.
-  const bool pre = EARLY || (ROPE && rope.early_angles && rope.once);
-  if (!pre) {
+  if constexpr (!EARLY) {
     grid_dep_wait();
     grid_dep_trigger();
   }
   const int split = blockIdx.x, splits = gridDim.x, kvh = blockIdx.y, seq = blockIdx.z;
   const int row = q_start[seq];
   if (q_start[seq + 1] - row != 1) {
-    if (pre) {
+    if constexpr (EARLY) {
       grid_dep_wait();  // before the return, as every PDL kernel here (device_types.cuh)
       grid_dep_trigger();
     }
@@ -974,10 +946,6 @@ __global__ void __launch_bounds__(block_threads, 4) decode_gqa_tc_kernel(
         }
       }
     }
-  }
-  rope_prep prep{};
-  if constexpr (ROPE) prep = rope_prepare<D>(rope, row, cs_pre);
-  if (pre) {
     grid_dep_wait();
     grid_dep_trigger();
   }
@@ -985,7 +953,7 @@ __global__ void __launch_bounds__(block_threads, 4) decode_gqa_tc_kernel(
     // EARLY: the new key's chunk nc was requested above (without it) where it is some warp's first.
     const int nc = (pos - begin) / 32, nr = (pos - begin) % 32;
     rope_kv_prologue<D, G, block_threads>(
-        rope, row, width, heads, kv_heads, kvh, h0, prep,
+        rope, row, width, heads, kv_heads, kvh, h0,
         [&](int g, int i, __nv_bfloat16 a, __nv_bfloat16 b) {
           q_b[g][i] = a;
           q_b[g][i + D / 2] = b;
@@ -1155,8 +1123,6 @@ __global__ void __launch_bounds__(W * 32, W == 4 ? 4 : 2) decode_gqa_ring_kernel
   if constexpr (ROPE) {
 #pragma unroll
     for (int i = 0; i < P; ++i) request(warp + i * W, pos);
-    __shared__ float2 cs_pre[D / 2];
-    const rope_prep prep = rope_prepare<D>(rope, row, cs_pre);  // the sincos under the loads
     grid_dep_wait();
     if (!rope.late_trigger) grid_dep_trigger();
     // The new key: chunk nc, row nr (pos is in [begin, end) with one split). Its chunk was requested
@@ -1166,7 +1132,7 @@ __global__ void __launch_bounds__(W * 32, W == 4 ? 4 : 2) decode_gqa_ring_kernel
     __nv_bfloat16* nvs = ring + (nc % S) * SLOT + KT + nr * LD;
     const int sw = (nr & 1) << 2;
     rope_kv_prologue<D, G, W * 32>(
-        rope, row, width, heads, kv_heads, kvh, h0, prep,
+        rope, row, width, heads, kv_heads, kvh, h0,
         [&](int g, int i, __nv_bfloat16 a, __nv_bfloat16 b) {
           q_b[g][i] = a;
           q_b[g][i + D / 2] = b;
@@ -1323,7 +1289,6 @@ void launch_gqa(const T* qkv, const attn_shape& sh, const attention_batch& b, co
       attention_rope_kv r = fuse ? *rope : attention_rope_kv{};
       r.once = tune.rope_once;
       r.late_trigger = tune.late_trigger;
-      r.early_angles = tune.early_angles;
       r.done = nullptr;  // only the ring kernel's fused path below signals arrivals
       int* const done_blocks = rope != nullptr ? rope->done_blocks : nullptr;
       unsigned* const done = rope != nullptr ? rope->done : nullptr;

@@ -183,9 +183,6 @@ struct attention_tuning {
   /// rope prologue is done, so its weight prefetch does not queue in front of the prologue's loads
   /// (off: right after griddepcontrol.wait). Session 17.
   bool late_trigger = false;
-  /// with rope_once, the fused prologue of the ring and tc decode kernels: the rope angles' sincos and
-  /// the new key's slot before griddepcontrol.wait (plan data), not after it. The same bits. Session 24.
-  bool early_angles = false;
   /// with ring_decode and the fused prologue, in grids of fewer blocks than SMs: warps a ring-kernel
   /// block, 4 or 8 (8: one chunk ring a warp, 8 chunks requested before the wait, as 4 warps × 2).
   /// Session 24.
@@ -208,8 +205,6 @@ struct attention_rope_kv {
   bool once = true;
   /// set by launch_attention from attention_tuning::late_trigger (decode_gqa_ring_kernel)
   bool late_trigger = false;
-  /// set by launch_attention from attention_tuning::early_angles (the ring and tc decode kernels)
-  bool early_angles = false;
   /// Where the launch takes the fused ring decode kernel, each of its blocks adds 1 to *done once
   /// its output is stored (release), and launch_attention writes the block count to the host int
   /// *done_blocks (left as the caller set it, 0, where it launched anything else: then *done is not

@@ -1285,8 +1285,8 @@ TEST_P(cuda_ops, rope_once_fused_decode_is_bit_identical) {
 
 // decode_gqa_ring_kernel (ring_decode 1 and 2: K/V staged in shared memory, the first chunks requested
 // before griddepcontrol.wait in the fused step), the tc kernel with early_decode, and a launch with a
-// preferred carveout, and (session 24) the ring and tc kernels with the rope angles taken before
-// griddepcontrol.wait (decode_early_angles), against decode_gqa_tc_kernel (ring_decode 0): the same
+// preferred carveout, and (session 24) the ring kernel on 8 warps, against decode_gqa_tc_kernel
+// (ring_decode 0): the same
 // chunks per warp and arithmetic, so every buffer bit for bit the same, fused (rope -> kv_write ->
 // attention, one split) and unfused (attention alone, several splits on long contexts), and the
 // output as the CPU twin's. Contexts cross the ring (4 or 8 chunks of 32 keys a block), so the new
@@ -1309,21 +1309,17 @@ TEST_P(cuda_ops, ring_decode_matches_tc_decode_bit_for_bit) {
   // The last case is a batch-1 step (the default takes the ring kernel only there).
   const std::vector<dcase> cases{b64, b64w, split, dcase{16, 2, 0, 16, {1, 129, 256, 97}, true},
                                  dcase{8, 4, 0, 16, {33, 160, 1}, false}, dcase{32, 8, 0, 16, {200}, true}};
-  // The tc kernel first (the reference), then the others; early_angles: the rope angles before the
-  // wait (session 24); ring_warps 8 (session 24; the fused grids of fewer blocks than SMs: the last
-  // two cases) merges 8 warps' states, so its fused output is held to the CPU twin only (its caches
-  // and roped qkv still bit for bit).
+  // The tc kernel first (the reference), then the others; ring_warps 8 (session 24; the fused grids of
+  // fewer blocks than SMs: the last two cases) merges 8 warps' states, so its fused output is held to
+  // the CPU twin only (its caches and roped qkv still bit for bit).
   struct config {
     int ring;
     bool early;
     int carveout;
-    bool early_angles;
     int ring_warps;
   };
-  const std::vector<config> configs{{0, false, -1, false, 4}, {1, false, -1, false, 4}, {2, false, -1, false, 4},
-                                    {0, true, -1, false, 4},  {1, false, 100, false, 4}, {2, false, -1, true, 4},
-                                    {0, false, -1, true, 4},  {0, true, -1, true, 4},    {2, false, -1, false, 8},
-                                    {2, false, -1, true, 8}};
+  const std::vector<config> configs{{0, false, -1, 4}, {1, false, -1, 4}, {2, false, -1, 4},
+                                    {0, true, -1, 4},  {1, false, 100, 4}, {2, false, -1, 8}};
   const int nc = static_cast<int>(configs.size());
   std::vector<std::unique_ptr<kernels::backend>> be;
   for (const config& cf : configs) {
@@ -1333,7 +1329,6 @@ TEST_P(cuda_ops, ring_decode_matches_tc_decode_bit_for_bit) {
     o.ring_decode_max_seqs = 1 << 30;  // every case on the kernel named, not only batch 1 (the default)
     o.early_decode = cf.early;
     o.decode_carveout = cf.carveout;
-    o.decode_early_angles = cf.early_angles;
     o.decode_ring_warps = cf.ring_warps;
     auto made = kernels::make_cuda_backend(o);
     ASSERT_TRUE(made.ok()) << made.err().message;
@@ -1383,8 +1378,7 @@ TEST_P(cuda_ops, ring_decode_matches_tc_decode_bit_for_bit) {
     for (int ring = 1; ring < nc; ++ring) {
       const config& cf = configs[ring];
       const std::string name = "ring_decode " + std::to_string(cf.ring) + " early " + std::to_string(cf.early) +
-                               " carveout " + std::to_string(cf.carveout) + " angles " +
-                               std::to_string(cf.early_angles) + " warps " + std::to_string(cf.ring_warps);
+                               " carveout " + std::to_string(cf.carveout) + " warps " + std::to_string(cf.ring_warps);
       // 8 warps merge other partial states only where the fused prologue takes that kernel
       const bool same_bits = cf.ring_warps == 4 || !c.fused;
       for (int w = 0; w < 4; ++w) {

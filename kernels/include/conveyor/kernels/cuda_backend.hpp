@@ -88,11 +88,6 @@ struct cuda_backend_options {
   /// prologue (off: right after griddepcontrol.wait). Measured +29 µs at b=1: o_proj's prefetch under
   /// attention is worth more (session 17).
   bool decode_late_trigger = false;
-  /// The decode attention's fused rope prologue (ring and tc kernels, rope_once): each pair's double
-  /// sincos and the new key's slot computed before griddepcontrol.wait (they read plan and weight data
-  /// only), so the chain after the wait is the qkv loads, the rotation and the keys. The same bits.
-  /// Session 24: not yet measured (variant `angles`).
-  bool decode_early_angles = false;
   /// ring_decode in the fused step, grids of fewer blocks than SMs: warps a block, 4 or 8. 8: one
   /// chunk of 32 keys a warp up to 256
   /// keys (4 warps take two at contexts of 129-256), the merge adding 8 partial states (other bits,
