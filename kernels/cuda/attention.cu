@@ -1036,11 +1036,9 @@ __device__ __forceinline__ void cp_async_wait_group() {
 }
 
 // Bytes of decode_gqa_ring_kernel's ring of `stages` chunks a warp (head_dim 64): K tile 32 × 64 +
-// V tile 32 × 72 bf16 a chunk, `w` warps.
+// V tile 32 × 72 bf16 a chunk, 4 warps.
 constexpr std::size_t ring_chunk_bytes = (32 * 64 + 32 * 72) * sizeof(__nv_bfloat16);
-constexpr std::size_t ring_smem_bytes(int w, int stages) {
-  return static_cast<std::size_t>(w * stages) * ring_chunk_bytes;
-}
+constexpr std::size_t ring_smem_bytes(int stages) { return static_cast<std::size_t>(4 * stages) * ring_chunk_bytes; }
 
 // decode_gqa_tc_kernel's arithmetic (the same chunks per warp, the same bits) with every key's K and V
 // rows staged in shared memory by cp.async, K too (there it went through registers, loaded after the
@@ -1058,17 +1056,18 @@ constexpr std::size_t ring_smem_bytes(int w, int stages) {
 // B-fragment reads of rows g and g + 1 (one phase of a 16-byte ld.shared) hit different banks; V
 // tiles: rows padded to LD as in decode_gqa_tc_kernel (ldmatrix.trans). Rows past the end are
 // zero-filled (0 × garbage would be NaN in P V).
-// W warps a block: 4, or 8 (attention_tuning::ring_warps, the fused batch-1 step): at batch 1 the
-// 8 blocks' chain after the wait is the prologue and then each warp's chunks one after another, and
-// contexts of 129-256 keys give some of 4 warps two chunks; 8 warps take one each. The warps' merge
-// then adds other partial sums (not the tc kernel's bits; the same result within rounding).
-template <int G, bool ROPE, int P, int W = warps>
-__global__ void __launch_bounds__(W * 32, W == 4 ? 4 : 2) decode_gqa_ring_kernel(
+// With rope.done (cuda_backend_options::oproj_poll) each block adds 1 to *done once its output is
+// stored, for the o_proj GEMV that polls it (gemv_args::ready).
+// Tried and dropped (session 24, bench/patches/ring8.patch): 8 warps a block at batch 1, one chunk
+// each where 4 warps take two at contexts of 129-256 keys; no faster (the attention's 7.3 µs a layer
+// are the wait, the qkv-row round trip, the barriers and the merge, not the second chunk).
+template <int G, bool ROPE, int P>
+__global__ void __launch_bounds__(block_threads, 4) decode_gqa_ring_kernel(
     const __nv_bfloat16* qkv, int heads, int kv_heads, float scale, int window, const std::int32_t* q_start,
     const std::int32_t* ctx_len, const std::int32_t* block_table, int table_stride, int block_size,
     const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache, int split_len, float* partials,
     __nv_bfloat16* out, attention_rope_kv rope) {
-  constexpr int D = 64, LD = D + 8, S = W * P;
+  constexpr int D = 64, LD = D + 8, W = warps, S = W * P;
   constexpr int KT = 32 * D, SLOT = KT + 32 * LD;  // elements: K tile, then V tile
   static_assert(G <= 8, "query rows beyond 8 would need A's second row block");
   static_assert(SLOT * sizeof(__nv_bfloat16) == ring_chunk_bytes, "ring_smem_bytes");
@@ -1131,7 +1130,7 @@ __global__ void __launch_bounds__(W * 32, W == 4 ? 4 : 2) decode_gqa_ring_kernel
     __nv_bfloat16* nks = ring + (nc % S) * SLOT + nr * D;
     __nv_bfloat16* nvs = ring + (nc % S) * SLOT + KT + nr * LD;
     const int sw = (nr & 1) << 2;
-    rope_kv_prologue<D, G, W * 32>(
+    rope_kv_prologue<D, G, block_threads>(
         rope, row, width, heads, kv_heads, kvh, h0,
         [&](int g, int i, __nv_bfloat16 a, __nv_bfloat16 b) {
           q_b[g][i] = a;
@@ -1302,30 +1301,24 @@ void launch_gqa(const T* qkv, const attn_shape& sh, const attention_batch& b, co
       if constexpr (DC == 2 && G <= 8) {
         if (!wide && tune.tc_decode && tune.ring_decode > 0) {
           const int p = tune.ring_decode >= 2 ? 2 : 1;
-          auto ring = [&](auto with_rope, auto stages, auto w) {
-            constexpr int W = decltype(w)::value;
-            constexpr auto kernel =
-                &decode_gqa_ring_kernel<G, decltype(with_rope)::value, decltype(stages)::value, W>;
-            const std::size_t smem = ring_smem_bytes(W, decltype(stages)::value);
+          auto ring = [&](auto with_rope, auto stages) {
+            constexpr auto kernel = &decode_gqa_ring_kernel<G, decltype(with_rope)::value, decltype(stages)::value>;
+            const std::size_t smem = ring_smem_bytes(decltype(stages)::value);
             raise_smem_once<kernel>(smem);
-            launch_kx(decode_extras(tune), kernel, grid, dim3(32 * W), smem, s, qkv, sh.num_heads, sh.num_kv_heads,
+            launch_kx(decode_extras(tune), kernel, grid, dim3(block_threads), smem, s, qkv, sh.num_heads, sh.num_kv_heads,
                      sh.scale, sh.sliding_window, b.q_start, b.ctx_len, b.block_table, b.max_blocks_per_seq,
                      layout.block_size, k, v, split_len, partials, out, r);
           };
           using one = std::integral_constant<int, 1>;
           using two = std::integral_constant<int, 2>;
-          using w4 = std::integral_constant<int, warps>;
           if (fuse && done != nullptr && done_blocks != nullptr) {
             r.done = done;
             *done_blocks = static_cast<int>(grid.x * grid.y * grid.z);
           }
-          // 8 warps only in grids of less than a wave: their blocks would not all fit at once in larger ones.
-          if (fuse && tune.ring_warps == 8 && static_cast<long>(splits) * base_blocks < num_sms) {
-            ring(std::true_type{}, one{}, std::integral_constant<int, 8>{});  // 8 chunks before the wait, as 4 × 2
-          } else if (p == 1) {
-            fuse ? ring(std::true_type{}, one{}, w4{}) : ring(std::false_type{}, one{}, w4{});
+          if (p == 1) {
+            fuse ? ring(std::true_type{}, one{}) : ring(std::false_type{}, one{});
           } else {
-            fuse ? ring(std::true_type{}, two{}, w4{}) : ring(std::false_type{}, two{}, w4{});
+            fuse ? ring(std::true_type{}, two{}) : ring(std::false_type{}, two{});
           }
           launched = true;
         } else if (!wide && tune.tc_decode) {

@@ -845,7 +845,6 @@ class cuda_backend final : public backend {
     tune_.decode_carveout = o.decode_carveout;
     tune_.rope_once = o.rope_once;
     tune_.late_trigger = o.decode_late_trigger;
-    tune_.ring_warps = o.decode_ring_warps;
     norm_late_trigger_ = o.norm_late_trigger;
     norm_loads_ahead_ = o.norm_loads_ahead;
     l2_prefetch_bytes_ = static_cast<std::size_t>(std::max(0, o.l2_prefetch_kb)) * 1024;

@@ -183,10 +183,6 @@ struct attention_tuning {
   /// rope prologue is done, so its weight prefetch does not queue in front of the prologue's loads
   /// (off: right after griddepcontrol.wait). Session 17.
   bool late_trigger = false;
-  /// with ring_decode and the fused prologue, in grids of fewer blocks than SMs: warps a ring-kernel
-  /// block, 4 or 8 (8: one chunk ring a warp, 8 chunks requested before the wait, as 4 warps × 2).
-  /// Session 24.
-  int ring_warps = 4;
 };
 /// rope + kv_write of the step's rows (launch_rope_kv's arguments), handed to launch_attention: the
 /// grouped decode kernel does them in its prologue where one block serves each (sequence, KV head),

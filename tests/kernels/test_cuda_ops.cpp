@@ -1285,8 +1285,7 @@ TEST_P(cuda_ops, rope_once_fused_decode_is_bit_identical) {
 
 // decode_gqa_ring_kernel (ring_decode 1 and 2: K/V staged in shared memory, the first chunks requested
 // before griddepcontrol.wait in the fused step), the tc kernel with early_decode, and a launch with a
-// preferred carveout, and (session 24) the ring kernel on 8 warps, against decode_gqa_tc_kernel
-// (ring_decode 0): the same
+// preferred carveout against decode_gqa_tc_kernel (ring_decode 0): the same
 // chunks per warp and arithmetic, so every buffer bit for bit the same, fused (rope -> kv_write ->
 // attention, one split) and unfused (attention alone, several splits on long contexts), and the
 // output as the CPU twin's. Contexts cross the ring (4 or 8 chunks of 32 keys a block), so the new
@@ -1309,17 +1308,13 @@ TEST_P(cuda_ops, ring_decode_matches_tc_decode_bit_for_bit) {
   // The last case is a batch-1 step (the default takes the ring kernel only there).
   const std::vector<dcase> cases{b64, b64w, split, dcase{16, 2, 0, 16, {1, 129, 256, 97}, true},
                                  dcase{8, 4, 0, 16, {33, 160, 1}, false}, dcase{32, 8, 0, 16, {200}, true}};
-  // The tc kernel first (the reference), then the others; ring_warps 8 (session 24; the fused grids of
-  // fewer blocks than SMs: the last two cases) merges 8 warps' states, so its fused output is held to
-  // the CPU twin only (its caches and roped qkv still bit for bit).
+  // The tc kernel first (the reference), then the others.
   struct config {
     int ring;
     bool early;
     int carveout;
-    int ring_warps;
   };
-  const std::vector<config> configs{{0, false, -1, 4}, {1, false, -1, 4}, {2, false, -1, 4},
-                                    {0, true, -1, 4},  {1, false, 100, 4}, {2, false, -1, 8}};
+  const std::vector<config> configs{{0, false, -1}, {1, false, -1}, {2, false, -1}, {0, true, -1}, {1, false, 100}};
   const int nc = static_cast<int>(configs.size());
   std::vector<std::unique_ptr<kernels::backend>> be;
   for (const config& cf : configs) {
@@ -1329,7 +1324,6 @@ TEST_P(cuda_ops, ring_decode_matches_tc_decode_bit_for_bit) {
     o.ring_decode_max_seqs = 1 << 30;  // every case on the kernel named, not only batch 1 (the default)
     o.early_decode = cf.early;
     o.decode_carveout = cf.carveout;
-    o.decode_ring_warps = cf.ring_warps;
     auto made = kernels::make_cuda_backend(o);
     ASSERT_TRUE(made.ok()) << made.err().message;
     be.push_back(std::move(made).value());
@@ -1378,11 +1372,8 @@ TEST_P(cuda_ops, ring_decode_matches_tc_decode_bit_for_bit) {
     for (int ring = 1; ring < nc; ++ring) {
       const config& cf = configs[ring];
       const std::string name = "ring_decode " + std::to_string(cf.ring) + " early " + std::to_string(cf.early) +
-                               " carveout " + std::to_string(cf.carveout) + " warps " + std::to_string(cf.ring_warps);
-      // 8 warps merge other partial states only where the fused prologue takes that kernel
-      const bool same_bits = cf.ring_warps == 4 || !c.fused;
+                               " carveout " + std::to_string(cf.carveout);
       for (int w = 0; w < 4; ++w) {
-        if (w == 3 && !same_bits) continue;
         const long at = first_difference(got[ring][w], got[0][w]);
         EXPECT_EQ(at, -1) << name << " vs the tc kernel, " << what[w] << shape << ": first difference at " << at
                           << ", seed " << testing::test_seed();
@@ -1438,7 +1429,7 @@ TEST_P(cuda_ops, linear_into_attention_then_decode_matches_cpu) {
 // waiting for its grid's end. Against the default, every bit of qkv, the caches, the attention output
 // and o_proj's output: eagerly three times over (the words must be zero again after each use), with
 // an op between attention and o_proj in round 1 (the arrivals then zeroed unused, o_proj waiting as
-// usual), and recorded once and replayed twice (a decode step's graph). 4 and 8 warps (ring8).
+// usual), and recorded once and replayed twice (a decode step's graph).
 TEST_P(cuda_ops, oproj_poll_is_bit_identical) {
   if (t() != dtype::bf16) GTEST_SKIP() << "the ring decode kernel is bf16 only";
   using q = qkv_decode_step;
@@ -1450,17 +1441,11 @@ TEST_P(cuda_ops, oproj_poll_is_bit_identical) {
   const paged_decode& pd = c.paged;
   const std::vector<float> spare(hidden, 0.25f);
   constexpr int rounds = 5;  // 0-2 eager (1 with an op between), 3-4 replays
-  struct config {
-    bool poll;
-    int warps;
-  };
-  const std::vector<config> configs{{false, 4}, {true, 4}, {true, 8}};
-  std::vector<std::array<std::array<std::vector<float>, 5>, rounds>> got(configs.size());
-  for (std::size_t ci = 0; ci < configs.size(); ++ci) {
+  std::array<std::array<std::array<std::vector<float>, 5>, rounds>, 2> got;  // [oproj_poll][round][buffer]
+  for (int poll = 0; poll < 2; ++poll) {
     kernels::cuda_backend_options o;
     o.compute_dtype = t();
-    o.oproj_poll = configs[ci].poll;
-    o.decode_ring_warps = configs[ci].warps;
+    o.oproj_poll = poll == 1;
     auto made = kernels::make_cuda_backend(o);
     ASSERT_TRUE(made.ok()) << made.err().message;
     b_ = std::move(made).value();
@@ -1484,7 +1469,7 @@ TEST_P(cuda_ops, oproj_poll_is_bit_identical) {
       b_->linear(out.get_ptr(), 1, w_o, {}, od.get_ptr());
     };
     auto keep = [&](int r) {
-      got[ci][r] = {qd.get(), kd.get(), vd.get(), out.get(), od.get()};
+      got[poll][r] = {qd.get(), kd.get(), vd.get(), out.get(), od.get()};
       qd.poison();
       out.poison();
       od.poison();
@@ -1505,31 +1490,26 @@ TEST_P(cuda_ops, oproj_poll_is_bit_identical) {
     b_->release(const_cast<void*>(w.data));
     b_->release(const_cast<void*>(w_o.data));
   }
-  // Every round of every config has the same inputs: each buffer as the default's first round, except
-  // that 8 warps merge other partial states (their attention and o_proj outputs as their own first
-  // round's, and held to the CPU below).
+  // Every round of both has the same inputs: each buffer as the default's first round.
   const char* what[5] = {"qkv", "k cache", "v cache", "attention out", "o_proj out"};
-  for (std::size_t ci = 0; ci < configs.size(); ++ci) {
+  for (int poll = 0; poll < 2; ++poll) {
     for (int r = 0; r < rounds; ++r) {
       for (int w = 0; w < 5; ++w) {
-        const auto& want = configs[ci].warps == 4 || w < 3 ? got[0][0][w] : got[2][0][w];
-        const long at = first_difference(got[ci][r][w], want);
-        EXPECT_EQ(at, -1) << "poll " << configs[ci].poll << " warps " << configs[ci].warps << " round " << r << ", "
-                          << what[w] << ": first difference at " << at << ", seed " << testing::test_seed();
+        const long at = first_difference(got[poll][r][w], got[0][0][w]);
+        EXPECT_EQ(at, -1) << "oproj_poll " << poll << " round " << r << ", " << what[w] << ": first difference at "
+                          << at << ", seed " << testing::test_seed();
       }
     }
   }
   // The default against the CPU twins: attention of its own roped qkv and caches, then o_proj.
-  for (std::size_t ci : {std::size_t{0}, std::size_t{2}}) {
-    const auto& g = got[ci][0];
-    std::vector<float> ref(attn_width), ref_o(hidden);
-    kernels::attention_batch hb{1, pd.q_start.data(), c.ctx.data(), pd.table.data(), pd.max_blocks, c.max_ctx, 1};
-    const kernels::kv_layout layout{pd.num_blocks, q::block_size};
-    kernels::cpu::attention(g[0].data(), sh, hb, layout, g[1].data(), g[2].data(), ref.data());
-    EXPECT_CLOSE(g[3], ref, t(), tag("attention, warps " + std::to_string(configs[ci].warps)));
-    kernels::cpu::linear(g[3].data(), 1, wo.data(), hidden, attn_width, nullptr, ref_o.data());
-    EXPECT_CLOSE(g[4], ref_o, t(), tag("o_proj, warps " + std::to_string(configs[ci].warps)));
-  }
+  const auto& g = got[0][0];
+  std::vector<float> ref(attn_width), ref_o(hidden);
+  kernels::attention_batch hb{1, pd.q_start.data(), c.ctx.data(), pd.table.data(), pd.max_blocks, c.max_ctx, 1};
+  const kernels::kv_layout layout{pd.num_blocks, q::block_size};
+  kernels::cpu::attention(g[0].data(), sh, hb, layout, g[1].data(), g[2].data(), ref.data());
+  EXPECT_CLOSE(g[3], ref, t(), tag("attention"));
+  kernels::cpu::linear(g[3].data(), 1, wo.data(), hidden, attn_width, nullptr, ref_o.data());
+  EXPECT_CLOSE(g[4], ref_o, t(), tag("o_proj"));
 }
 
 // wgmma_qkv_slices (session 21): the qkv GEMM's K splits left as f32 slices for the decode attention's

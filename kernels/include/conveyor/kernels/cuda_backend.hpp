@@ -88,11 +88,6 @@ struct cuda_backend_options {
   /// prologue (off: right after griddepcontrol.wait). Measured +29 µs at b=1: o_proj's prefetch under
   /// attention is worth more (session 17).
   bool decode_late_trigger = false;
-  /// ring_decode in the fused step, grids of fewer blocks than SMs: warps a block, 4 or 8. 8: one
-  /// chunk of 32 keys a warp up to 256
-  /// keys (4 warps take two at contexts of 129-256), the merge adding 8 partial states (other bits,
-  /// the same result within rounding). Session 24: not yet measured (variant `ring8`).
-  int decode_ring_warps = 4;
   /// With pdl, the fused ring decode attention (batch 1): each block adds 1 to a device word once its
   /// output is stored, and the o_proj GEMV after it polls that word instead of waiting for the
   /// attention grid's end (griddepcontrol.wait), so the grid's teardown and flush leave the chain;
