@@ -384,15 +384,6 @@ std::vector<variant> all_variants() {
   kernels::cuda_backend_options poll = o;  // session 24: o_proj polls the attention's arrivals
   poll.oproj_poll = true;
   v.push_back({"poll", poll});
-  // Session 25: the GEMVs' producers ask L2 for stages past a full ring (gemv_l2_ahead); gu = the
-  // norm GEMVs only (qkv, gate_up, the LM head).
-  for (auto [name, ahead, mask] : {std::tuple{"l2a2", 2, gemv_every_prologue}, std::tuple{"l2a4", 4, gemv_every_prologue},
-                                   std::tuple{"l2a8", 8, gemv_every_prologue}, std::tuple{"l2a4gu", 4, gemv_norm_prologue}}) {
-    kernels::cuda_backend_options p = o;
-    p.gemv_l2_ahead = ahead;
-    p.gemv_l2_ahead_mask = mask;
-    v.push_back({name, p});
-  }
   kernels::cuda_backend_options normtrig = o;  // the qkv GEMM launched once the norm's loads are in
   normtrig.norm_late_trigger = true;
   v.push_back({"normtrig", normtrig});

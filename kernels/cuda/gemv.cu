@@ -146,35 +146,12 @@ __global__ void __launch_bounds__(WARPS * 32 + (TMA ? 32 : 0)) gemv_kernel(gemv_
       if (a.late_trigger == 0) grid_dep_trigger();
       const int my_tiles = (tiles - static_cast<int>(blockIdx.x) + static_cast<int>(gridDim.x) - 1) / gridDim.x;
       const int total = my_tiles * slices;
-      // Stage v's tile, first column, columns and rows.
-      auto stage_of = [&](int v, int& t, int& k0, int& kc, int& valid_rows) {
-        t = static_cast<int>(blockIdx.x) + (v / slices) * static_cast<int>(gridDim.x);
-        k0 = (v % slices) * kslice;
-        kc = min(kslice, cols - k0);
-        valid_rows = min(16, a.rows - t * 16);
-      };
-      int pf = 0;  // l2_ahead: the next stage L2 may be asked for (stages before it are asked or copied)
       for (int u = 0; u < total; ++u) {
         const int slot = u % nstages, use = u / nstages;
-        int t, k0, kc, valid_rows;
-        stage_of(u, t, k0, kc, valid_rows);
-        if (use > 0) {
-          // The ring is full: while this slot is, ask L2 for the stages after this one (lane 0 tests
-          // the barrier, every lane learns the answer, so the warp stays converged).
-          pf = max(pf, u + 1);
-          while (pf < total && pf <= u + a.l2_ahead) {
-            const int still_full = __shfl_sync(0xffffffffu, lane == 0 ? !mbar_test(empty + slot, (use - 1) & 1) : 0, 0);
-            if (!still_full) break;
-            int pt, pk0, pkc, prows;
-            stage_of(pf, pt, pk0, pkc, prows);
-            if (lane < prows) {
-              bulk_prefetch_l2(a.w + static_cast<std::size_t>(pt * 16 + lane) * cols + pk0,
-                               static_cast<unsigned>(pkc * sizeof(bf16)));
-            }
-            ++pf;
-          }
-          mbar_wait(empty + slot, (use - 1) & 1);
-        }
+        const int t = static_cast<int>(blockIdx.x) + (u / slices) * static_cast<int>(gridDim.x);
+        const int k0 = (u % slices) * kslice, kc = min(kslice, cols - k0);
+        const int valid_rows = min(16, a.rows - t * 16);
+        if (use > 0) mbar_wait(empty + slot, (use - 1) & 1);
         if (u == a.pre_wait_stages && u > 0) mbar_wait(&go_bar, 0);  // the rest after the prologue
         if (lane == 0) mbar_expect_tx(full + slot, static_cast<unsigned>(valid_rows * kc * sizeof(bf16)));
         __syncwarp();

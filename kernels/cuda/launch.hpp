@@ -112,13 +112,6 @@ struct gemv_args {
   /// with tma: stages the producer issues before the computing warps are past their prologue (0:
   /// the whole ring, as soon as slots are free); the rest follow the prologue.
   int pre_wait_stages = 0;
-  /// with tma: while the slot the producer waits for is still full, it asks L2
-  /// (cp.async.bulk.prefetch.L2, one row of a stage a lane) for up to this many stages past it, so
-  /// their copies find the bytes in L2 when slots free: HBM works while the computing warps wait
-  /// (attention, the prologue) instead of idling with the ring full. 0: none. Stage-sized pieces as in
-  /// the fused kernel's l2_ahead (session 12: a stream 754 -> 520 us); whole tiles at once held the
-  /// copy engine (session 12's gemv_l2_ahead, +160 us). Session 25.
-  int l2_ahead = 0;
   /// 1: the next kernel is let launch after this one's prologue, not at its start (0).
   int late_trigger = 0;
   /// norm prologue: 1 loads the norm's weights before griddepcontrol.wait and sends the writer

@@ -138,7 +138,7 @@ class cuda_ops : public ::testing::TestWithParam<dtype> {
   }
   /// GEMV configurations the GEMV tests run under: the defaults (TMA stages), the register loads
   /// without the capped-grid staging (session 3's kernel), TMA with a small ring (more stages per
-  /// tile, two blocks an SM, its producer asking L2 for 4 stages ahead), and TMA except for grids of one to two waves (qkv_proj's shape on the
+  /// tile, two blocks an SM), and TMA except for grids of one to two waves (qkv_proj's shape on the
   /// register kernel), and the launch-order options of session 17 turned the other way (norm prologue
   /// without norm_early, every GEMV and norm kernel triggering late, one stage before the prologue:
   /// timing only, so the same results, and no wait that could hang).
@@ -146,7 +146,7 @@ class cuda_ops : public ::testing::TestWithParam<dtype> {
   static const char* gemv_config_name(int c) {
     return c == 0   ? ""
            : c == 1 ? " [legacy]"
-           : c == 2 ? " [tma ring 40k, L2 ahead 4]"
+           : c == 2 ? " [tma ring 40k]"
            : c == 3 ? " [tma, register partial waves]"
                     : " [late triggers, pre-wait 1]";
   }
@@ -160,10 +160,7 @@ class cuda_ops : public ::testing::TestWithParam<dtype> {
     o.fuse = true;
     o.fuse_norm = true;
     if (config == 1) o.gemv_tma = o.gemv_stage_capped = false;
-    if (config == 2) {
-      o.gemv_tma_ring_kb = 40;
-      o.gemv_l2_ahead = 4;  // prefetches only: the same results, and every address asked is in the matrix
-    }
+    if (config == 2) o.gemv_tma_ring_kb = 40;
     if (config == 3) o.gemv_tma_partial_wave = false;
     if (config == 4) {
       o.gemv_norm_early = false;

@@ -84,11 +84,6 @@ struct cuda_backend_options {
   /// done (0: the whole ring at once). Measured: 1 stage on the norm GEMVs +6 µs at b=1 (session 17).
   int gemv_pre_wait_mask = 0;
   int gemv_pre_wait_stages = 0;
-  /// GEMVs (gemv_*_prologue bits) whose producer, while its ring is full, asks L2 for up to
-  /// gemv_l2_ahead stages past the one it waits for (gemv_args::l2_ahead; 0: none). Session 25: not
-  /// yet measured (variants l2a2, l2a4, l2a8, l2a4gu).
-  int gemv_l2_ahead_mask = gemv_every_prologue;
-  int gemv_l2_ahead = 0;
   /// The batch-1 decode attention (ring kernel, fused rope prologue) lets o_proj launch only after its
   /// prologue (off: right after griddepcontrol.wait). Measured +29 µs at b=1: o_proj's prefetch under
   /// attention is worth more (session 17).
