@@ -381,9 +381,6 @@ std::vector<variant> all_variants() {
   kernels::cuda_backend_options attnlate = o;  // o_proj launched after the b=1 attention's prologue
   attnlate.decode_late_trigger = true;
   v.push_back({"attnlate", attnlate});
-  kernels::cuda_backend_options poll = o;  // session 24: o_proj polls the attention's arrivals
-  poll.oproj_poll = true;
-  v.push_back({"poll", poll});
   kernels::cuda_backend_options normtrig = o;  // the qkv GEMM launched once the norm's loads are in
   normtrig.norm_late_trigger = true;
   v.push_back({"normtrig", normtrig});

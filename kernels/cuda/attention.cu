@@ -1056,8 +1056,9 @@ constexpr std::size_t ring_smem_bytes(int stages) { return static_cast<std::size
 // B-fragment reads of rows g and g + 1 (one phase of a 16-byte ld.shared) hit different banks; V
 // tiles: rows padded to LD as in decode_gqa_tc_kernel (ldmatrix.trans). Rows past the end are
 // zero-filled (0 × garbage would be NaN in P V).
-// With rope.done (cuda_backend_options::oproj_poll) each block adds 1 to *done once its output is
-// stored, for the o_proj GEMV that polls it (gemv_args::ready).
+// Tried and dropped (sessions 24-25, bench/patches/oproj_poll.patch): each block counting its
+// stored output for the o_proj GEMV to poll instead of waiting for this grid's end; the step was
+// 0 to +5 µs (o_proj's share shrank, the attention's grew by as much).
 // Tried and dropped (session 24, bench/patches/ring8.patch): 8 warps a block at batch 1, one chunk
 // each where 4 warps take two at contexts of 129-256 keys; no faster (the attention's 7.3 µs a layer
 // are the wait, the qkv-row round trip, the barriers and the merge, not the second chunk).
@@ -1087,7 +1088,6 @@ __global__ void __launch_bounds__(block_threads, 4) decode_gqa_ring_kernel(
     if constexpr (ROPE) {
       grid_dep_wait();  // before the return, as every PDL kernel here (device_types.cuh)
       grid_dep_trigger();
-      if (rope.done != nullptr && threadIdx.x == 0) atomicAdd(rope.done, 1u);  // an arrival all the same
     }
     return;
   }
@@ -1186,15 +1186,6 @@ __global__ void __launch_bounds__(block_threads, 4) decode_gqa_ring_kernel(
   tc_decode_store<G, W, D>(m, l, o, warp, lane, m_s, l_s, o_s);
   __syncthreads();
   merge_warps_and_store<G, W, D, true>(m_s, l_s, o_s, D, heads, h0, seq, split, splits, row, partials, out);
-  if constexpr (ROPE) {
-    if (rope.done != nullptr) {  // the o_proj GEMV polls the arrivals (gemv_args::ready)
-      __syncthreads();           // every thread's stores are in before thread 0's release
-      if (threadIdx.x == 0) {
-        __threadfence();
-        atomicAdd(rope.done, 1u);
-      }
-    }
-  }
 }
 
 // grid (heads, seqs), block head_dim threads (≤ 256): merges a row's splits.
@@ -1288,9 +1279,6 @@ void launch_gqa(const T* qkv, const attn_shape& sh, const attention_batch& b, co
       attention_rope_kv r = fuse ? *rope : attention_rope_kv{};
       r.once = tune.rope_once;
       r.late_trigger = tune.late_trigger;
-      r.done = nullptr;  // only the ring kernel's fused path below signals arrivals
-      int* const done_blocks = rope != nullptr ? rope->done_blocks : nullptr;
-      unsigned* const done = rope != nullptr ? rope->done : nullptr;
       rope = nullptr;
       auto go = [&](auto kernel, int w) {
         launch_kx(decode_extras(tune), kernel, grid, dim3(32 * w), 0, s, qkv, sh.num_heads, sh.num_kv_heads, sh.scale,
@@ -1311,10 +1299,6 @@ void launch_gqa(const T* qkv, const attn_shape& sh, const attention_batch& b, co
           };
           using one = std::integral_constant<int, 1>;
           using two = std::integral_constant<int, 2>;
-          if (fuse && done != nullptr && done_blocks != nullptr) {
-            r.done = done;
-            *done_blocks = static_cast<int>(grid.x * grid.y * grid.z);
-          }
           if (p == 1) {
             fuse ? ring(std::true_type{}, one{}) : ring(std::false_type{}, one{});
           } else {

@@ -370,7 +370,6 @@ class cuda_backend final : public backend {
                                    : qkv_early_                             ? tune_after_early_qkv_
                                                                             : tune_no_ring_;
     qkv_early_ = false;
-    settle_poll();
     const held_op& h = held_;
     if (h.kind == held_kind::rope_kv && h.a == qkv && h.k_cache == k_cache && h.v_cache == v_cache &&
         h.shape.num_heads == shape.num_heads && h.shape.num_kv_heads == shape.num_kv_heads &&
@@ -379,15 +378,9 @@ class cuda_backend final : public backend {
       rope.parts = h.parts;  // a qkv still in K slices (wgmma_qkv_slices), else nullptr
       rope.splits = h.splits;
       rope.bias = h.bias;
-      int blocks = 0;  // the ring kernel's arrivals, where it signals them (oproj_poll)
-      if (oproj_poll_ && pdl_) {
-        rope.done = counter_ + poll_word;
-        rope.done_blocks = &blocks;
-      }
       held_.kind = held_kind::none;
       launch_attention(t_, qkv, shape, batch, layout, k_cache, v_cache, out, partials_, partial_floats_, num_sms_,
                        tune, stream_, &rope);
-      if (blocks > 0) poll_ = pending_poll{out, blocks};
       return;
     }
     flush();
@@ -667,15 +660,8 @@ class cuda_backend final : public backend {
     launch_upload_words(p.dst, p.host, p.words, p.ovl, p.ovl_at, p.ovl_words, stream_, pdl_ && upload_pdl_);
     CONVEYOR_CUDA_CHECK(cudaEventRecord(p.slot->done, stream_));
   }
-  /// Arrivals no GEMV took: their words zeroed after the attention (in stream order: after its end).
-  void settle_poll() {
-    if (poll_.blocks == 0) return;
-    poll_ = pending_poll{};
-    CONVEYOR_CUDA_CHECK(cudaMemsetAsync(counter_ + poll_word, 0, 2 * sizeof(unsigned), stream_));
-  }
   /// Runs the held upload and the held op on their own.
   void flush() {
-    settle_poll();
     flush_upload();  // an upload is only held when nothing else is (upload() flushes first)
     if (held_.kind == held_kind::none) return;
     const held_op h = held_;
@@ -750,9 +736,6 @@ class cuda_backend final : public backend {
     a.n = n;
     a.out = static_cast<__nv_bfloat16*>(out);
     gemv_prologue pro = gemv_prologue::none;
-    // The attention's arrivals, if this GEMV reads its output (taken before flush() would zero them)
-    const pending_poll poll = poll_.out == x ? poll_ : pending_poll{};
-    if (poll.blocks > 0) poll_ = pending_poll{};
     const held_op& h = held_;
     const bool consumes = h.out == x && h.n == n && h.width == a.cols && out != h.a && out != h.b;
     a.cap_grid = gemv_cap_grid_ ? 1 : 0;
@@ -784,15 +767,6 @@ class cuda_backend final : public backend {
     const int kind_bit = pro == gemv_prologue::silu   ? gemv_silu_prologue
                          : pro == gemv_prologue::norm ? gemv_norm_prologue
                                                       : gemv_no_prologue;
-    if (poll.blocks > 0) {
-      if (pro == gemv_prologue::none) {
-        a.ready = counter_ + poll_word;
-        a.ready_count = static_cast<unsigned>(poll.blocks);
-      } else {
-        poll_ = poll;  // not this kernel's wait (a prologue's): zeroed instead
-        settle_poll();
-      }
-    }
     a.norm_early = gemv_norm_early_ ? 1 : 0;
     a.late_trigger = (gemv_late_trigger_ & kind_bit) != 0 ? 1 : 0;
     if ((gemv_pre_wait_mask_ & kind_bit) != 0) a.pre_wait_stages = gemv_pre_wait_stages_;
@@ -850,7 +824,6 @@ class cuda_backend final : public backend {
     l2_prefetch_bytes_ = static_cast<std::size_t>(std::max(0, o.l2_prefetch_kb)) * 1024;
     l2_prefetch_mask_ = o.l2_prefetch_mask;
     upload_pdl_ = o.upload_pdl;
-    oproj_poll_ = o.oproj_poll;
     if (o.batch_invariant && o.compute_dtype == dtype::bf16) {
       // The GEMV for every bf16 linear of ≤ 16 rows, and fixed key splits in decode attention.
       small_gemm_ = true;
@@ -1147,17 +1120,6 @@ class cuda_backend final : public backend {
   bool capturing_ = false;
   bool kernel_copies_ = true;
   unsigned* counter_ = nullptr;
-  /// counter_[poll_word ..+1]: the ring attention's arrivals and the o_proj GEMV blocks past them
-  /// (cuda_backend_options::oproj_poll); zero between uses
-  static constexpr int poll_word = 8;
-  /// The arrivals of the last fused ring attention (its output, its block count), until the o_proj
-  /// GEMV that polls them takes them; anything else first zeroes the words (settle_poll).
-  struct pending_poll {
-    const void* out = nullptr;
-    int blocks = 0;
-  };
-  pending_poll poll_;
-  bool oproj_poll_ = false;  ///< cuda_backend_options::oproj_poll
   /// counter_[fused_sync_word ..+1]: the fused decode kernel's barrier words (the GEMV uses word 0)
   static constexpr int fused_sync_word = 16;
   /// counter_[fused_head_sync_word ..+fused_max_kv_heads]: its per-KV-head arrival words

@@ -44,14 +44,6 @@ __device__ __forceinline__ void grid_dep_trigger() {
 #endif
 }
 
-/// A word other blocks (of this grid or another one running) add to, read with acquire semantics at
-/// GPU scope: what they stored before their release (__threadfence + atomicAdd) is visible after it.
-__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
 /// Diagnostics (block stamps: gemv_args::stamps, skinny_wgmma's SKINNY_WGMMA_STAMPS, the fused
 /// kernel's trace): the GPU's %globaltimer in nanoseconds, and the SM a block runs on.
 __device__ __forceinline__ unsigned long long global_ns() {

@@ -186,25 +186,9 @@ __global__ void __launch_bounds__(WARPS * 32 + (TMA ? 32 : 0)) gemv_kernel(gemv_
       }
     }
   }
-  // gemv_args::ready (no prologue): the attention's blocks' arrivals instead of its grid's end.
-  const bool polled = PRO == static_cast<int>(gemv_prologue::none) && a.ready != nullptr;
-  if (polled) {
-    if (threadIdx.x == 0) {
-      while (load_acquire(a.ready) < a.ready_count) {
-      }
-      if (atomicAdd(a.ready + 1, 1u) == gridDim.x - 1) {  // every block is past: ready for the next use
-        a.ready[0] = 0;
-        a.ready[1] = 0;
-      }
-    }
-    sync();
-  } else {
-    grid_dep_wait();
-  }
+  grid_dep_wait();
   if (a.late_trigger == 0) grid_dep_trigger();
   if (stamp_at != nullptr && threadIdx.x == 0) stamp_at[2] = global_ns();
-  // x: through L2 where it was written while this kernel ran (the read-only path may hold it stale)
-  auto load_x = [polled](const uint4* p) { return polled ? __ldcg(p) : __ldg(p); };
 
   const int stride = cols + 8;  // padded rows of x in shared memory: conflict-free 16-byte reads
   bf16* xs = reinterpret_cast<bf16*>(dyn);
@@ -226,7 +210,7 @@ __global__ void __launch_bounds__(WARPS * 32 + (TMA ? 32 : 0)) gemv_kernel(gemv_
           gv[k] = __ldg(reinterpret_cast<const uint4*>(gu) + i);
           uv[k] = __ldg(reinterpret_cast<const uint4*>(gu + cols) + i);
         } else {
-          gv[k] = load_x(reinterpret_cast<const uint4*>(a.x + static_cast<std::size_t>(t) * cols) + i);
+          gv[k] = __ldg(reinterpret_cast<const uint4*>(a.x + static_cast<std::size_t>(t) * cols) + i);
         }
       }
 #pragma unroll
@@ -372,7 +356,7 @@ __global__ void __launch_bounds__(WARPS * 32 + (TMA ? 32 : 0)) gemv_kernel(gemv_
           xv = make_uint4(silu_pair(gv.x, uv.x), silu_pair(gv.y, uv.y), silu_pair(gv.z, uv.z), silu_pair(gv.w, uv.w));
           if (tile_now == 0) *reinterpret_cast<uint4*>(a.x_out + static_cast<std::size_t>(t) * cols + k0) = xv;
         } else {
-          xv = load_x(reinterpret_cast<const uint4*>(a.x + static_cast<std::size_t>(t) * cols + k0));
+          xv = __ldg(reinterpret_cast<const uint4*>(a.x + static_cast<std::size_t>(t) * cols + k0));
         }
       }
       mma16816(acc[nt][0], wa4.x, wb4.x, wa4.y, wb4.y, xv.x, xv.y);
@@ -453,7 +437,6 @@ __global__ void __launch_bounds__(WARPS * 32 + (TMA ? 32 : 0)) gemv_kernel(gemv_
     }
     sync();  // red is rewritten by the next tile
   }
-  if (polled) grid_dep_wait();  // this grid's end still implies the previous one's (device_types.cuh)
   if (stamp_at != nullptr && threadIdx.x == 0) stamp_at[4] = global_ns();
 }
 

@@ -117,14 +117,6 @@ struct gemv_args {
   /// norm prologue: 1 loads the norm's weights before griddepcontrol.wait and sends the writer
   /// election's atomic right after the sum of squares; 0 as before session 17 (for A/Bs).
   int norm_early = 1;
-  /// No prologue only: instead of griddepcontrol.wait the blocks poll ready[0] until it reaches
-  /// ready_count (the ring decode kernel's blocks add 1 each once their output is stored: the
-  /// attention's grid end and its flush leave the chain), x then read through L2 (ld.cg, not the
-  /// read-only path: it was written while this kernel ran); the last block to pass zeroes ready[0..1]
-  /// (ready[1] counts the blocks that passed), and every block still waits for the previous grid
-  /// before it exits, so this kernel's end implies the attention's as before. Session 24.
-  unsigned* ready = nullptr;
-  unsigned ready_count = 0;
   /// Diagnostics only (time_cuda_ops gemv-stamps; nullptr in the engine): gemv_stamp_slots
   /// %globaltimer stamps a block at blockIdx.x * gemv_stamp_slots (gemv.cu says which is which).
   unsigned long long* stamps = nullptr;
@@ -201,12 +193,6 @@ struct attention_rope_kv {
   bool once = true;
   /// set by launch_attention from attention_tuning::late_trigger (decode_gqa_ring_kernel)
   bool late_trigger = false;
-  /// Where the launch takes the fused ring decode kernel, each of its blocks adds 1 to *done once
-  /// its output is stored (release), and launch_attention writes the block count to the host int
-  /// *done_blocks (left as the caller set it, 0, where it launched anything else: then *done is not
-  /// touched). For the o_proj GEMV's gemv_args::ready. nullptr: no arrivals.
-  unsigned* done = nullptr;
-  int* done_blocks = nullptr;
   /// The qkv linear left as its K slices (launch_skinny_wgmma_split_parts; nullptr: qkv holds it):
   /// qkv[r, c] is store_linear_out(0 + parts[0][r, c] + ... + parts[splits - 1][r, c], bias), each
   /// slice n × width floats. The prologue sums its own heads' entries and leaves them in qkv (q and k

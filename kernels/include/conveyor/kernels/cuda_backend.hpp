@@ -88,12 +88,6 @@ struct cuda_backend_options {
   /// prologue (off: right after griddepcontrol.wait). Measured +29 µs at b=1: o_proj's prefetch under
   /// attention is worth more (session 17).
   bool decode_late_trigger = false;
-  /// With pdl, the fused ring decode attention (batch 1): each block adds 1 to a device word once its
-  /// output is stored, and the o_proj GEMV after it polls that word instead of waiting for the
-  /// attention grid's end (griddepcontrol.wait), so the grid's teardown and flush leave the chain;
-  /// it still waits for the grid before it exits. The same bits. Session 24: not yet measured
-  /// (variant `poll`).
-  bool oproj_poll = false;
   /// The bf16 rmsnorm kernels (add + rmsnorm, the K-split sum + rmsnorm) let the next kernel launch
   /// once their loads are in, not at their start (at batch 2-64 the wgmma qkv's weight prefetch then
   /// no longer queues in front of them). Measured +46 / +23 µs at b=8 / 64 (session 17).
