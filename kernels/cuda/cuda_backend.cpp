@@ -745,6 +745,7 @@ class cuda_backend final : public backend {
     const bool partial_wave = tiles > num_sms_ && tiles < 2 * num_sms_;
     a.tma = gemv_tma_ && (gemv_tma_partial_wave_ || !partial_wave) ? 1 : 0;
     a.tma_ring_bytes = gemv_tma_ring_kb_ * 1024;
+    a.trim_stages = gemv_trim_stages_ ? 1 : 0;
     if (h.kind == held_kind::norm && consumes && fuse_norm_ && gemv_one_wave(a, num_sms_) &&
         gemv_norm_smem_bytes(n, a.cols) <= gemv_max_norm_smem && aligned(h.a) && aligned(h.b) && aligned(h.w)) {
       pro = gemv_prologue::norm;
@@ -804,7 +805,7 @@ class cuda_backend final : public backend {
       : device_(o.device), t_(o.compute_dtype), rows_per_pass_(o.sample_rows_per_pass), graphs_(o.graphs),
         small_gemm_(o.small_gemm), small_gemm_max_n_(o.small_gemm_max_n), fuse_(o.fuse), fuse_norm_(o.fuse_norm), pdl_(o.pdl),
         gemv_cap_grid_(o.gemv_cap_grid), gemv_stage_capped_(o.gemv_stage_capped), gemv_tma_(o.gemv_tma),
-        gemv_tma_partial_wave_(o.gemv_tma_partial_wave), gemv_tma_ring_kb_(o.gemv_tma_ring_kb), gemv_norm_early_(o.gemv_norm_early), gemv_late_trigger_(o.gemv_late_trigger), gemv_pre_wait_mask_(o.gemv_pre_wait_mask), gemv_pre_wait_stages_(o.gemv_pre_wait_stages), gemm_tune_(o.gemm_tune), fuse_attention_(o.fuse && o.fuse_attention),
+        gemv_tma_partial_wave_(o.gemv_tma_partial_wave), gemv_tma_ring_kb_(o.gemv_tma_ring_kb), gemv_trim_stages_(o.gemv_trim_stages), gemv_norm_early_(o.gemv_norm_early), gemv_late_trigger_(o.gemv_late_trigger), gemv_pre_wait_mask_(o.gemv_pre_wait_mask), gemv_pre_wait_stages_(o.gemv_pre_wait_stages), gemm_tune_(o.gemm_tune), fuse_attention_(o.fuse && o.fuse_attention),
         skinny_gemm_(o.skinny_gemm), skinny_wgmma_(o.skinny_wgmma), skinny_min_n_(o.skinny_gemm_min_n),
         skinny_max_n_(o.skinny_gemm_max_n) {
     tune_.gqa_decode = o.gqa_decode;
@@ -1085,6 +1086,7 @@ class cuda_backend final : public backend {
   int small_gemm_max_n_;
   bool fuse_, fuse_norm_, pdl_, gemv_cap_grid_, gemv_stage_capped_, gemv_tma_, gemv_tma_partial_wave_;
   int gemv_tma_ring_kb_;
+  bool gemv_trim_stages_;
   bool gemv_norm_early_;
   bool norm_late_trigger_ = false;  ///< cuda_backend_options::norm_late_trigger
   int norm_loads_ahead_ = 2;        ///< cuda_backend_options::norm_loads_ahead

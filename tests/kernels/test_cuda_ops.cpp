@@ -140,7 +140,8 @@ class cuda_ops : public ::testing::TestWithParam<dtype> {
   /// without the capped-grid staging (session 3's kernel), TMA with a small ring (more stages per
   /// tile, two blocks an SM), and TMA except for grids of one to two waves (qkv_proj's shape on the
   /// register kernel), and the launch-order options of session 17 turned the other way (norm prologue
-  /// without norm_early, every GEMV and norm kernel triggering late, one stage before the prologue:
+  /// without norm_early, every GEMV and norm kernel triggering late, one stage before the prologue,
+  /// one-tile grids with only their tiles' stages:
   /// timing only, so the same results, and no wait that could hang).
   static constexpr int gemv_configs = 5;
   static const char* gemv_config_name(int c) {
@@ -148,7 +149,7 @@ class cuda_ops : public ::testing::TestWithParam<dtype> {
            : c == 1 ? " [legacy]"
            : c == 2 ? " [tma ring 40k]"
            : c == 3 ? " [tma, register partial waves]"
-                    : " [late triggers, pre-wait 1]";
+                    : " [late triggers, pre-wait 1, trimmed stages]";
   }
   /// Re-creates the backend with the opt-in speed paths on (the small-batch GEMV and its fusions),
   /// in GEMV configuration `config`.
@@ -168,6 +169,7 @@ class cuda_ops : public ::testing::TestWithParam<dtype> {
       o.gemv_pre_wait_mask = kernels::gemv_every_prologue;
       o.gemv_pre_wait_stages = 1;
       o.norm_late_trigger = true;
+      o.gemv_trim_stages = true;
     }
     auto b = kernels::make_cuda_backend(o);
     ASSERT_TRUE(b.ok()) << b.err().message;

@@ -66,6 +66,11 @@ struct cuda_backend_options {
   /// with gemv_tma: the ring's size a block. 96 KB (two blocks an SM) measured fastest at batch 1
   /// (bench/NOTES.md, session 4, against 128, 192 and 224).
   int gemv_tma_ring_kb = 96;
+  /// with gemv_tma: a grid whose blocks each take one tile (o_proj, qkv at batch 1) gets only the
+  /// stages its tile has (2 of the 3 a 96 KB ring plans for a 2048-column row), so its blocks leave
+  /// room on their SMs for the next GEMVs' blocks to start and fill their rings early. Session 25:
+  /// not yet measured (variants trim, trim128, trim192).
+  bool gemv_trim_stages = false;
   /// with gemv_tma: also grids of more than one and fewer than two waves of 16-row tiles (qkv_proj's
   /// 192 tiles on 132 SMs, 4.4 → 5.0 µs with TMA in session 4); off: those run on the register
   /// kernel, whose 8-warp grids compute the same bits (batch_invariant unchanged). Not yet measured
