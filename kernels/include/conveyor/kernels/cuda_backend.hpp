@@ -68,8 +68,10 @@ struct cuda_backend_options {
   int gemv_tma_ring_kb = 96;
   /// with gemv_tma: a grid whose blocks each take one tile (o_proj, qkv at batch 1) gets only the
   /// stages its tile has (2 of the 3 a 96 KB ring plans for a 2048-column row), so its blocks leave
-  /// room on their SMs for the next GEMVs' blocks to start and fill their rings early. Session 25:
-  /// not yet measured (variants trim, trim128, trim192).
+  /// room on their SMs for the next GEMVs' blocks to start and fill their rings early. Measured
+  /// (session 25, H100, b=1): +18 to +22 µs a step (trim), +24 (trim128); kept off for the
+  /// timeline of `trim` still owed: in trim128's the attention + o_proj took 3 µs less a layer
+  /// (the attention's blocks find room sooner) and gate_up, one 128 KB block an SM, lost more.
   bool gemv_trim_stages = false;
   /// with gemv_tma: also grids of more than one and fewer than two waves of 16-row tiles (qkv_proj's
   /// 192 tiles on 132 SMs, 4.4 → 5.0 µs with TMA in session 4); off: those run on the register
