@@ -1287,10 +1287,9 @@ TEST_P(cuda_ops, rope_once_fused_decode_is_bit_identical) {
 
 // decode_gqa_ring_kernel (ring_decode 1 and 2: K/V staged in shared memory, the first chunks requested
 // before griddepcontrol.wait in the fused step), the tc kernel with early_decode, and a launch with a
-// preferred carveout against decode_gqa_tc_kernel (ring_decode 0): the same
-// chunks per warp and arithmetic, so every buffer bit for bit the same, fused (rope -> kv_write ->
-// attention, one split) and unfused (attention alone, several splits on long contexts), and the
-// output as the CPU twin's. Contexts cross the ring (4 or 8 chunks of 32 keys a block), so the new
+// preferred carveout against decode_gqa_tc_kernel (ring_decode 0): the same chunks per warp and
+// arithmetic, so every buffer bit for bit the same, fused (rope -> kv_write -> attention, one split)
+// and unfused (attention alone, several splits on long contexts), and the output as the CPU twin's. Contexts cross the ring (4 or 8 chunks of 32 keys a block), so the new
 // key lands in a chunk requested early (put into its slot by the prologue) or late (read back from
 // the cache); windows, group 8 and pages of 7 keys; max_ctx as the executor's recordings pass it (a
 // power of two ≥ 256 above the real contexts).
