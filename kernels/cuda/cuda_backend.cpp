@@ -745,7 +745,6 @@ class cuda_backend final : public backend {
     const bool partial_wave = tiles > num_sms_ && tiles < 2 * num_sms_;
     a.tma = gemv_tma_ && (gemv_tma_partial_wave_ || !partial_wave) ? 1 : 0;
     a.tma_ring_bytes = gemv_tma_ring_kb_ * 1024;
-    a.trim_stages = gemv_trim_stages_ ? 1 : 0;
     if (h.kind == held_kind::norm && consumes && fuse_norm_ && gemv_one_wave(a, num_sms_) &&
         gemv_norm_smem_bytes(n, a.cols) <= gemv_max_norm_smem && aligned(h.a) && aligned(h.b) && aligned(h.w)) {
       pro = gemv_prologue::norm;
@@ -771,6 +770,7 @@ class cuda_backend final : public backend {
     a.norm_early = gemv_norm_early_ ? 1 : 0;
     a.late_trigger = (gemv_late_trigger_ & kind_bit) != 0 ? 1 : 0;
     if ((gemv_pre_wait_mask_ & kind_bit) != 0) a.pre_wait_stages = gemv_pre_wait_stages_;
+    a.trim_stages = (gemv_trim_stages_ & kind_bit) != 0 ? 1 : 0;
     launch_gemv(a, pro, pdl_, num_sms_, stream_);
   }
 
@@ -1086,7 +1086,7 @@ class cuda_backend final : public backend {
   int small_gemm_max_n_;
   bool fuse_, fuse_norm_, pdl_, gemv_cap_grid_, gemv_stage_capped_, gemv_tma_, gemv_tma_partial_wave_;
   int gemv_tma_ring_kb_;
-  bool gemv_trim_stages_;
+  int gemv_trim_stages_;
   bool gemv_norm_early_;
   bool norm_late_trigger_ = false;  ///< cuda_backend_options::norm_late_trigger
   int norm_loads_ahead_ = 2;        ///< cuda_backend_options::norm_loads_ahead

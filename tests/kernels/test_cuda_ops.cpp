@@ -169,7 +169,7 @@ class cuda_ops : public ::testing::TestWithParam<dtype> {
       o.gemv_pre_wait_mask = kernels::gemv_every_prologue;
       o.gemv_pre_wait_stages = 1;
       o.norm_late_trigger = true;
-      o.gemv_trim_stages = true;
+      o.gemv_trim_stages = kernels::gemv_every_prologue;
     }
     auto b = kernels::make_cuda_backend(o);
     ASSERT_TRUE(b.ok()) << b.err().message;

@@ -8,7 +8,8 @@
 
 namespace conveyor::kernels {
 
-/// Which one-token GEMVs cuda_backend_options::gemv_late_trigger and gemv_pre_wait_mask name: bits.
+/// Which one-token GEMVs cuda_backend_options::gemv_late_trigger, gemv_pre_wait_mask and
+/// gemv_trim_stages name: bits.
 constexpr int gemv_silu_prologue = 1;  ///< down_proj (x = silu(gate) · up read in its prologue)
 constexpr int gemv_norm_prologue = 2;  ///< qkv, gate_up, the LM head (x = rmsnorm(residual += delta))
 constexpr int gemv_no_prologue = 4;    ///< o_proj
