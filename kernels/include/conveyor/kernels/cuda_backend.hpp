@@ -73,7 +73,9 @@ struct cuda_backend_options {
   /// (session 25, H100, b=1): +18 to +22 µs a step (trim), +24 (trim128); kept off for the
   /// timeline of `trim` still owed: in trim128's the attention + o_proj took 3 µs less a layer
   /// (the attention's blocks find room sooner) and gate_up, one 128 KB block an SM, lost more.
-  bool gemv_trim_stages = false;
+  /// A mask of the gemv_*_prologue bits (0: off): at batch 1 gemv_no_prologue trims o_proj alone and
+  /// gemv_norm_prologue qkv alone (gate_up's and the LM head's grids never take one tile a block).
+  int gemv_trim_stages = 0;
   /// with gemv_tma: also grids of more than one and fewer than two waves of 16-row tiles (qkv_proj's
   /// 192 tiles on 132 SMs, 4.4 → 5.0 µs with TMA in session 4); off: those run on the register
   /// kernel, whose 8-warp grids compute the same bits (batch_invariant unchanged). Not yet measured
