@@ -362,19 +362,6 @@ std::vector<variant> all_variants() {
     r.gemv_tma_ring_kb = kb;
     v.push_back({"tma" + std::to_string(kb), r});
   }
-  for (int kb : {96, 128, 192}) {  // session 25: one-tile grids (o_proj, qkv) keep only their stages
-    kernels::cuda_backend_options r = o;
-    r.gemv_tma_ring_kb = kb;
-    r.gemv_trim_stages = kernels::gemv_every_prologue;
-    v.push_back({kb == 96 ? std::string("trim") : "trim" + std::to_string(kb), r});
-  }
-  // Session 26: which of trim's two grids costs its +20 us at b=1: o_proj alone, qkv alone.
-  for (const auto& [name, mask] : {std::pair<const char*, int>{"trimo", kernels::gemv_no_prologue},
-                                   std::pair<const char*, int>{"trimq", kernels::gemv_norm_prologue}}) {
-    kernels::cuda_backend_options r = o;
-    r.gemv_trim_stages = mask;
-    v.push_back({name, r});
-  }
   // Session 17 (batch-1 GEMV prologues): the norm prologue as before, late triggers (the default:
   // laten), fewer stages before the prologue (cuda_backend_options::gemv_* say which bit is which).
   kernels::cuda_backend_options normlate = o;

@@ -770,7 +770,6 @@ class cuda_backend final : public backend {
     a.norm_early = gemv_norm_early_ ? 1 : 0;
     a.late_trigger = (gemv_late_trigger_ & kind_bit) != 0 ? 1 : 0;
     if ((gemv_pre_wait_mask_ & kind_bit) != 0) a.pre_wait_stages = gemv_pre_wait_stages_;
-    a.trim_stages = (gemv_trim_stages_ & kind_bit) != 0 ? 1 : 0;
     launch_gemv(a, pro, pdl_, num_sms_, stream_);
   }
 
@@ -805,7 +804,7 @@ class cuda_backend final : public backend {
       : device_(o.device), t_(o.compute_dtype), rows_per_pass_(o.sample_rows_per_pass), graphs_(o.graphs),
         small_gemm_(o.small_gemm), small_gemm_max_n_(o.small_gemm_max_n), fuse_(o.fuse), fuse_norm_(o.fuse_norm), pdl_(o.pdl),
         gemv_cap_grid_(o.gemv_cap_grid), gemv_stage_capped_(o.gemv_stage_capped), gemv_tma_(o.gemv_tma),
-        gemv_tma_partial_wave_(o.gemv_tma_partial_wave), gemv_tma_ring_kb_(o.gemv_tma_ring_kb), gemv_trim_stages_(o.gemv_trim_stages), gemv_norm_early_(o.gemv_norm_early), gemv_late_trigger_(o.gemv_late_trigger), gemv_pre_wait_mask_(o.gemv_pre_wait_mask), gemv_pre_wait_stages_(o.gemv_pre_wait_stages), gemm_tune_(o.gemm_tune), fuse_attention_(o.fuse && o.fuse_attention),
+        gemv_tma_partial_wave_(o.gemv_tma_partial_wave), gemv_tma_ring_kb_(o.gemv_tma_ring_kb), gemv_norm_early_(o.gemv_norm_early), gemv_late_trigger_(o.gemv_late_trigger), gemv_pre_wait_mask_(o.gemv_pre_wait_mask), gemv_pre_wait_stages_(o.gemv_pre_wait_stages), gemm_tune_(o.gemm_tune), fuse_attention_(o.fuse && o.fuse_attention),
         skinny_gemm_(o.skinny_gemm), skinny_wgmma_(o.skinny_wgmma), skinny_min_n_(o.skinny_gemm_min_n),
         skinny_max_n_(o.skinny_gemm_max_n) {
     tune_.gqa_decode = o.gqa_decode;
@@ -1086,7 +1085,6 @@ class cuda_backend final : public backend {
   int small_gemm_max_n_;
   bool fuse_, fuse_norm_, pdl_, gemv_cap_grid_, gemv_stage_capped_, gemv_tma_, gemv_tma_partial_wave_;
   int gemv_tma_ring_kb_;
-  int gemv_trim_stages_;
   bool gemv_norm_early_;
   bool norm_late_trigger_ = false;  ///< cuda_backend_options::norm_late_trigger
   int norm_loads_ahead_ = 2;        ///< cuda_backend_options::norm_loads_ahead

@@ -448,20 +448,6 @@ void launch_one(gemv_args a, std::size_t smem, bool pdl, int sms, cudaStream_t s
   constexpr int threads = WARPS * 32 + (TMA ? 32 : 0);
   const int tiles = gemv_tiles(a.rows);
   int grid = tiles;
-  if (TMA && a.trim_stages != 0) {
-    // One tile a block needs only its tile's stages; kept where the smaller blocks still give every
-    // tile a block of its own (then no block's producer ever waits for a slot).
-    const int keep = std::max(2, (a.cols + a.tma_cols - 1) / a.tma_cols);
-    if (a.tma_stages > keep) {
-      const std::size_t trimmed = smem - static_cast<std::size_t>(a.tma_stages - keep) * 32 * a.tma_cols;
-      int per_sm = 0;
-      CONVEYOR_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_kernel<NT, WARPS, PRO, TMA>, threads, trimmed));
-      if (static_cast<long>(per_sm) * sms >= tiles) {
-        a.tma_stages = keep;
-        smem = trimmed;
-      }
-    }
-  }
   if (a.cap_grid != 0 || TMA) {
     int per_sm = 0;
     CONVEYOR_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_kernel<NT, WARPS, PRO, TMA>, threads, smem));

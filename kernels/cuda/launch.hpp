@@ -107,9 +107,6 @@ struct gemv_args {
   /// that starts before griddepcontrol.wait, 8 computing warps (0: register loads, as before).
   int tma = 1;
   int tma_ring_bytes = 96 * 1024;  ///< with tma: the ring's target size (bytes in flight per block)
-  /// with tma: where every block of the grid gets one tile, only the stages that tile has (at least
-  /// 2), not the ring's full count (cuda_backend_options::gemv_trim_stages)
-  int trim_stages = 0;
   // Set by launch_gemv for the tma kernel: columns of a stage, stages, ring offset in dynamic smem.
   int tma_cols = 0, tma_stages = 0, tma_ring_offset = 0;
   /// with tma: stages the producer issues before the computing warps are past their prologue (0:

@@ -149,7 +149,7 @@ class cuda_ops : public ::testing::TestWithParam<dtype> {
            : c == 1 ? " [legacy]"
            : c == 2 ? " [tma ring 40k]"
            : c == 3 ? " [tma, register partial waves]"
-                    : " [late triggers, pre-wait 1, trimmed stages]";
+                    : " [late triggers, pre-wait 1]";
   }
   /// Re-creates the backend with the opt-in speed paths on (the small-batch GEMV and its fusions),
   /// in GEMV configuration `config`.
@@ -169,7 +169,6 @@ class cuda_ops : public ::testing::TestWithParam<dtype> {
       o.gemv_pre_wait_mask = kernels::gemv_every_prologue;
       o.gemv_pre_wait_stages = 1;
       o.norm_late_trigger = true;
-      o.gemv_trim_stages = kernels::gemv_every_prologue;
     }
     auto b = kernels::make_cuda_backend(o);
     ASSERT_TRUE(b.ok()) << b.err().message;

@@ -8,8 +8,7 @@
 
 namespace conveyor::kernels {
 
-/// Which one-token GEMVs cuda_backend_options::gemv_late_trigger, gemv_pre_wait_mask and
-/// gemv_trim_stages name: bits.
+/// Which one-token GEMVs cuda_backend_options::gemv_late_trigger and gemv_pre_wait_mask name: bits.
 constexpr int gemv_silu_prologue = 1;  ///< down_proj (x = silu(gate) · up read in its prologue)
 constexpr int gemv_norm_prologue = 2;  ///< qkv, gate_up, the LM head (x = rmsnorm(residual += delta))
 constexpr int gemv_no_prologue = 4;    ///< o_proj
@@ -67,15 +66,6 @@ struct cuda_backend_options {
   /// with gemv_tma: the ring's size a block. 96 KB (two blocks an SM) measured fastest at batch 1
   /// (bench/NOTES.md, session 4, against 128, 192 and 224).
   int gemv_tma_ring_kb = 96;
-  /// with gemv_tma: a grid whose blocks each take one tile (o_proj, qkv at batch 1) gets only the
-  /// stages its tile has (2 of the 3 a 96 KB ring plans for a 2048-column row), so its blocks leave
-  /// room on their SMs for the next GEMVs' blocks to start and fill their rings early. Measured
-  /// (session 25, H100, b=1): +18 to +22 µs a step (trim), +24 (trim128); kept off for the
-  /// timeline of `trim` still owed: in trim128's the attention + o_proj took 3 µs less a layer
-  /// (the attention's blocks find room sooner) and gate_up, one 128 KB block an SM, lost more.
-  /// A mask of the gemv_*_prologue bits (0: off): at batch 1 gemv_no_prologue trims o_proj alone and
-  /// gemv_norm_prologue qkv alone (gate_up's and the LM head's grids never take one tile a block).
-  int gemv_trim_stages = 0;
   /// with gemv_tma: also grids of more than one and fewer than two waves of 16-row tiles (qkv_proj's
   /// 192 tiles on 132 SMs, 4.4 → 5.0 µs with TMA in session 4); off: those run on the register
   /// kernel, whose 8-warp grids compute the same bits (batch_invariant unchanged). Not yet measured
