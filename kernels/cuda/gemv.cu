@@ -441,7 +441,7 @@ __global__ void __launch_bounds__(WARPS * 32 + (TMA ? 32 : 0)) gemv_kernel(gemv_
 }
 
 template <int NT, int WARPS, int PRO, bool TMA>
-void launch_one(gemv_args a, std::size_t smem, bool pdl, int sms, cudaStream_t s) {
+void launch_one(const gemv_args& a, std::size_t smem, bool pdl, int sms, cudaStream_t s) {
   // A grid of more tiles than fit at once is capped at the blocks that do (each then serves several
   // tiles and prefetches the next one's weights): one wave that streams instead of waves that each
   // start with a memory round trip. The resident count includes the shared memory of this launch.

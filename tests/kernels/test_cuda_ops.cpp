@@ -140,8 +140,7 @@ class cuda_ops : public ::testing::TestWithParam<dtype> {
   /// without the capped-grid staging (session 3's kernel), TMA with a small ring (more stages per
   /// tile, two blocks an SM), and TMA except for grids of one to two waves (qkv_proj's shape on the
   /// register kernel), and the launch-order options of session 17 turned the other way (norm prologue
-  /// without norm_early, every GEMV and norm kernel triggering late, one stage before the prologue,
-  /// one-tile grids with only their tiles' stages:
+  /// without norm_early, every GEMV and norm kernel triggering late, one stage before the prologue:
   /// timing only, so the same results, and no wait that could hang).
   static constexpr int gemv_configs = 5;
   static const char* gemv_config_name(int c) {
@@ -1288,10 +1287,11 @@ TEST_P(cuda_ops, rope_once_fused_decode_is_bit_identical) {
 // before griddepcontrol.wait in the fused step), the tc kernel with early_decode, and a launch with a
 // preferred carveout against decode_gqa_tc_kernel (ring_decode 0): the same chunks per warp and
 // arithmetic, so every buffer bit for bit the same, fused (rope -> kv_write -> attention, one split)
-// and unfused (attention alone, several splits on long contexts), and the output as the CPU twin's. Contexts cross the ring (4 or 8 chunks of 32 keys a block), so the new
-// key lands in a chunk requested early (put into its slot by the prologue) or late (read back from
-// the cache); windows, group 8 and pages of 7 keys; max_ctx as the executor's recordings pass it (a
-// power of two ≥ 256 above the real contexts).
+// and unfused (attention alone, several splits on long contexts), and the output as the CPU twin's.
+// Contexts cross the ring (4 or 8 chunks of 32 keys a block), so the new key lands in a chunk
+// requested early (put into its slot by the prologue) or late (read back from the cache); windows,
+// group 8 and pages of 7 keys; max_ctx as the executor's recordings pass it (a power of two ≥ 256
+// above the real contexts).
 TEST_P(cuda_ops, ring_decode_matches_tc_decode_bit_for_bit) {
   if (t() != dtype::bf16) GTEST_SKIP() << "the tensor-core decode kernels are bf16 only";
   struct dcase {
