@@ -16,11 +16,12 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
 #include "check.hpp"
-#include "conveyor/kernels/sampling.hpp"
+#include "cuda_draws.hpp"
 #include "fused_decode.hpp"
 #include "launch.hpp"
 #include "lt_gemm.hpp"
@@ -73,12 +74,12 @@ class cuda_backend final : public backend {
     if (counter_ != nullptr) cudaFree(counter_);
     lt_.reset();
     if (cublas_ != nullptr) cublasDestroy(cublas_);
-    for (draw_slot& d : draw_slots_) free_draw_slot(d);
+    if (draws_) draws_->free_slots();
     for (void* p : {cublas_ws_, quant_scratch_, static_cast<void*>(partials_), static_cast<void*>(split_parts_),
                     static_cast<void*>(qkv_parts_)}) {
       if (p != nullptr) cudaFree(p);
     }
-    free_sample_workspace();
+    if (draws_) draws_->free_workspace();
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
@@ -513,14 +514,14 @@ class cuda_backend final : public backend {
   }
   void sample(const void* logits, int n, int vocab, const sample_params* params, std::int32_t* tokens) override {
     if (n <= 0) return;
-    draw_into(draw_slots_[2], logits, n, vocab, params);
-    take(draw_slots_[2], tokens);
+    draw_into(cuda_draws::sample_slot, logits, n, vocab, params);
+    draws_->take(cuda_draws::sample_slot, tokens);
   }
   void draw(const void* logits, int n, int vocab, const sample_params* params, int slot) override {
-    draw_into(user_slot(slot), logits, n, vocab, params);
+    draw_into(cuda_draws::user_slot(slot), logits, n, vocab, params);
   }
   void copy_draw(int slot, int n, std::int32_t* dst) override {
-    draw_slot& d = user_slot(slot);
+    const cuda_draws::drawn_tokens d = draws_->drawn(cuda_draws::user_slot(slot));
     if (n > d.n) fail_cuda("copy_draw", "more tokens than the slot drew", __FILE__, __LINE__);
     if (n <= 0) return;
     const auto* to = reinterpret_cast<const std::uint32_t*>(dst);
@@ -543,7 +544,7 @@ class cuda_backend final : public backend {
     // never read, the overlay covers them all).
     launch_upload_words(reinterpret_cast<std::uint32_t*>(dst), nullptr, n, words, 0, n, stream_);
   }
-  void take_draw(int slot, std::int32_t* tokens) override { take(user_slot(slot), tokens); }
+  void take_draw(int slot, std::int32_t* tokens) override { draws_->take(cuda_draws::user_slot(slot), tokens); }
 
   // --- capture: CUDA graphs of the stream's work between begin and end ---
   bool can_capture() const override { return graphs_; }
@@ -874,6 +875,8 @@ class cuda_backend final : public backend {
     if (auto e = cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device_); e != cudaSuccess) {
       return fail("cudaDeviceGetAttribute", cudaGetErrorString(e));
     }
+    draws_.emplace(draw_context{device_, stream_, t_, rows_per_pass_, kernel_copies_, num_sms_,
+                                [this](std::size_t bytes) { return alloc(bytes); }});
     if (auto st = cublasCreate(&cublas_); st != CUBLAS_STATUS_SUCCESS) {
       cublas_ = nullptr;
       return fail("cublasCreate", cublasGetStatusString(st));
@@ -923,132 +926,13 @@ class cuda_backend final : public backend {
 
   void set_device() { CONVEYOR_CUDA_CHECK(cudaSetDevice(device_)); }
 
-  void ensure_sample_workspace(int vocab) {
-    if (sample_ws_.vocab == vocab) return;
-    free_sample_workspace();
-    sample_workspace& ws = sample_ws_;
-    ws.rows = rows_per_pass_;
-    ws.vocab = vocab;
-    const std::size_t cells = static_cast<std::size_t>(ws.rows) * vocab;
-    ws.keys_in = static_cast<float*>(alloc(cells * 4));
-    ws.keys_out = static_cast<float*>(alloc(cells * 4));
-    ws.idx_in = static_cast<std::int32_t*>(alloc(cells * 4));
-    ws.idx_out = static_cast<std::int32_t*>(alloc(cells * 4));
-    ws.offsets = static_cast<std::int32_t*>(alloc((ws.rows + 1) * 4));
-    ws.sort_temp_bytes = sample_sort_temp_bytes(ws.rows, vocab);
-    ws.sort_temp = alloc(ws.sort_temp_bytes);
-    ws.argmax_keys = static_cast<unsigned long long*>(alloc(ws.rows * sizeof(unsigned long long)));
-    ws.argmax_done = static_cast<unsigned*>(alloc(ws.rows * sizeof(unsigned)));
-    if (!ws.keys_in || !ws.keys_out || !ws.idx_in || !ws.idx_out || !ws.offsets || !ws.sort_temp ||
-        !ws.argmax_keys || !ws.argmax_done) {
-      fail_cuda("sampling workspace", "out of device memory", __FILE__, __LINE__);
-    }
-    CONVEYOR_CUDA_CHECK(cudaMemsetAsync(ws.argmax_keys, 0, ws.rows * sizeof(unsigned long long), stream_));
-    CONVEYOR_CUDA_CHECK(cudaMemsetAsync(ws.argmax_done, 0, ws.rows * sizeof(unsigned), stream_));
-    launch_sample_init(ws, stream_);
-  }
-  void free_sample_workspace() {
-    sample_workspace& ws = sample_ws_;
-    for (void* p : {static_cast<void*>(ws.keys_in), static_cast<void*>(ws.keys_out), static_cast<void*>(ws.idx_in),
-                    static_cast<void*>(ws.idx_out), static_cast<void*>(ws.offsets), ws.sort_temp,
-                    static_cast<void*>(ws.argmax_keys), static_cast<void*>(ws.argmax_done)}) {
-      if (p != nullptr) cudaFree(p);
-    }
-    ws = sample_workspace{};
-  }
-  /// A draw's parameters and tokens on both sides, and the event of its last copy back. Slots 0
-  /// and 1 are draw()'s, slot 2 is sample()'s; each grows to the rows it is asked for.
-  struct draw_slot {
-    device_sample_params* params_host = nullptr;
-    device_sample_params* params_dev = nullptr;
-    std::int32_t* tokens_host = nullptr;
-    std::int32_t* tokens_dev = nullptr;
-    int rows = 0;  // capacity
-    int n = 0;     // rows of the last draw
-    cudaEvent_t done = nullptr;
-  };
-  draw_slot& user_slot(int slot) {
-    if (slot != 0 && slot != 1) fail_cuda("draw", "draw slot must be 0 or 1", __FILE__, __LINE__);
-    return draw_slots_[static_cast<std::size_t>(slot)];
-  }
-  static void free_draw_buffers(draw_slot& d) {
-    for (void* p : {static_cast<void*>(d.params_dev), static_cast<void*>(d.tokens_dev)}) {
-      if (p != nullptr) cudaFree(p);
-    }
-    for (void* p : {static_cast<void*>(d.params_host), static_cast<void*>(d.tokens_host)}) {
-      if (p != nullptr) cudaFreeHost(p);
-    }
-    d.params_dev = d.params_host = nullptr;
-    d.tokens_dev = d.tokens_host = nullptr;
-    d.rows = 0;
-  }
-  static void free_draw_slot(draw_slot& d) {
-    free_draw_buffers(d);
-    if (d.done != nullptr) cudaEventDestroy(d.done);
-    d = draw_slot{};
-  }
-  /// Queues the draw of n rows into d: one upload of the parameters, the passes (the sort workspace
-  /// holds rows_per_pass_ rows) back to back, one download (a wait per pass made batch 256 pay the
-  /// round trip four times). Waits only for d's previous draw (its host parameters are reused).
-  void draw_into(draw_slot& d, const void* logits, int n, int vocab, const sample_params* params) {
+  /// A draw in the stream's order: after the held ops, and never while recording (it waits for the
+  /// slot's last draw and fills pinned host memory).
+  void draw_into(int slot, const void* logits, int n, int vocab, const sample_params* params) {
     flush();
     set_device();
     if (capturing_) fail_cuda("draw", "called while capturing", __FILE__, __LINE__);
-    d.n = 0;
-    if (n <= 0) return;
-    ensure_sample_workspace(vocab);
-    if (d.done != nullptr) CONVEYOR_CUDA_CHECK(cudaEventSynchronize(d.done));
-    if (n > d.rows) {
-      const int rows = std::max(n, std::max(rows_per_pass_, 2 * d.rows));
-      free_draw_buffers(d);
-      d.params_dev = static_cast<device_sample_params*>(alloc(rows * sizeof(device_sample_params)));
-      d.tokens_dev = static_cast<std::int32_t*>(alloc(rows * sizeof(std::int32_t)));
-      if (d.params_dev == nullptr || d.tokens_dev == nullptr ||
-          cudaMallocHost(reinterpret_cast<void**>(&d.params_host), rows * sizeof(device_sample_params)) != cudaSuccess ||
-          cudaMallocHost(reinterpret_cast<void**>(&d.tokens_host), rows * sizeof(std::int32_t)) != cudaSuccess) {
-        fail_cuda("draw", "out of memory for the sampling parameters", __FILE__, __LINE__);
-      }
-      d.rows = rows;
-    }
-    if (d.done == nullptr) CONVEYOR_CUDA_CHECK(cudaEventCreateWithFlags(&d.done, cudaEventDisableTiming));
-    bool all_greedy = true;
-    for (int i = 0; i < n; ++i) {
-      const sample_params& p = params[i];
-      const bool greedy = p.temperature <= 0.0f || p.top_k == 1;
-      d.params_host[i] = device_sample_params{p.temperature, p.top_k, p.top_p, greedy ? 1 : 0,
-                                              greedy ? 0.0 : sample_uniform(p.seed, p.step)};
-      all_greedy = all_greedy && greedy;
-    }
-    // Greedy rows need no parameters on the device (a decode step's usual draw: one copy fewer).
-    if (!all_greedy) {
-      CONVEYOR_CUDA_CHECK(cudaMemcpyAsync(d.params_dev, d.params_host, n * sizeof(device_sample_params),
-                                          cudaMemcpyHostToDevice, stream_));
-    }
-    const std::size_t row_bytes = static_cast<std::size_t>(vocab) * dtype_size(t_);
-    // Where the argmax kernel writes the tokens into the pinned host buffer itself, the copy back
-    // (a copy-engine op between two decode graphs, several µs of hand-over) is left out.
-    bool host_written = true;
-    for (int r0 = 0; r0 < n; r0 += rows_per_pass_) {
-      const int rows = std::min(rows_per_pass_, n - r0);
-      bool any_random = false;
-      for (int i = r0; i < r0 + rows; ++i) any_random = any_random || d.params_host[i].greedy == 0;
-      host_written = launch_sample(t_, static_cast<const std::uint8_t*>(logits) + r0 * row_bytes, rows, vocab,
-                                   all_greedy ? nullptr : d.params_dev + r0, any_random, sample_ws_,
-                                   d.tokens_dev + r0, stream_, kernel_copies_ ? d.tokens_host + r0 : nullptr, num_sms_) &&
-                     host_written;
-    }
-    if (!host_written) {
-      CONVEYOR_CUDA_CHECK(cudaMemcpyAsync(d.tokens_host, d.tokens_dev, n * sizeof(std::int32_t),
-                                          cudaMemcpyDeviceToHost, stream_));
-    }
-    CONVEYOR_CUDA_CHECK(cudaEventRecord(d.done, stream_));
-    d.n = n;
-  }
-  void take(draw_slot& d, std::int32_t* tokens) {
-    set_device();
-    if (d.n == 0) return;
-    CONVEYOR_CUDA_CHECK(cudaEventSynchronize(d.done));
-    std::memcpy(tokens, d.tokens_host, d.n * sizeof(std::int32_t));
+    draws_->draw(slot, logits, n, vocab, params);
   }
   // Weight staging can be gigabytes for an embedding table: give it back after each upload.
   void release_staging() {
@@ -1145,8 +1029,7 @@ class cuda_backend final : public backend {
   std::size_t quant_scratch_bytes_ = 0;
   float* partials_ = nullptr;
   std::size_t partial_floats_ = 0;
-  std::array<draw_slot, 3> draw_slots_{};  // draw()'s 0 and 1, sample()'s 2
-  sample_workspace sample_ws_;
+  std::optional<cuda_draws> draws_;  ///< made in init(), once the stream exists
   std::vector<float> convert_buf_;
   std::vector<std::uint16_t> u16_buf_;
 };
