@@ -21,6 +21,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -61,11 +62,22 @@ double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
 }
-std::vector<int> parse_ints(const std::string& s) {
+// Flag values: a malformed one ends the run naming the flag and the value (std::stoi threw
+// std::invalid_argument out of main).
+int parse_int(const std::string& flag, const std::string& s, long lo, long hi) {
+  errno = 0;
+  char* end = nullptr;
+  const long v = std::strtol(s.c_str(), &end, 10);
+  if (s.empty() || end != s.c_str() + s.size() || errno == ERANGE || v < lo || v > hi) {
+    die(flag + ": \"" + s + "\" is not an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  }
+  return static_cast<int>(v);
+}
+std::vector<int> parse_ints(const std::string& flag, const std::string& s, long lo, long hi) {
   std::vector<int> out;
   std::stringstream ss(s);
   for (std::string item; std::getline(ss, item, ',');) {
-    if (!item.empty()) out.push_back(std::stoi(item));
+    if (!item.empty()) out.push_back(parse_int(flag, item, lo, hi));
   }
   return out;
 }
@@ -804,17 +816,17 @@ int main(int argc, char** argv) {
       return argv[++i];
     };
     if (a == "--model") c.model = next();
-    else if (a == "--batches") c.batches = parse_ints(next());
-    else if (a == "--prompt") c.prompt = std::stoi(next());
-    else if (a == "--new") c.new_tokens = std::stoi(next());
-    else if (a == "--prefill") c.prefill = parse_ints(next());
+    else if (a == "--batches") c.batches = parse_ints(a, next(), 1, 4096);
+    else if (a == "--prompt") c.prompt = parse_int(a, next(), 1, 1 << 20);
+    else if (a == "--new") c.new_tokens = parse_int(a, next(), 1, 1 << 20);
+    else if (a == "--prefill") c.prefill = parse_ints(a, next(), 1, 1 << 20);
     else if (a == "--variants") variants = parse_words(next());
-    else if (a == "--ablate") ablate = parse_ints(next());
+    else if (a == "--ablate") ablate = parse_ints(a, next(), 0, 4096);  // 0: no decode batches
     else if (a == "--json") json_path = next();
     else if (a == "--ceilings") ceilings = next() != "0";
     else if (a == "--profile") profile = next();
     else if (a == "--profile-variant") profile_variant = next();
-    else if (a == "--timeline") timeline_batches = parse_ints(next());
+    else if (a == "--timeline") timeline_batches = parse_ints(a, next(), 1, 4096);
     else if (a == "--timeline-variants") timeline_variants = parse_words(next());
     else die("unknown flag " + a + " (see the comment at the top of bench/conveyor_bench.cpp)");
   }

@@ -106,8 +106,10 @@ int worker_main(const args& argv) {
   const auto colon = coord.rfind(':');
   if (colon == std::string::npos) return fail("--coordinator HOST:PORT is required");
   o.coordinator_host = coord.substr(0, colon);
-  const long port = std::strtol(coord.c_str() + colon + 1, nullptr, 10);
-  if (port <= 0 || port > 65535) return fail("--coordinator: bad port in \"" + coord + "\"");
+  char* port_end = nullptr;
+  const long port = std::strtol(coord.c_str() + colon + 1, &port_end, 10);
+  // The whole rest must be the port: "host:80x" used to connect to port 80.
+  if (port <= 0 || port > 65535 || *port_end != '\0') return fail("--coordinator: bad port in \"" + coord + "\"");
   o.coordinator_port = static_cast<std::uint16_t>(port);
   auto stage = f->get_int("stage", -1, 0, 4096);
   auto rank = f->get_int("rank", 0, 0, 4096);

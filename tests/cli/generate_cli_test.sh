@@ -67,6 +67,7 @@ check bad_format 1 'format' -- generate --model "$fx/tiny-llama" --prompt-ids 1 
 check bad_top_p 1 'top-p' -- generate --model "$fx/tiny-llama" --prompt-ids 1 --top-p 0
 check missing_model 1 'model' -- generate --prompt-ids 1
 check unknown_command 2 'unknown command' -- frobnicate
+check worker_port_trailing 1 'bad port in "127.0.0.1:80x"' -- worker --coordinator 127.0.0.1:80x
 # Quantized weights (issue 12): int8 runs on the CPU (same tokens across a stage/TP split), bad
 # values and fp8 on the CPU are one clear error.
 check quant_int8 0 '"tokens":\[[0-9]' -- generate --model "$fx/tiny-llama" --prompt-ids $ids --max-new-tokens 8 --ignore-eos --quant int8
