@@ -21,7 +21,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -38,6 +37,7 @@
 #include "conveyor/kernels/cuda_backend.hpp"
 #include "../kernels/cuda/skinny_wgmma.hpp"
 #include "graph_timer.hpp"
+#include "int_flags.hpp"
 #include "kernel_timeline.hpp"
 
 namespace {
@@ -62,24 +62,17 @@ double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
 }
-// Flag values: a malformed one ends the run naming the flag and the value (std::stoi threw
-// std::invalid_argument out of main).
 int parse_int(const std::string& flag, const std::string& s, long lo, long hi) {
-  errno = 0;
-  char* end = nullptr;
-  const long v = std::strtol(s.c_str(), &end, 10);
-  if (s.empty() || end != s.c_str() + s.size() || errno == ERANGE || v < lo || v > hi) {
-    die(flag + ": \"" + s + "\" is not an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
-  }
-  return static_cast<int>(v);
+  std::string why;
+  const int v = bench::parse_int_flag(flag, s, lo, hi, why);
+  if (!why.empty()) die(why);
+  return v;
 }
 std::vector<int> parse_ints(const std::string& flag, const std::string& s, long lo, long hi) {
-  std::vector<int> out;
-  std::stringstream ss(s);
-  for (std::string item; std::getline(ss, item, ',');) {
-    if (!item.empty()) out.push_back(parse_int(flag, item, lo, hi));
-  }
-  return out;
+  std::string why;
+  std::vector<int> v = bench::parse_int_list_flag(flag, s, lo, hi, why);
+  if (!why.empty()) die(why);
+  return v;
 }
 std::vector<std::string> parse_words(const std::string& s) {
   std::vector<std::string> out;

@@ -30,6 +30,7 @@
 #include "conveyor/engine/speculative_decoder.hpp"
 #include "conveyor/kernels/cpu_backend.hpp"
 #include "conveyor/tokenizer/tokenizer.hpp"
+#include "int_flags.hpp"
 #ifdef CONVEYOR_HAVE_CUDA
 #include "conveyor/kernels/cuda_backend.hpp"
 #endif
@@ -51,9 +52,17 @@ std::vector<std::string> split(const std::string& s, char sep) {
   return v;
 }
 
-std::vector<int> int_list(const std::string& s) {
-  std::vector<int> v;
-  for (const auto& x : split(s, ',')) v.push_back(std::stoi(x));
+int int_value(const std::string& flag, const std::string& s, long lo, long hi) {
+  std::string why;
+  const int v = bench::parse_int_flag(flag, s, lo, hi, why);
+  if (!why.empty()) die(why);
+  return v;
+}
+
+std::vector<int> int_list(const std::string& flag, const std::string& s, long lo, long hi) {
+  std::string why;
+  std::vector<int> v = bench::parse_int_list_flag(flag, s, lo, hi, why);
+  if (!why.empty()) die(why);
   return v;
 }
 
@@ -76,20 +85,22 @@ int main(int argc, char** argv) {
   std::vector<int> layers, ks{4};
   bool layers_given = false;
   int prompt = 128, new_tokens = 256, reps = 2, threads = 0, batch_invariant = 0;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i], v = argv[i + 1];
+  for (int i = 1; i < argc; i += 2) {
+    const std::string k = argv[i];
+    if (i + 1 >= argc) die("missing value after " + k);
+    const std::string v = argv[i + 1];
     if (k == "--model") model = v;
     else if (k == "--device") device = v;
     else if (k == "--dtype") dtype = v;
-    else if (k == "--threads") threads = std::stoi(v);
+    else if (k == "--threads") threads = int_value(k, v, 0, 4096);
     else if (k == "--draft") drafts = split(v, ',');
-    else if (k == "--draft-layers") layers = int_list(v), layers_given = true;
-    else if (k == "--k") ks = int_list(v);
-    else if (k == "--prompt") prompt = std::stoi(v);
+    else if (k == "--draft-layers") layers = int_list(k, v, 1, 4096), layers_given = true;
+    else if (k == "--k") ks = int_list(k, v, 1, 64);
+    else if (k == "--prompt") prompt = int_value(k, v, 1, 1 << 20);
     else if (k == "--prompt-text") prompt_text = v;
-    else if (k == "--new") new_tokens = std::stoi(v);
-    else if (k == "--reps") reps = std::stoi(v);
-    else if (k == "--batch-invariant") batch_invariant = std::stoi(v);
+    else if (k == "--new") new_tokens = int_value(k, v, 1, 1 << 20);
+    else if (k == "--reps") reps = int_value(k, v, 1, 1000);
+    else if (k == "--batch-invariant") batch_invariant = int_value(k, v, 0, 1);
     else if (k == "--ngram") ngrams = split(v, ',');
     else if (k == "--ngram-corpus-text") corpus_text = v;
     else if (k == "--ngram-corpus") corpus_ids = v;
@@ -268,7 +279,7 @@ int main(int argc, char** argv) {
   for (const auto& spec : ngrams) {
     const auto parts = split(spec, ':');
     if (parts.size() != 2) die("--ngram takes MIN:MAX, got " + spec);
-    engine::ngram_options no{std::stoi(parts[0]), std::stoi(parts[1])};
+    engine::ngram_options no{int_value("--ngram", parts[0], 1, 64), int_value("--ngram", parts[1], 1, 64)};
     for (int with_corpus = 0; with_corpus <= (corpus.empty() ? 0 : 1); ++with_corpus) {
       const auto t = std::chrono::steady_clock::now();
       auto p = engine::ngram_proposer::create(no, with_corpus ? corpus : std::vector<std::int32_t>{});
