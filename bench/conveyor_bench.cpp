@@ -62,18 +62,6 @@ double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
 }
-int parse_int(const std::string& flag, const std::string& s, long lo, long hi) {
-  std::string why;
-  const int v = bench::parse_int_flag(flag, s, lo, hi, why);
-  if (!why.empty()) die(why);
-  return v;
-}
-std::vector<int> parse_ints(const std::string& flag, const std::string& s, long lo, long hi) {
-  std::string why;
-  std::vector<int> v = bench::parse_int_list_flag(flag, s, lo, hi, why);
-  if (!why.empty()) die(why);
-  return v;
-}
 std::vector<std::string> parse_words(const std::string& s) {
   std::vector<std::string> out;
   std::stringstream ss(s);
@@ -809,17 +797,17 @@ int main(int argc, char** argv) {
       return argv[++i];
     };
     if (a == "--model") c.model = next();
-    else if (a == "--batches") c.batches = parse_ints(a, next(), 1, 4096);
-    else if (a == "--prompt") c.prompt = parse_int(a, next(), 1, 1 << 20);
-    else if (a == "--new") c.new_tokens = parse_int(a, next(), 1, 1 << 20);
-    else if (a == "--prefill") c.prefill = parse_ints(a, next(), 1, 1 << 20);
+    else if (a == "--batches") c.batches = bench::int_list_flag(a, next(), 1, 4096, die);
+    else if (a == "--prompt") c.prompt = bench::int_flag(a, next(), 1, 1 << 20, die);
+    else if (a == "--new") c.new_tokens = bench::int_flag(a, next(), 1, 1 << 20, die);
+    else if (a == "--prefill") c.prefill = bench::int_list_flag(a, next(), 1, 1 << 20, die);
     else if (a == "--variants") variants = parse_words(next());
-    else if (a == "--ablate") ablate = parse_ints(a, next(), 0, 4096);  // 0: no decode batches
+    else if (a == "--ablate") ablate = bench::int_list_flag(a, next(), 0, 4096, die);  // 0: no decode batches
     else if (a == "--json") json_path = next();
     else if (a == "--ceilings") ceilings = next() != "0";
     else if (a == "--profile") profile = next();
     else if (a == "--profile-variant") profile_variant = next();
-    else if (a == "--timeline") timeline_batches = parse_ints(a, next(), 1, 4096);
+    else if (a == "--timeline") timeline_batches = bench::int_list_flag(a, next(), 1, 4096, die);
     else if (a == "--timeline-variants") timeline_variants = parse_words(next());
     else die("unknown flag " + a + " (see the comment at the top of bench/conveyor_bench.cpp)");
   }

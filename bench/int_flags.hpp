@@ -35,4 +35,20 @@ inline std::vector<int> parse_int_list_flag(const std::string& flag, const std::
   return out;
 }
 
+/// The value, or die(why) (the program's own [[noreturn]] error exit).
+template <class Die>
+int int_flag(const std::string& flag, const std::string& s, long lo, long hi, Die die) {
+  std::string why;
+  const int v = parse_int_flag(flag, s, lo, hi, why);
+  if (!why.empty()) die(why);
+  return v;
+}
+template <class Die>
+std::vector<int> int_list_flag(const std::string& flag, const std::string& s, long lo, long hi, Die die) {
+  std::string why;
+  std::vector<int> v = parse_int_list_flag(flag, s, lo, hi, why);
+  if (!why.empty()) die(why);
+  return v;
+}
+
 }  // namespace conveyor::bench

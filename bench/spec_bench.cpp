@@ -52,20 +52,6 @@ std::vector<std::string> split(const std::string& s, char sep) {
   return v;
 }
 
-int int_value(const std::string& flag, const std::string& s, long lo, long hi) {
-  std::string why;
-  const int v = bench::parse_int_flag(flag, s, lo, hi, why);
-  if (!why.empty()) die(why);
-  return v;
-}
-
-std::vector<int> int_list(const std::string& flag, const std::string& s, long lo, long hi) {
-  std::string why;
-  std::vector<int> v = bench::parse_int_list_flag(flag, s, lo, hi, why);
-  if (!why.empty()) die(why);
-  return v;
-}
-
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -92,15 +78,15 @@ int main(int argc, char** argv) {
     if (k == "--model") model = v;
     else if (k == "--device") device = v;
     else if (k == "--dtype") dtype = v;
-    else if (k == "--threads") threads = int_value(k, v, 0, 4096);
+    else if (k == "--threads") threads = bench::int_flag(k, v, 0, 4096, die);
     else if (k == "--draft") drafts = split(v, ',');
-    else if (k == "--draft-layers") layers = int_list(k, v, 1, 4096), layers_given = true;
-    else if (k == "--k") ks = int_list(k, v, 1, 64);
-    else if (k == "--prompt") prompt = int_value(k, v, 1, 1 << 20);
+    else if (k == "--draft-layers") layers = bench::int_list_flag(k, v, 1, 4096, die), layers_given = true;
+    else if (k == "--k") ks = bench::int_list_flag(k, v, 1, 64, die);
+    else if (k == "--prompt") prompt = bench::int_flag(k, v, 1, 1 << 20, die);
     else if (k == "--prompt-text") prompt_text = v;
-    else if (k == "--new") new_tokens = int_value(k, v, 1, 1 << 20);
-    else if (k == "--reps") reps = int_value(k, v, 1, 1000);
-    else if (k == "--batch-invariant") batch_invariant = int_value(k, v, 0, 1);
+    else if (k == "--new") new_tokens = bench::int_flag(k, v, 1, 1 << 20, die);
+    else if (k == "--reps") reps = bench::int_flag(k, v, 1, 1000, die);
+    else if (k == "--batch-invariant") batch_invariant = bench::int_flag(k, v, 0, 1, die);
     else if (k == "--ngram") ngrams = split(v, ',');
     else if (k == "--ngram-corpus-text") corpus_text = v;
     else if (k == "--ngram-corpus") corpus_ids = v;
@@ -279,7 +265,8 @@ int main(int argc, char** argv) {
   for (const auto& spec : ngrams) {
     const auto parts = split(spec, ':');
     if (parts.size() != 2) die("--ngram takes MIN:MAX, got " + spec);
-    engine::ngram_options no{int_value("--ngram", parts[0], 1, 64), int_value("--ngram", parts[1], 1, 64)};
+    engine::ngram_options no{bench::int_flag("--ngram", parts[0], 1, 64, die),
+                             bench::int_flag("--ngram", parts[1], 1, 64, die)};
     for (int with_corpus = 0; with_corpus <= (corpus.empty() ? 0 : 1); ++with_corpus) {
       const auto t = std::chrono::steady_clock::now();
       auto p = engine::ngram_proposer::create(no, with_corpus ? corpus : std::vector<std::int32_t>{});
