@@ -10,7 +10,7 @@
 
 namespace conveyor::bench {
 
-/// The value, or an empty `why` filled with what was wrong (naming the flag and the value).
+/// The value; where it is malformed or out of range, 0 with `why` saying so (the flag and the value).
 inline int parse_int_flag(const std::string& flag, const std::string& s, long lo, long hi, std::string& why) {
   errno = 0;
   char* end = nullptr;
