@@ -74,12 +74,11 @@ class cuda_backend final : public backend {
     if (counter_ != nullptr) cudaFree(counter_);
     lt_.reset();
     if (cublas_ != nullptr) cublasDestroy(cublas_);
-    if (draws_) draws_->free_slots();
+    draws_.reset();  // the draw slots and the sampler workspace, while the stream still exists
     for (void* p : {cublas_ws_, quant_scratch_, static_cast<void*>(partials_), static_cast<void*>(split_parts_),
                     static_cast<void*>(qkv_parts_)}) {
       if (p != nullptr) cudaFree(p);
     }
-    if (draws_) draws_->free_workspace();
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 

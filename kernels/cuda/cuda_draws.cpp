@@ -19,7 +19,7 @@ cuda_draws::cuda_draws(draw_context ctx)
       alloc_(std::move(ctx.alloc)) {}
 
 cuda_draws::~cuda_draws() {
-  free_slots();
+  for (draw_slot& d : draw_slots_) free_draw_slot(d);
   free_workspace();
 }
 
@@ -92,10 +92,6 @@ void cuda_draws::take(int slot, std::int32_t* tokens) {
 cuda_draws::drawn_tokens cuda_draws::drawn(int slot) const {
   const draw_slot& d = draw_slots_[static_cast<std::size_t>(slot)];
   return drawn_tokens{d.tokens_dev, d.n};
-}
-
-void cuda_draws::free_slots() {
-  for (draw_slot& d : draw_slots_) free_draw_slot(d);
 }
 
 void cuda_draws::free_workspace() {

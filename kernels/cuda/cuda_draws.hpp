@@ -38,7 +38,7 @@ class cuda_draws {
   };
 
   explicit cuda_draws(draw_context ctx);
-  /// Frees what the owner has not released (the backend releases in its own teardown order).
+  /// Frees the slots and the workspace (the owner destroys this before its stream).
   ~cuda_draws();
   cuda_draws(const cuda_draws&) = delete;
   cuda_draws& operator=(const cuda_draws&) = delete;
@@ -55,9 +55,6 @@ class cuda_draws {
   void take(int slot, std::int32_t* tokens);
   drawn_tokens drawn(int slot) const;
 
-  void free_slots();
-  void free_workspace();
-
  private:
   /// A draw's parameters and tokens on both sides, and the event of its last copy back; each slot
   /// grows to the rows it is asked for.
@@ -73,6 +70,7 @@ class cuda_draws {
 
   void set_device();
   void ensure_sample_workspace(int vocab);
+  void free_workspace();
   static void free_draw_buffers(draw_slot& d);
   static void free_draw_slot(draw_slot& d);
 
