@@ -6,10 +6,12 @@
 
 #include <chrono>
 #include <cstdio>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "conveyor/transport/nccl_collective.hpp"
+#include "flag_values.hpp"
 
 using namespace conveyor;
 
@@ -19,7 +21,18 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "allreduce_bench: no GPU\n");
     return 1;
   }
-  if (argc > 1) gpus = std::min(gpus, std::atoi(argv[1]));
+  if (argc > 2) {
+    std::fprintf(stderr, "allreduce_bench: one argument at most (the number of GPUs)\n");
+    return 2;
+  }
+  if (argc > 1) {
+    std::string why;
+    gpus = std::min(gpus, bench::parse_int_flag("GPUS", argv[1], 1, 1024, why));
+    if (!why.empty()) {
+      std::fprintf(stderr, "allreduce_bench: %s\n", why.c_str());
+      return 2;
+    }
+  }
   auto id = transport::make_nccl_unique_id();
   if (!id) {
     std::fprintf(stderr, "allreduce_bench: %s\n", id.err().message.c_str());

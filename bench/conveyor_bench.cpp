@@ -37,7 +37,7 @@
 #include "conveyor/kernels/cuda_backend.hpp"
 #include "../kernels/cuda/skinny_wgmma.hpp"
 #include "graph_timer.hpp"
-#include "int_flags.hpp"
+#include "flag_values.hpp"
 #include "kernel_timeline.hpp"
 
 namespace {

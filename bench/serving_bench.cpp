@@ -32,6 +32,7 @@
 #include "conveyor/coordinator/cluster.hpp"
 #include "conveyor/engine/model_config.hpp"
 #include "conveyor/service/local_inference_service.hpp"
+#include "flag_values.hpp"
 
 namespace {
 
@@ -249,9 +250,10 @@ result<mode_result> run_rate(service::inference_service* svc, const std::string&
 bool parse_range(const std::string& s, int& lo, int& hi) {
   auto colon = s.find(':');
   if (colon == std::string::npos) return false;
-  lo = std::atoi(s.substr(0, colon).c_str());
-  hi = std::atoi(s.substr(colon + 1).c_str());
-  return lo >= 1 && hi >= lo;
+  std::string why;
+  lo = bench::parse_int_flag("", s.substr(0, colon), 1, 1 << 20, why);
+  hi = bench::parse_int_flag("", s.substr(colon + 1), 1, 1 << 20, why);
+  return why.empty() && hi >= lo;
 }
 
 std::vector<std::string> split(const std::string& s) {
@@ -271,34 +273,40 @@ int usage(const char* why) {
   return 2;
 }
 
+/// A malformed flag value ends the run at once, as usage() does (bench/flag_values.hpp).
+[[noreturn]] void die(const std::string& why) { std::exit(usage(why.c_str())); }
+
 }  // namespace
 
 int main(int argc, char** argv) {
   bench_options o;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    auto value = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) die(a + " needs a value");
+      return argv[++i];
+    };
     if (a == "--model") o.model = value();
-    else if (a == "--requests") o.requests = std::atoi(value().c_str());
-    else if (a == "--rate") o.rate = std::atof(value().c_str());
-    else if (a == "--max-batch-size") o.max_batch_size = std::atoi(value().c_str());
-    else if (a == "--delay-ms") o.delay_ms = std::atoi(value().c_str());
+    else if (a == "--requests") o.requests = bench::int_flag(a, value(), 1, 1 << 24, die);
+    else if (a == "--rate") o.rate = bench::real_flag(a, value(), 1e-6, 1e9, die);
+    else if (a == "--max-batch-size") o.max_batch_size = bench::int_flag(a, value(), 1, 1 << 16, die);
+    else if (a == "--delay-ms") o.delay_ms = bench::int_flag(a, value(), 0, 3600 * 1000, die);
     else if (a == "--prompt") { if (!parse_range(value(), o.prompt_min, o.prompt_max)) return usage("--prompt MIN:MAX"); }
     else if (a == "--output") { if (!parse_range(value(), o.output_min, o.output_max)) return usage("--output MIN:MAX"); }
     else if (a == "--modes") o.modes = split(value());
     else if (a == "--job-ticket") o.job_ticket = true;
-    else if (a == "--job-queue-size") o.job_queue_size = std::atoi(value().c_str());
-    else if (a == "--threads") o.threads = std::atoi(value().c_str());
-    else if (a == "--step-delay-us") o.step_delay_us = std::atoll(value().c_str());
-    else if (a == "--seed") o.seed = std::strtoull(value().c_str(), nullptr, 10);
+    else if (a == "--job-queue-size") o.job_queue_size = bench::int_flag(a, value(), 0, 1 << 24, die);
+    else if (a == "--threads") o.threads = bench::int_flag(a, value(), 0, 4096, die);  // 0: every core
+    else if (a == "--step-delay-us") o.step_delay_us = bench::int_flag(a, value(), 0, 60 * 1000 * 1000, die);
+    else if (a == "--seed") o.seed = static_cast<std::uint64_t>(bench::int_flag(a, value(), 0, 0x7fffffff, die));
     else if (a == "--csv") o.csv = value();
-    else if (a == "--rates") { for (const auto& x : split(value())) o.rates.push_back(std::atof(x.c_str())); }
-    else if (a == "--kv-blocks") o.kv_blocks = std::atoi(value().c_str());
+    else if (a == "--rates") { for (const auto& x : split(value())) o.rates.push_back(bench::real_flag(a, x, 1e-6, 1e9, die)); }
+    else if (a == "--kv-blocks") o.kv_blocks = bench::int_flag(a, value(), 1, 1 << 24, die);
     else if (a == "--cluster") o.cluster = true;
     else if (a == "--conveyor") o.conveyor = value();
     else if (a == "--device") o.device = value();
     else if (a == "--dtype") o.dtype = value();
-    else if (a == "--stages") o.stages = std::atoi(value().c_str());
+    else if (a == "--stages") o.stages = bench::int_flag(a, value(), 1, 1024, die);
     else return usage(("unknown flag " + a).c_str());
   }
   if (o.requests < 1 || !(o.rate > 0) || o.max_batch_size < 1) return usage("--requests, --rate and --max-batch-size must be positive");

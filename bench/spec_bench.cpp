@@ -30,7 +30,7 @@
 #include "conveyor/engine/speculative_decoder.hpp"
 #include "conveyor/kernels/cpu_backend.hpp"
 #include "conveyor/tokenizer/tokenizer.hpp"
-#include "int_flags.hpp"
+#include "flag_values.hpp"
 #ifdef CONVEYOR_HAVE_CUDA
 #include "conveyor/kernels/cuda_backend.hpp"
 #endif

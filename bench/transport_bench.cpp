@@ -15,6 +15,7 @@
 #include <mutex>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <sstream>
@@ -26,6 +27,7 @@
 #include "conveyor/transport/frame_codec.hpp"
 #include "conveyor/transport/shm_collective.hpp"
 #include "conveyor/transport/ucx_context.hpp"
+#include "flag_values.hpp"
 
 using namespace conveyor;
 using namespace conveyor::transport;
@@ -374,18 +376,30 @@ double shm_allreduce_busbw_gbs(int ranks, std::size_t count, int iters) {
 int main(int argc, char** argv) {
   std::vector<std::string> tls_list = {"tcp", "shm"};
   bool quick = false, latency_only = false, frames_only = false;
+  auto die = [](const std::string& why) {
+    std::fprintf(stderr, "transport_bench: %s\n", why.c_str());
+    std::exit(2);
+  };
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) die(a + " needs a value");
+      return argv[++i];
+    };
     if (a == "--quick") quick = true;
-    if (a == "--latency-only") latency_only = true;  // for profiling the small-frame path
-    if (a == "--frames-only") frames_only = true;    // no perftest runs: for profiling the frames alone
-    if (a == "--busy-poll-us" && i + 1 < argc) g_busy_poll = std::chrono::microseconds(std::atoi(argv[++i]));
-    if (a == "--transfer-poll-us" && i + 1 < argc) g_transfer_poll = std::chrono::microseconds(std::atoi(argv[++i]));
-    if (a == "--tls" && i + 1 < argc) {
+    else if (a == "--latency-only") latency_only = true;  // for profiling the small-frame path
+    else if (a == "--frames-only") frames_only = true;    // no perftest runs: for profiling the frames alone
+    else if (a == "--busy-poll-us") g_busy_poll = std::chrono::microseconds(bench::int_flag(a, value(), 0, 1000000, die));
+    else if (a == "--transfer-poll-us") {
+      g_transfer_poll = std::chrono::microseconds(bench::int_flag(a, value(), 0, 1000000, die));
+    } else if (a == "--tls") {
       tls_list.clear();
-      std::stringstream ss(argv[++i]);
+      std::stringstream ss(value());
       std::string t;
       while (std::getline(ss, t, ',')) tls_list.push_back(t);
+      if (tls_list.empty()) die("--tls needs at least one of tcp, shm");
+    } else {
+      die("unknown flag " + a + " (--quick, --latency-only, --frames-only, --busy-poll-us N, --transfer-poll-us N, --tls LIST)");
     }
   }
   int lat_iters = quick ? 500 : 5000;
