@@ -27,7 +27,9 @@ batch_scheduler::batch_scheduler(const scheduler_options& options)
       pool_(options.kv_blocks, options.kv_block_size, options.policy.prefix_caching),
       members_(options.chunks),
       step_seqs_(options.chunks),
-      in_flight_(options.chunks, false) {
+      in_flight_(options.chunks, false),
+      ahead_seqs_(options.chunks),
+      ahead_(options.chunks, false) {
   assert(options.chunks >= 1);
 }
 
@@ -192,6 +194,12 @@ void batch_scheduler::complete(int m, const std::vector<std::int32_t>& tokens) {
   const auto entries = std::move(step_seqs_[m]);
   step_seqs_[m].clear();
   in_flight_[m] = false;
+  if (ahead_[m]) {  // the queued step is in flight now; its sequences stay in a step
+    step_seqs_[m] = std::move(ahead_seqs_[m]);
+    ahead_seqs_[m].clear();
+    ahead_[m] = false;
+    in_flight_[m] = true;
+  }
   std::size_t next_row = 0;  // tokens holds sample_rows values for a sequence with drafts, else one
   for (std::size_t k = 0; k < entries.size(); ++k) {
     const auto& drafts = entries[k].drafts;
@@ -202,7 +210,11 @@ void batch_scheduler::complete(int m, const std::vector<std::int32_t>& tokens) {
     auto it = seqs_.find(entries[k].id);
     if (it == seqs_.end()) continue;
     sequence& s = it->second;
-    s.in_step = false;
+    // A sequence of a queued step stays in a step: its blocks are still being written, so whatever
+    // ends it here retires it when that step completes (its token from there is dropped).
+    const bool behind = s.in_ahead;
+    s.in_ahead = false;
+    s.in_step = behind;
     // Keep the drafts equal to what the target drew after each position, then the target's token.
     engine::verify_outcome v;
     if (sampled) {
@@ -212,6 +224,7 @@ void batch_scheduler::complete(int m, const std::vector<std::int32_t>& tokens) {
     // sequence's KV through this block table and the plan's positions alone).
     s.cached += entries[k].tokens - static_cast<int>(drafts.size()) + v.accepted;
     publish_full_blocks(s);
+    if (s.fate != doom::none && behind) continue;
     if (s.fate == doom::cancelled) {
       retire(s.id, summary_of(s, "cancelled"));
       continue;
@@ -219,6 +232,10 @@ void batch_scheduler::complete(int m, const std::vector<std::int32_t>& tokens) {
     if (s.fate == doom::expired) {
       ++expired_;
       retire(s.id, deadline_error(s, clock::now()));
+      continue;
+    }
+    if (s.fate == doom::finished) {
+      retire(s.id, summary_of(s, s.finish_reason));
       continue;
     }
     if (!sampled) continue;
@@ -253,7 +270,12 @@ void batch_scheduler::complete(int m, const std::vector<std::int32_t>& tokens) {
     s.sink->on_tokens(std::span<const std::int32_t>(emit.data(), n));
     if (!drafts.empty()) publish_full_blocks(s);  // blocks the kept drafts completed
     if (finish != nullptr) {
-      retire(s.id, summary_of(s, finish));
+      if (behind) {
+        s.fate = doom::finished;
+        s.finish_reason = finish;
+      } else {
+        retire(s.id, summary_of(s, finish));
+      }
       continue;
     }
     // Blocks taken for rejected drafts go back (those past the next position to write).
@@ -265,11 +287,18 @@ void batch_scheduler::complete(int m, const std::vector<std::int32_t>& tokens) {
 }
 
 void batch_scheduler::fail_step(int m, const error& why) {
-  const auto entries = std::move(step_seqs_[m]);
+  auto entries = std::move(step_seqs_[m]);
   step_seqs_[m].clear();
   in_flight_[m] = false;
+  // The step queued behind it never runs either (its sequences are the same ones).
+  for (auto& e : ahead_seqs_[m]) entries.push_back(std::move(e));
+  ahead_seqs_[m].clear();
+  ahead_[m] = false;
   for (const auto& e : entries) {
-    if (auto it = seqs_.find(e.id); it != seqs_.end()) it->second.in_step = false;
+    if (auto it = seqs_.find(e.id); it != seqs_.end()) {
+      it->second.in_step = false;
+      it->second.in_ahead = false;
+    }
     retire(e.id, why);
   }
 }
@@ -278,10 +307,13 @@ void batch_scheduler::fail_all(const error& why) {
   for (int m = 0; m < options_.chunks; ++m) {
     step_seqs_[m].clear();
     in_flight_[m] = false;
+    ahead_seqs_[m].clear();
+    ahead_[m] = false;
   }
   std::vector<std::uint64_t> ids;
   for (auto& [id, s] : seqs_) {
     s.in_step = false;
+    s.in_ahead = false;
     ids.push_back(id);
   }
   for (auto id : ids) retire(id, why);
@@ -291,10 +323,13 @@ void batch_scheduler::reprefill_all() {
   for (int m = 0; m < options_.chunks; ++m) {
     step_seqs_[m].clear();
     in_flight_[m] = false;
+    ahead_seqs_[m].clear();
+    ahead_[m] = false;
   }
   std::vector<std::uint64_t> doomed;
   for (auto& [id, s] : seqs_) {
     s.in_step = false;
+    s.in_ahead = false;
     if (s.fate != doom::none) {
       doomed.push_back(id);
       continue;
@@ -309,6 +344,8 @@ void batch_scheduler::reprefill_all() {
     const sequence& s = seqs_.at(id);
     if (s.fate == doom::cancelled) {
       retire(id, summary_of(s, "cancelled"));
+    } else if (s.fate == doom::finished) {
+      retire(id, summary_of(s, s.finish_reason));
     } else {
       ++expired_;
       retire(id, deadline_error(s, clock::now()));

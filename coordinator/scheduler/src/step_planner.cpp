@@ -217,4 +217,46 @@ std::optional<engine::step_plan> batch_scheduler::next_step(int m, clock::time_p
   return plan;
 }
 
+std::optional<engine::step_plan> batch_scheduler::next_step_ahead(int m, clock::time_point now) {
+  if (!in_flight_[m] || ahead_[m]) return std::nullopt;
+  if (options_.draft != nullptr && options_.spec_k > 0) return std::nullopt;  // drafts need the tokens
+  const auto& entries = step_seqs_[m];
+  // Everyone of the microbatch is in the step (no member waits to re-prefill), and nobody could join.
+  if (entries.empty() || entries.size() != members_[m].size()) return std::nullopt;
+  if (static_cast<int>(members_[m].size()) < options_.max_seqs_per_step && admission_open(m, now)) return std::nullopt;
+  for (const auto& e : entries) {
+    const sequence& s = seqs_.at(e.id);
+    const int after = s.cached + e.tokens;  // KV after the step in flight
+    if (!e.drafts.empty() || s.fate != doom::none || s.preempted || after != static_cast<int>(s.tokens.size())) {
+      return std::nullopt;  // doomed, or its step does not draw (a prefill chunk)
+    }
+    // The step in flight draws token tokens.size(): it ends there by length, or the queued step
+    // would write past the context.
+    const int len = static_cast<int>(s.tokens.size()) + 1;
+    if (len - s.prompt_len >= s.request.max_new_tokens || len >= options_.max_context) return std::nullopt;
+  }
+  for (const auto& e : entries) {  // blocks for one more position each, taken from free ones only
+    sequence& s = seqs_.at(e.id);
+    if (!grow(s, s.cached + e.tokens + 1, false)) return std::nullopt;
+  }
+  engine::step_plan plan;
+  auto& ahead = ahead_seqs_[m];
+  for (const auto& e : entries) {
+    sequence& s = seqs_.at(e.id);
+    engine::sequence_step step;
+    step.seq_id = static_cast<std::int64_t>(s.id);
+    step.tokens = {0};  // the stage writes the step in flight's draw here
+    step.start_pos = s.cached + e.tokens;
+    step.block_table = s.blocks;
+    step.sample = true;
+    step.sampling = s.request.sampling;
+    step.sampling.step = s.tokens.size() + 1;  // as plan_sequence numbers it once that draw is appended
+    plan.seqs.push_back(std::move(step));
+    ahead.push_back({s.id, 1, {}});
+    s.in_ahead = true;
+  }
+  ahead_[m] = true;
+  return plan;
+}
+
 }  // namespace conveyor::scheduler

@@ -95,11 +95,24 @@ class batch_scheduler {
   /// is already in flight.
   std::optional<engine::step_plan> next_step(int m) { return next_step(m, clock::now()); }
   std::optional<engine::step_plan> next_step(int m, clock::time_point now);
+  /// Queued steps (one stage, one rank): the step after microbatch `m`'s step in flight, planned
+  /// before that step's tokens are known, so the stage can start it the moment it has drawn them
+  /// (stage_executor::begin with `chain`) instead of after the tokens' round trip through the
+  /// coordinator. It names the same sequences in the same order, one token each, whose ids the stage
+  /// takes from the step in flight's draws (the plan's ids are placeholders). nullopt where that is
+  /// not the step to run next: a sequence of the step in flight does not sample there, carries
+  /// drafts, is doomed or ends by length; another member or a waiting request could join; KV blocks
+  /// are short (never preempts); or a step is already queued behind it. A sequence that ends at the
+  /// step in flight (a stop token) has the queued step's token dropped; it is retired when that step
+  /// completes, so its blocks stay allocated while the stage writes them.
+  std::optional<engine::step_plan> next_step_ahead(int m, clock::time_point now);
+  std::optional<engine::step_plan> next_step_ahead(int m) { return next_step_ahead(m, clock::now()); }
   /// Applies the sampled tokens of microbatch `m`'s step (one per plan sequence, -1 where none was
   /// drawn; a sequence with draft tokens has sample_rows of them: engine::flat_sampled_tokens):
-  /// streams them, retires finished sequences and frees their blocks.
+  /// streams them, retires finished sequences and frees their blocks. A step queued behind it
+  /// (next_step_ahead) becomes the step in flight.
   void complete(int m, const std::vector<std::int32_t>& tokens);
-  /// Fails microbatch `m`'s step: its sequences get `why` and are retired.
+  /// Fails microbatch `m`'s step (and the step queued behind it): its sequences get `why` and are retired.
   void fail_step(int m, const error& why);
   /// Fails every request (e.g. a stage died and recovery is off).
   void fail_all(const error& why);
@@ -112,6 +125,8 @@ class batch_scheduler {
 
   bool has_work() const;
   bool in_flight(int m) const { return in_flight_[m]; }
+  /// A step is queued behind microbatch `m`'s step in flight (next_step_ahead).
+  bool ahead(int m) const { return ahead_[m]; }
   int chunks() const { return options_.chunks; }
   scheduler_counters counters() const;
   /// Writes the request, token, KV, policy, error and microbatch counters into a stats report (stage
@@ -122,7 +137,8 @@ class batch_scheduler {
 
  private:
   /// Why a sequence will be retired when its step in flight completes.
-  enum class doom : std::uint8_t { none, cancelled, expired };
+  /// finished: it drew a stop token while a step queued behind it still writes its KV.
+  enum class doom : std::uint8_t { none, cancelled, expired, finished };
 
   struct sequence {
     std::uint64_t id = 0;  ///< also its age: lower ids came first and keep their blocks longer
@@ -137,7 +153,9 @@ class batch_scheduler {
     int microbatch = -1;               ///< -1 while waiting
     bool preempted = false;            ///< a member that gave its blocks back; re-prefills when there is room
     bool in_step = false;              ///< part of a step in flight: its blocks are being written
+    bool in_ahead = false;             ///< part of the step queued behind it too (next_step_ahead)
     doom fate = doom::none;
+    const char* finish_reason = "stop";  ///< with doom::finished: "stop" or "length"
     clock::time_point submitted, scheduled, first_token;
     clock::time_point deadline = clock::time_point::max();
     bool has_first_token = false;
@@ -175,6 +193,8 @@ class batch_scheduler {
   };
   std::vector<std::vector<step_entry>> step_seqs_;  ///< the sequences of the step in flight
   std::vector<bool> in_flight_;
+  std::vector<std::vector<step_entry>> ahead_seqs_;  ///< the step queued behind it (next_step_ahead)
+  std::vector<bool> ahead_;
   int preempted_now_ = 0;  ///< members currently without blocks
   bool flush_ = false;
   std::uint64_t next_id_ = 1;
