@@ -15,6 +15,7 @@ service::serving_policy serving_policy_of(const config::serving_section& s) {
   p.use_job_ticket = s.use_job_ticket;
   p.response_timeout_s = s.response_timeout_s;
   p.prefix_caching = s.prefix_caching;
+  p.queued_steps = s.queued_steps;
   return p;
 }
 

@@ -239,6 +239,57 @@ TEST(cluster, pipelining_overlaps_microbatches) {
   EXPECT_GE(three, 0.8 * 3 * one) << "chunks=1: " << one << " tok/s, chunks=3: " << three << " tok/s";
 }
 
+// serving.queued_steps on one stage: stage 0 starts step n+1 with step n's draws before the tokens
+// go round through the coordinator. Same tokens as without it (and as HF), stop tokens and cancels
+// included, and the steps were really queued (the counter), where the plain cluster queues none.
+TEST(cluster, one_stage_queued_steps_give_the_same_tokens) {
+  const auto golden = testing::load_golden("tiny-llama");
+  for (const bool queued : {true, false}) {
+    auto o = base_options("tiny-llama", 1);
+    o.policy.queued_steps = queued;
+    auto c = cluster::start(o);
+    ASSERT_TRUE(c.ok()) << c.err().message;
+    std::vector<std::shared_ptr<collecting_sink>> sinks;
+    std::vector<service::generate_request> reqs;
+    for (int i = 0; i < 8; ++i) {
+      const auto& p = golden.prompts[i % golden.prompts.size()];
+      auto r = greedy(p);
+      r.max_new_tokens = 4 + (i * 5) % 21;
+      if (i == 3) r.stop_ids = {p.greedy[6]};  // ends with "stop" while a chained step may be queued
+      reqs.push_back(r);
+      sinks.push_back(std::make_shared<collecting_sink>());
+      (*c)->service().submit(r, sinks.back());
+    }
+    auto long_one = std::make_shared<collecting_sink>();
+    service::generate_request lr;
+    lr.prompt = {1, 2, 3};
+    lr.max_new_tokens = 400;
+    lr.ignore_eos = true;
+    const auto long_id = (*c)->service().submit(lr, long_one);
+    for (int i = 0; i < 8; ++i) {
+      ASSERT_TRUE(sinks[i]->wait());
+      ASSERT_TRUE(sinks[i]->done->ok()) << sinks[i]->done->err().message;
+      const auto& p = golden.prompts[i % golden.prompts.size()];
+      const std::size_t n = i == 3 ? 7 : static_cast<std::size_t>(reqs[i].max_new_tokens);
+      EXPECT_EQ(sinks[i]->tokens, std::vector<std::int32_t>(p.greedy.begin(), p.greedy.begin() + n))
+          << "request " << i << (queued ? ", queued steps" : ", plain steps");
+      EXPECT_EQ((*sinks[i]->done)->finish_reason, i == 3 ? "stop" : "length");
+    }
+    ASSERT_TRUE(long_one->wait_tokens(60));  // alone after the others: every step chained
+    (*c)->service().cancel(long_id);
+    ASSERT_TRUE(long_one->wait());
+    EXPECT_EQ((*long_one->done)->finish_reason, "cancelled");
+    const auto st = stats_of((*c)->service());
+    EXPECT_EQ(st.kv_blocks_free, st.kv_blocks_total) << "blocks leaked";
+    if (queued) {
+      EXPECT_GT(st.steps_queued_ahead, 40) << "the steps were not queued";
+    } else {
+      EXPECT_EQ(st.steps_queued_ahead, 0);
+    }
+    (*c)->shutdown();
+  }
+}
+
 TEST(cluster, bad_model_dir_fails_at_start) {
   auto o = base_options("tiny-llama", 2);
   o.model_dir = "/nonexistent/model";

@@ -144,6 +144,7 @@ job_queue_size = 7
 max_queued_tokens = 100000
 use_job_ticket = true
 prefix_caching = false
+queued_steps = false
 response_timeout_s = 30.5
 startup_timeout_s = 45
 min_workers = 2
@@ -221,6 +222,7 @@ TEST(config_keys, every_key_is_read) {
   EXPECT_EQ(d.serving.max_queued_tokens, 100000);
   EXPECT_TRUE(d.serving.use_job_ticket);
   EXPECT_FALSE(d.serving.prefix_caching);
+  EXPECT_FALSE(d.serving.queued_steps);
   EXPECT_DOUBLE_EQ(d.serving.response_timeout_s, 30.5);
   EXPECT_DOUBLE_EQ(d.serving.startup_timeout_s, 45);
   EXPECT_EQ(d.serving.min_workers, 2);

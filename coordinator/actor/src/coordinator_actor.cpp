@@ -59,6 +59,12 @@ struct coordinator_state {
   std::string failure;  // why the cluster is down (empty while healthy)
   std::uint64_t steps = 0;
   std::vector<std::uint64_t> step_of;  // the step each microbatch has in flight: older results are stale
+  // Queued steps (serving.queued_steps on a one-stage, one-rank cluster, see `queued`): the step
+  // queued behind the one in flight, and whether stage 0 holds a step that still waits for its
+  // chain or flush (the protocol's promise: every held step gets exactly one of them).
+  bool queued = false;
+  std::vector<std::uint64_t> ahead_step_of;
+  std::vector<bool> owes_successor;
   recovery_state recovery;
   std::string suspect;  // a neighbour's report of a lost peer, until a dead stage explains it
   static inline const char* name = "coordinator";
@@ -113,21 +119,60 @@ void fail_cluster(coord_actor* self, const std::string& why) {
   if (st.sched) st.sched->fail_all(make_error(errc::internal, why));
 }
 
+/// The plan as stage 0's message bytes, numbered st.steps++; an encoding error fails the step.
+std::optional<bytes_msg> encode_step(coord_actor* self, int m, const engine::step_plan& plan) {
+  auto& st = self->state;
+  auto bytes = transport::encode_header(stage::to_frame_header(plan, static_cast<std::uint64_t>(m), st.steps++));
+  if (!bytes) {
+    st.sched->fail_step(m, bytes.err());
+    return std::nullopt;
+  }
+  bytes_msg msg(bytes->size());
+  std::memcpy(msg.data(), bytes->data(), bytes->size());
+  return msg;
+}
+
+void send_qstep(coord_actor* self, int m, qstep_mode mode, bytes_msg msg) {
+  self->send(self->state.workers[0].handle, qstep_atom::value, static_cast<std::uint64_t>(m),
+             static_cast<std::int32_t>(mode), std::move(msg));
+}
+
+/// Queued steps: stage 0 holds microbatch m's newest step; queue the next one behind it where the
+/// scheduler can plan it now, else let the stage end the held one.
+void follow_held(coord_actor* self, int m) {
+  auto& st = self->state;
+  if (!st.owes_successor[m] || st.sched->ahead(m)) return;
+  if (st.sched->in_flight(m)) {
+    if (auto ahead = st.sched->next_step_ahead(m)) {
+      const std::uint64_t number = st.steps;
+      if (auto msg = encode_step(self, m, *ahead)) {
+        st.ahead_step_of[m] = number;
+        send_qstep(self, m, qstep_mode::chain, std::move(*msg));
+        return;
+      }
+    }
+  }
+  st.owes_successor[m] = false;
+  send_qstep(self, m, qstep_mode::flush, {});
+}
+
 void pump(coord_actor* self) {
   auto& st = self->state;
   if (!st.failure.empty() || st.recovery.active || st.workers.empty() || !st.workers[0].handle) return;
   for (int m = 0; m < st.sched->chunks(); ++m) {
-    auto plan = st.sched->next_step(m);
-    if (!plan) continue;
-    st.step_of[m] = st.steps;
-    auto bytes = transport::encode_header(stage::to_frame_header(*plan, static_cast<std::uint64_t>(m), st.steps++));
-    if (!bytes) {
-      st.sched->fail_step(m, bytes.err());
-      continue;
+    if (auto plan = st.sched->next_step(m)) {
+      const std::uint64_t number = st.steps;
+      auto msg = encode_step(self, m, *plan);
+      if (!msg) continue;
+      st.step_of[m] = number;
+      if (st.queued) {
+        st.owes_successor[m] = true;
+        send_qstep(self, m, qstep_mode::hold, std::move(*msg));
+      } else {
+        self->send(st.workers[0].handle, step_atom::value, static_cast<std::uint64_t>(m), std::move(*msg));
+      }
     }
-    bytes_msg msg(bytes->size());
-    std::memcpy(msg.data(), bytes->data(), bytes->size());
-    self->send(st.workers[0].handle, step_atom::value, static_cast<std::uint64_t>(m), std::move(msg));
+    if (st.queued) follow_held(self, m);
   }
 }
 
@@ -348,6 +393,7 @@ void stage_lost(coord_actor* self, std::size_t k, const std::string& why) {
   // stage has no KV at all and the others' blocks may be half-written by steps that never finished.
   st.sched->reprefill_all();
   std::fill(st.step_of.begin(), st.step_of.end(), UINT64_MAX);
+  std::fill(st.owes_successor.begin(), st.owes_successor.end(), false);  // the new stage holds nothing
   // The neighbours drop their channels to the dead worker before anyone connects to the new one
   // (a hello that reached the old channel would be lost).
   for (std::size_t n : {k - 1, k + 1}) {
@@ -424,6 +470,11 @@ caf::behavior coordinator_impl(coord_actor* self, coordinator_setup setup) {
     so.spec_k = o.spec_k;
   }
   st.sched = std::make_unique<scheduler::batch_scheduler>(so);
+  // Queued steps need a stage that draws and embeds (one stage) on one rank (stage_executor::begin),
+  // one microbatch (the stage holds one step at a time) and no draft (drafts need the tokens).
+  st.queued = o.policy.queued_steps && st.setup.ranges.size() == 1 && o.tp <= 1 && o.chunks == 1 && so.draft == nullptr;
+  st.ahead_step_of.assign(static_cast<std::size_t>(o.chunks), UINT64_MAX);
+  st.owes_successor.assign(static_cast<std::size_t>(o.chunks), false);
   self->set_down_handler([=](caf::down_msg& dm) {
     auto& s = self->state;
     for (std::size_t k = 0; k < s.workers.size(); ++k) {
@@ -526,7 +577,9 @@ caf::behavior coordinator_impl(coord_actor* self, coordinator_setup setup) {
         if (!s.failure.empty() || microbatch >= static_cast<std::uint64_t>(s.sched->chunks())) return;
         // A step planned before a stage was replaced is stale: its sequences re-prefill instead.
         if (!s.sched->in_flight(static_cast<int>(microbatch)) || s.step_of[microbatch] != step) return;
+        const bool ahead = s.sched->ahead(static_cast<int>(microbatch));
         s.sched->complete(static_cast<int>(microbatch), tokens);
+        if (ahead) s.step_of[microbatch] = s.ahead_step_of[microbatch];  // the queued step is in flight now
         pump(self);
       },
       [=](step_fail_atom, std::int32_t stage, std::uint64_t microbatch, std::uint64_t step, const std::string& why) {
@@ -546,7 +599,11 @@ caf::behavior coordinator_impl(coord_actor* self, coordinator_setup setup) {
           return;
         }
         if (s.sched->in_flight(static_cast<int>(microbatch)) && s.step_of[microbatch] == step) {
-          s.sched->fail_step(static_cast<int>(microbatch), make_error(errc::internal, why));
+          s.sched->fail_step(static_cast<int>(microbatch), make_error(errc::internal, why));  // and its queued step
+          if (s.queued && s.owes_successor[microbatch]) {
+            s.owes_successor[microbatch] = false;
+            send_qstep(self, static_cast<int>(microbatch), qstep_mode::flush, {});  // drop what the stage holds
+          }
         }
         pump(self);
       },

@@ -153,6 +153,7 @@ void read_serving(table_reader& r, serving_section& s) {
   r.read("max_queued_tokens", s.max_queued_tokens, rules::max_queued_tokens);
   r.read("use_job_ticket", s.use_job_ticket);
   r.read("prefix_caching", s.prefix_caching);
+  r.read("queued_steps", s.queued_steps);
   r.read("response_timeout_s", s.response_timeout_s, rules::seconds);
   r.read("startup_timeout_s", s.startup_timeout_s, rules::seconds);
   r.read("min_workers", s.min_workers, rules::workers);

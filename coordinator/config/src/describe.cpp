@@ -75,6 +75,7 @@ std::string describe(const deployment& d) {
       s.max_queued_tokens == 0 ? "0 (no cap)" : std::to_string(s.max_queued_tokens));
   add("serving.use_job_ticket", s.use_job_ticket ? "true" : "false");
   add("serving.prefix_caching", s.prefix_caching ? "true" : "false");
+  add("serving.queued_steps", s.queued_steps ? "true" : "false");
   add("serving.response_timeout_s", num(s.response_timeout_s));
   add("serving.startup_timeout_s", num(s.startup_timeout_s));
   add("serving.min_workers", std::to_string(s.min_workers));

@@ -286,6 +286,10 @@ std::string gateway_metrics::render(const std::optional<service::stats_report>& 
            "Speculative decoding: tokens a sequence gains per step that carried drafts (plain decoding: 1).");
   p.sample("conveyor_spec_tokens_per_step",
            s.spec_steps > 0 ? static_cast<double>(s.spec_emitted_tokens) / s.spec_steps : 0.0);
+  p.family("conveyor_steps_queued_ahead_total", "counter",
+           "Steps planned before the tokens of the step in flight came back and chained on the stage "
+           "(serving.queued_steps).");
+  p.sample("conveyor_steps_queued_ahead_total", static_cast<double>(s.steps_queued_ahead));
   p.family("conveyor_stage_busy_seconds_total", "counter", "Time each pipeline stage spent computing.");
   for (std::size_t i = 0; i < s.stage_busy_s.size(); ++i) {
     p.sample("conveyor_stage_busy_seconds_total", s.stage_busy_s[i], stage_labels(s, static_cast<int>(i)));

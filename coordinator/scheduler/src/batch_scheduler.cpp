@@ -412,6 +412,7 @@ scheduler_counters batch_scheduler::counters() const {
   c.spec_proposed = spec_proposed_;
   c.spec_accepted = spec_accepted_;
   c.spec_emitted = spec_emitted_;
+  c.steps_ahead = steps_ahead_;
   return c;
 }
 
@@ -437,6 +438,7 @@ void batch_scheduler::report(service::stats_report& r) const {
   r.spec_draft_tokens = c.spec_proposed;
   r.spec_accepted_tokens = c.spec_accepted;
   r.spec_emitted_tokens = c.spec_emitted;
+  r.steps_queued_ahead = c.steps_ahead;
 }
 
 }  // namespace conveyor::scheduler

@@ -256,6 +256,7 @@ std::optional<engine::step_plan> batch_scheduler::next_step_ahead(int m, clock::
     s.in_ahead = true;
   }
   ahead_[m] = true;
+  ++steps_ahead_;
   return plan;
 }
 

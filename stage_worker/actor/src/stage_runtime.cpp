@@ -1,6 +1,8 @@
 #include "conveyor/stage/stage_runtime.hpp"
 
+#include <algorithm>
 #include <cstring>
+#include <thread>
 #include <utility>
 
 #include "conveyor/engine/checkpoint.hpp"
@@ -63,10 +65,10 @@ status stage_runtime::wire(const std::optional<transport::worker_address>& upstr
   return ok_status();
 }
 
-void stage_runtime::submit(std::vector<std::byte> header_bytes) {
+void stage_runtime::submit(std::vector<std::byte> header_bytes, step_mode mode) {
   {
     std::lock_guard lock(mu_);
-    inbox_.push_back(std::move(header_bytes));
+    inbox_.emplace_back(std::move(header_bytes), mode);
   }
   cv_.notify_one();
 }
@@ -100,15 +102,16 @@ stage_timings stage_runtime::timings() const {
   return {static_cast<double>(busy_ns_.load()) * 1e-9, static_cast<double>(idle_ns_.load()) * 1e-9, steps_.load()};
 }
 
-bool stage_runtime::next_input(transport::frame& out) {
+bool stage_runtime::next_input(transport::frame& out, step_mode& mode) {
   const auto t0 = steady::now();
+  mode = step_mode::plain;
   while (!stopping_) {
     if (upstream_) {
       // Into the loop's frame: a small frame lands in the buffers of the one before (no allocation).
       const status got = upstream_->receive_into(out, transport::clock::duration(std::chrono::milliseconds(200)));
       if (got.ok()) {
         hops_.received(out.payload.size());
-        idle_ns_ += ns_since(t0);
+        idle_ns_ += ns_since(t0);  // (a stage that receives frames never holds queued steps)
         return true;
       }
       if (!upstream_->health().ok()) {
@@ -125,9 +128,13 @@ bool stage_runtime::next_input(transport::frame& out) {
     std::unique_lock lock(mu_);
     if (!cv_.wait_for(lock, std::chrono::milliseconds(200), [&] { return stopping_ || !inbox_.empty(); })) continue;
     if (stopping_) break;
-    auto bytes = std::move(inbox_.front());
+    auto [bytes, m] = std::move(inbox_.front());
     inbox_.pop_front();
     lock.unlock();
+    mode = m;
+    // Idle is the time with nothing to do: not while a queued step runs on the device.
+    if (held_.empty()) idle_ns_ += ns_since(t0);
+    if (mode == step_mode::flush) return true;  // no step of its own: ends the held one
     auto header = transport::decode_header(bytes);
     if (!header) {
       on_failure_(whole_stage, whole_stage, "stage 0: bad step from the coordinator: " + header.err().message);
@@ -135,7 +142,6 @@ bool stage_runtime::next_input(transport::frame& out) {
     }
     out.header = std::move(header).value();
     out.header_bytes = std::move(bytes);
-    idle_ns_ += ns_since(t0);
     return true;
   }
   return false;
@@ -204,10 +210,68 @@ status stage_runtime::run_step(transport::frame& in) {
   return ok_status();
 }
 
+status stage_runtime::begin_step(const transport::frame& in, bool chain) {
+  if (!options_.range.has_embedding || !options_.range.has_head || stage_->tp() != 1) {
+    return make_error(errc::invalid_argument,
+                      "a queued step needs a stage with the embedding and the head on one rank (serving.queued_steps)");
+  }
+  held_step h;
+  h.plan = to_step_plan(in.header);
+  h.microbatch = in.header.microbatch_id;
+  h.step = in.header.step;
+  const auto t0 = steady::now();
+  CONVEYOR_TRY(stage_->rank0().begin(h.plan, chain));
+  if (held_.empty()) queued_since_ = t0;  // busy from the first queued step until none is left
+  if (options_.step_delay.count() > 0) {
+    // The emulated device runs queued steps one after the other, each step_delay long.
+    const auto start = held_.empty() ? t0 : std::max(t0, held_.back().ready_at);
+    h.ready_at = start + options_.step_delay;
+  }
+  held_.push_back(std::move(h));
+  return ok_status();
+}
+
+void stage_runtime::end_held() {
+  held_step h = std::move(held_.front());
+  held_.pop_front();
+  if (options_.step_delay.count() > 0) std::this_thread::sleep_until(h.ready_at);
+  auto out = stage_->rank0().end();
+  if (held_.empty()) busy_ns_ += ns_since(queued_since_);
+  ++steps_;
+  if (!out) {
+    on_failure_(h.microbatch, h.step, "stage " + std::to_string(options_.stage) + ": " + out.err().message);
+    return;
+  }
+  on_tokens_(h.microbatch, h.step, engine::flat_sampled_tokens(h.plan, *out));
+}
+
 void stage_runtime::loop() {
   transport::frame in;
-  while (next_input(in)) {
+  step_mode mode = step_mode::plain;
+  auto fail = [&](std::uint64_t mb, std::uint64_t step, const std::string& why) {
+    on_failure_(mb, step, "stage " + std::to_string(options_.stage) + ": " + why);
+  };
+  while (next_input(in, mode)) {
     const std::uint64_t mb = in.header.microbatch_id, step = in.header.step;
+    if (mode == step_mode::flush) {
+      while (!held_.empty()) end_held();
+      continue;
+    }
+    if (mode == step_mode::chain) {
+      if (held_.empty()) {
+        fail(mb, step, "a chained step with no step held before it");
+        continue;
+      }
+      auto st = begin_step(in, true);
+      end_held();  // the held step's tokens go back first, so the coordinator knows it before the failure
+      if (!st.ok()) fail(mb, step, st.err().message);
+      continue;
+    }
+    while (!held_.empty()) end_held();
+    if (mode == step_mode::hold) {
+      if (auto st = begin_step(in, false); !st.ok()) fail(mb, step, st.err().message);
+      continue;
+    }
     auto st = run_step(in);
     if (st.ok()) continue;
     if (downstream_ && !downstream_->health().ok()) {
@@ -217,6 +281,12 @@ void stage_runtime::loop() {
       return;
     }
     on_failure_(mb, step, "stage " + std::to_string(options_.stage) + ": " + st.err().message);
+  }
+  // Stopped or detached: steps still queued on the device are ended unreported (the coordinator
+  // plans them again), so the executor takes plain steps after a re-wire.
+  while (!held_.empty()) {
+    held_.pop_front();
+    (void)stage_->rank0().end();
   }
 }
 

@@ -220,6 +220,18 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, worker_optio
       [=](step_atom, std::uint64_t /*microbatch*/, const bytes_msg& header) {
         if (self->state.runtime) self->state.runtime->submit(to_bytes(header));
       },
+      [=](qstep_atom, std::uint64_t microbatch, std::int32_t mode, const bytes_msg& header) {
+        auto& st = self->state;
+        if (!st.runtime) return;
+        if (mode < static_cast<std::int32_t>(qstep_mode::hold) || mode > static_cast<std::int32_t>(qstep_mode::flush)) {
+          // Only a coordinator of another build sends this: say so instead of guessing.
+          caf::send_as(caf::actor_cast<caf::actor>(self), st.coordinator, step_fail_atom::value,
+                       static_cast<std::int32_t>(st.options.stage), microbatch, UINT64_MAX,
+                       "stage " + std::to_string(st.options.stage) + ": unknown queued-step mode " + std::to_string(mode));
+          return;
+        }
+        st.runtime->submit(to_bytes(header), static_cast<stage_runtime::step_mode>(mode));
+      },
       [=](ping_atom) -> caf::result<pong_atom, double, double, std::uint64_t> {
         if (!self->state.runtime) return {pong_atom::value, 0.0, 0.0, std::uint64_t{0}};
         const auto t = self->state.runtime->timings();

@@ -126,6 +126,7 @@ struct serving_section {
   std::int64_t max_queued_tokens = 0;  ///< prompt tokens waiting to start; 0 = no cap
   bool use_job_ticket = false;         ///< reject at once ("overloaded") instead of queueing
   bool prefix_caching = true;          ///< share full KV blocks between prompts with the same prefix
+  bool queued_steps = true;            ///< one stage: plan step n+1 before step n's tokens return
   double response_timeout_s = 120;     ///< a request running longer is cancelled everywhere
   double startup_timeout_s = 120;      ///< the whole cluster must be ready within this
   int min_workers = 1;                 ///< pipeline replicas kept running

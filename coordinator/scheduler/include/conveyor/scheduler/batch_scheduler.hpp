@@ -63,6 +63,7 @@ struct scheduler_counters {
   std::int64_t spec_proposed = 0;  ///< draft tokens verified
   std::int64_t spec_accepted = 0;  ///< of them kept
   std::int64_t spec_emitted = 0;   ///< tokens those steps produced (accepted + the target's own)
+  std::int64_t steps_ahead = 0;    ///< steps next_step_ahead planned
 };
 
 class batch_scheduler {
@@ -202,6 +203,7 @@ class batch_scheduler {
   std::int64_t tokens_generated_ = 0;
   std::map<errc, std::int64_t> errors_;  ///< every error a request was answered with, by kind
   std::int64_t spec_steps_ = 0, spec_proposed_ = 0, spec_accepted_ = 0, spec_emitted_ = 0;
+  std::int64_t steps_ahead_ = 0;
 };
 
 }  // namespace conveyor::scheduler

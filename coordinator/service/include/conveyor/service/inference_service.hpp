@@ -114,6 +114,8 @@ struct stats_report {
   std::map<std::string, std::int64_t> errors_by_kind;
   int microbatches = 0;            ///< microbatch slots (parallel.chunks)
   int microbatches_in_flight = 0;  ///< of those, with a step on the stages now
+  /// Steps planned behind the step in flight and chained on the stage (serving.queued_steps).
+  std::int64_t steps_queued_ahead = 0;
   std::vector<std::int64_t> stage_steps;  ///< per stage: steps it ran
   std::vector<frame_hop_report> hops;     ///< per stage worker (a cluster's; empty in one process)
 };

@@ -8,6 +8,12 @@
 //   worker -> coordinator   loaded(stage, rank, ucx address, weight bytes)  or failed(stage, rank, why)
 //   coordinator -> worker   wire(upstream address, downstream address)     -> wired(stage)
 //   coordinator -> stage 0  step(microbatch, encoded frame header)
+//   coordinator -> stage 0  qstep(microbatch, mode, encoded frame header)   queued steps (one stage
+//                           of one rank, serving.queued_steps): `hold` begins a step and keeps it
+//                           queued; `chain` begins the next one with the ids the held one draws,
+//                           then ends the held one (its tokens go back as done); `flush` (no
+//                           header) ends the held one. Every hold or chain is followed by exactly
+//                           one chain or flush.
 //   last stage -> coordin.  done(microbatch, step, tokens) / step_failed(microbatch, step, why)
 //                           tokens: per plan sequence, one (-1 if not sampled), or sample_rows of
 //                           them for a speculative verification step (engine::flat_sampled_tokens)
@@ -43,11 +49,16 @@ using stop_atom = caf::atom_constant<caf::atom("stop")>;
 using reset_atom = caf::atom_constant<caf::atom("reset")>;
 using reset_done_atom = caf::atom_constant<caf::atom("resetdone")>;
 using metrics_atom = caf::atom_constant<caf::atom("metrics")>;
+using qstep_atom = caf::atom_constant<caf::atom("qstep")>;
+
+/// qstep's mode (stage_runtime::step_mode's values).
+enum class qstep_mode : std::int32_t { hold = 1, chain = 2, flush = 3 };
 
 /// Protocol version, checked at join. 4: max_frame_bytes in the assignment, reset (stage recovery);
 /// 5: the metrics request; 6: stage_assignment.quant, quant_lm_head; 7: frames carry sampleRows and
-/// `done` may hold several tokens per sequence (speculative decoding); 8: stage_assignment.batch_invariant.
-constexpr std::int32_t protocol_version = 8;
+/// `done` may hold several tokens per sequence (speculative decoding); 8: stage_assignment.batch_invariant;
+/// 9: qstep (queued steps).
+constexpr std::int32_t protocol_version = 9;
 
 /// What the coordinator tells a worker to load (a plain struct, sent as a CAF message).
 struct stage_assignment {

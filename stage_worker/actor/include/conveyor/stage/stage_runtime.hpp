@@ -71,8 +71,13 @@ class stage_runtime {
   status wire(const std::optional<transport::worker_address>& upstream,
               const std::optional<transport::worker_address>& downstream, tokens_callback on_tokens,
               failure_callback on_failure);
+  /// How stage 0 runs a step from the coordinator. plain: run it and report its tokens. Queued
+  /// steps (a stage with the embedding and the head on one rank; protocol.hpp's qstep): hold begins
+  /// it on the device and keeps it; chain begins it with the ids the held step draws, then ends the
+  /// held one; flush (no header) ends the held one. Ending a step reports its tokens.
+  enum class step_mode : std::int32_t { plain = 0, hold = 1, chain = 2, flush = 3 };
   /// Stage 0: queue a step whose encoded header came from the coordinator.
-  void submit(std::vector<std::byte> header_bytes);
+  void submit(std::vector<std::byte> header_bytes, step_mode mode = step_mode::plain);
   /// A neighbour died: stops the compute thread, forgets queued steps and activations not yet
   /// taken, and closes the channel(s) to the dead neighbour, so wire() can open new ones to its
   /// replacement. Blocking (joins the thread); not on an actor thread.
@@ -85,8 +90,12 @@ class stage_runtime {
  private:
   stage_runtime() = default;
   void loop();
-  bool next_input(transport::frame& out);
+  bool next_input(transport::frame& out, step_mode& mode);
   status run_step(transport::frame& in);
+  /// Queued steps: begin `in` (chained to the held step or not) and hold it.
+  status begin_step(const transport::frame& in, bool chain);
+  /// Ends the oldest held step and reports its tokens (or its failure).
+  void end_held();
 
   stage_runtime_options options_;
   std::unique_ptr<engine::tp_stage> stage_;
@@ -97,7 +106,16 @@ class stage_runtime {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::vector<std::byte>> inbox_;  ///< stage 0's steps
+  std::deque<std::pair<std::vector<std::byte>, step_mode>> inbox_;  ///< stage 0's steps
+  /// Queued steps begun and not ended (at most two: the held one and the one chained to it), with
+  /// what their tokens need and, with step_delay, when the emulated device finishes each.
+  struct held_step {
+    engine::step_plan plan;
+    std::uint64_t microbatch = 0, step = 0;
+    std::chrono::steady_clock::time_point ready_at;
+  };
+  std::deque<held_step> held_;
+  std::chrono::steady_clock::time_point queued_since_;  ///< when held_ last became non-empty
   struct pending_send {
     transport::staging_pool::buffer staging;  ///< the frame's payload, back to the pool when sent
     transport::send_handle handle;
