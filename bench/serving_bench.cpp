@@ -7,7 +7,8 @@
 //                 [--prompt MIN:MAX] [--output MIN:MAX] [--modes continuous,dynamic,static]
 //                 [--job-ticket] [--job-queue-size Q] [--threads T] [--seed S] [--csv FILE]
 //                 [--step-delay-us U] [--rates R1,R2,...] [--kv-blocks N]
-//                 [--cluster --conveyor PATH [--device cpu|cuda] [--dtype f32|bf16] [--stages K]]
+//                 [--cluster --conveyor PATH [--device cpu|cuda] [--dtype f32|bf16] [--stages K]
+//                  [--queued-steps 0|1]]
 //
 // --cluster drives a real cluster instead (coordinator in this process, `conveyor worker` processes
 // from --conveyor PATH, the same as `conveyor serve` starts): one cluster per mode, every rate of
@@ -57,6 +58,7 @@ struct bench_options {
   std::vector<double> rates;  ///< empty = {rate}
   int kv_blocks = 1024;
   bool cluster = false;
+  bool queued_steps = true;  ///< serving.queued_steps (a one-stage cluster)
   std::string conveyor;  ///< the binary the cluster's workers run
   std::string device = "cpu", dtype = "f32";
   int stages = 1;
@@ -154,6 +156,7 @@ result<service_holder> make_service(const bench_options& o, const std::string& m
   so.policy.use_job_ticket = o.job_ticket;
   so.policy.job_queue_size = o.job_queue_size;
   so.policy.prefix_caching = false;  // random prompts share nothing; keep the comparison about batching
+  so.policy.queued_steps = o.queued_steps;
   if (mode == "continuous") {
     so.policy.batching = service::batching_mode::continuous;
   } else if (mode == "dynamic") {
@@ -307,6 +310,7 @@ int main(int argc, char** argv) {
     else if (a == "--device") o.device = value();
     else if (a == "--dtype") o.dtype = value();
     else if (a == "--stages") o.stages = bench::int_flag(a, value(), 1, 1024, die);
+    else if (a == "--queued-steps") o.queued_steps = bench::int_flag(a, value(), 0, 1, die) != 0;
     else return usage(("unknown flag " + a).c_str());
   }
   if (o.requests < 1 || !(o.rate > 0) || o.max_batch_size < 1) return usage("--requests, --rate and --max-batch-size must be positive");
@@ -326,7 +330,10 @@ int main(int argc, char** argv) {
                         : "in process",
               o.requests, o.prompt_min, o.prompt_max, o.output_min, o.output_max,
               static_cast<long long>(offered_tokens), o.max_batch_size, o.delay_ms,
-              static_cast<long long>(o.step_delay_us), o.job_ticket ? ", job tickets" : "");
+              static_cast<long long>(o.step_delay_us),
+              (std::string(o.job_ticket ? ", job tickets" : "") +
+               (o.cluster && o.stages == 1 ? (o.queued_steps ? ", queued steps" : ", plain steps") : ""))
+                  .c_str());
   std::printf("%-10s %6s %6s %6s %8s %8s %9s %8s %8s %8s %8s %9s %9s %9s\n", "mode", "rate", "done", "rej%", "wall_s",
               "busy_s", "tok/s", "vs_cont", "ttft50", "ttft99", "itl50", "itl99", "e2e50", "e2e99");
   std::vector<mode_result> results;
