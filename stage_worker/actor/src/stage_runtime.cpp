@@ -221,7 +221,7 @@ status stage_runtime::begin_step(const transport::frame& in, bool chain) {
   h.step = in.header.step;
   const auto t0 = steady::now();
   CONVEYOR_TRY(stage_->rank0().begin(h.plan, chain));
-  if (held_.empty()) queued_since_ = t0;  // busy from the first queued step until none is left
+  if (held_.empty()) queued_since_ = t0;  // busy from the first queued step until none is left (end_held)
   if (options_.step_delay.count() > 0) {
     // The emulated device runs queued steps one after the other, each step_delay long.
     const auto start = held_.empty() ? t0 : std::max(t0, held_.back().ready_at);
@@ -236,7 +236,10 @@ void stage_runtime::end_held() {
   held_.pop_front();
   if (options_.step_delay.count() > 0) std::this_thread::sleep_until(h.ready_at);
   auto out = stage_->rank0().end();
-  if (held_.empty()) busy_ns_ += ns_since(queued_since_);
+  // Busy while any step is queued: counted up to now at every end, so a long chain shows up at once.
+  const auto now = steady::now();
+  busy_ns_ += static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(now - queued_since_).count());
+  queued_since_ = now;
   ++steps_;
   if (!out) {
     on_failure_(h.microbatch, h.step, "stage " + std::to_string(options_.stage) + ": " + out.err().message);
