@@ -63,15 +63,17 @@ class scheduler_test : public ::testing::Test {
   }
 
   /// Two stages of tiny-llama with an empty KV cache of 64 blocks of 16 (pipe_).
-  void make_pipeline() {
+  void make_pipeline() { pipe_ = pipeline(2); }
+  /// `stages` stages of tiny-llama, each with an empty KV cache of 64 blocks of 16.
+  std::unique_ptr<engine::local_pipeline> pipeline(int stages) {
     engine::executor_options eo;
     eo.kv_blocks = 64;
     eo.kv_block_size = 16;
     eo.max_step_tokens = 24;
     eo.max_seqs = 8;
-    auto p = engine::local_pipeline::create(*backend_, golden_.dir, 2, eo);
-    ASSERT_TRUE(p.ok()) << p.err().message;
-    pipe_ = std::move(p).value();
+    auto p = engine::local_pipeline::create(*backend_, golden_.dir, stages, eo);
+    EXPECT_TRUE(p.ok()) << p.err().message;
+    return p.ok() ? std::move(p).value() : nullptr;
   }
 
   service::generate_request greedy(std::size_t prompt) {

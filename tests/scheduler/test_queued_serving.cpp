@@ -19,14 +19,8 @@ class queued_serving_test : public scheduler_test {
  protected:
   void SetUp() override {
     scheduler_test::SetUp();
-    engine::executor_options eo;
-    eo.kv_blocks = 64;
-    eo.kv_block_size = 16;
-    eo.max_step_tokens = 24;
-    eo.max_seqs = 8;
-    auto p = engine::local_pipeline::create(*backend_, golden_.dir, 1, eo);  // one stage: steps can queue
-    ASSERT_TRUE(p.ok()) << p.err().message;
-    one_ = std::move(p).value();
+    one_ = pipeline(1);  // one stage: steps can queue
+    ASSERT_NE(one_, nullptr);
     opts_.chunks = 1;
   }
 
