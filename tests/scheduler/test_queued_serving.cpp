@@ -143,6 +143,35 @@ TEST_F(queued_serving_test, cancel_and_arrival_while_a_step_is_queued) {
   EXPECT_EQ(s.counters().cancelled, 1);
 }
 
+TEST_F(queued_serving_test, a_prompt_waiting_for_blocks_does_not_stop_the_chain) {
+  opts_.kv_blocks = 3;  // 48 tokens: the 40-token prompt cannot enter while the first request holds a block
+  auto longer = greedy(2);
+  longer.prompt.resize(40, 5);
+  longer.max_new_tokens = 8;
+  // The plain loop's tokens for the long prompt (no golden has it).
+  std::vector<std::int32_t> expected;
+  {
+    batch_scheduler plain(opts_);
+    auto sink = std::make_shared<collecting_sink>();
+    ASSERT_TRUE(plain.add(longer, sink).ok());
+    drain(plain);
+    expected = sink->tokens;
+    ASSERT_EQ(expected.size(), 8u);
+  }
+  batch_scheduler s(opts_);
+  auto a = std::make_shared<collecting_sink>();
+  auto b = std::make_shared<collecting_sink>();
+  ASSERT_TRUE(s.add(greedy(1), a).ok());
+  ASSERT_TRUE(s.add(longer, b).ok());
+  drain_queued(s);
+  EXPECT_EQ(a->tokens, golden_.prompts[1].greedy);
+  EXPECT_EQ(b->tokens, expected);
+  // The first request's 24 draws: all but the prefill's and the last one's next step are chained
+  // although the second waits the whole time; then the second's decode steps chain too.
+  EXPECT_GE(chained_, 22 + 5);
+  EXPECT_EQ(s.blocks().free_blocks(), 3);
+}
+
 TEST_F(queued_serving_test, refuses_what_it_cannot_chain) {
   batch_scheduler s(opts_);
   EXPECT_FALSE(s.next_step_ahead(0).has_value());  // nothing in flight

@@ -221,9 +221,14 @@ std::optional<engine::step_plan> batch_scheduler::next_step_ahead(int m, clock::
   if (!in_flight_[m] || ahead_[m]) return std::nullopt;
   if (options_.draft != nullptr && options_.spec_k > 0) return std::nullopt;  // drafts need the tokens
   const auto& entries = step_seqs_[m];
-  // Everyone of the microbatch is in the step (no member waits to re-prefill), and nobody could join.
+  // Everyone of the microbatch is in the step (no member waits to re-prefill), and nobody could join:
+  // no admission, no free slot, or the oldest waiting prompt lacks the free blocks enter() needs
+  // (counted without prefix-cache hits: where those would have let it in, it joins a step later).
   if (entries.empty() || entries.size() != members_[m].size()) return std::nullopt;
-  if (static_cast<int>(members_[m].size()) < options_.max_seqs_per_step && admission_open(m, now)) return std::nullopt;
+  if (static_cast<int>(members_[m].size()) < options_.max_seqs_per_step && admission_open(m, now) &&
+      pool_.blocks_for(static_cast<int>(seqs_.at(waiting_.front()).tokens.size())) <= pool_.free_blocks()) {
+    return std::nullopt;
+  }
   for (const auto& e : entries) {
     const sequence& s = seqs_.at(e.id);
     const int after = s.cached + e.tokens;  // KV after the step in flight
