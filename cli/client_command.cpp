@@ -173,7 +173,8 @@ int stats(const args& argv) {
               {"spec_steps", s->spec_steps},
               {"spec_draft_tokens", s->spec_draft_tokens},
               {"spec_accepted_tokens", s->spec_accepted_tokens},
-              {"spec_emitted_tokens", s->spec_emitted_tokens}});
+              {"spec_emitted_tokens", s->spec_emitted_tokens},
+              {"steps_queued_ahead", s->steps_queued_ahead}});
   return 0;
 }
 

@@ -219,6 +219,9 @@ struct Stats {
   # Of those, kept (acceptance rate = specAcceptedTokens / specDraftTokens).
   specEmittedTokens @23 :Int64;
   # Tokens those steps produced (per step: the speed-up over plain decoding, at most spec_k + 1).
+  stepsQueuedAhead @24 :Int64;
+  # Steps planned before the tokens of the step in flight came back and chained on the stage
+  # (`serving.queued_steps`, a cluster of one stage on one rank); 0 elsewhere.
 }
 
 struct ErrorCount {

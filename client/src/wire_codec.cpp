@@ -106,6 +106,7 @@ stats_report decode_stats(wire::Stats::Reader in) {
   s.spec_draft_tokens = in.getSpecDraftTokens();
   s.spec_accepted_tokens = in.getSpecAcceptedTokens();
   s.spec_emitted_tokens = in.getSpecEmittedTokens();
+  s.steps_queued_ahead = in.getStepsQueuedAhead();
   return s;
 }
 

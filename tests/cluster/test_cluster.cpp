@@ -283,6 +283,16 @@ TEST(cluster, one_stage_queued_steps_give_the_same_tokens) {
     EXPECT_EQ(st.kv_blocks_free, st.kv_blocks_total) << "blocks leaked";
     if (queued) {
       EXPECT_GT(st.steps_queued_ahead, 40) << "the steps were not queued";
+      // The count reaches RPC clients (`conveyor client stats`) as it stands in the service.
+      auto server = frontend::start_rpc_server((*c)->service(), frontend::rpc_server_options{});
+      ASSERT_TRUE(server.ok()) << server.err().message;
+      auto conn = client::connect((*server)->address());
+      ASSERT_TRUE(conn.ok()) << conn.err().message;
+      auto rs = (*conn)->stats();
+      ASSERT_TRUE(rs.ok()) << rs.err().message;
+      EXPECT_EQ(rs->steps_queued_ahead, st.steps_queued_ahead);
+      conn->reset();
+      (*server)->stop();
     } else {
       EXPECT_EQ(st.steps_queued_ahead, 0);
     }

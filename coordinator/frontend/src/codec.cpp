@@ -112,6 +112,7 @@ void encode_stats(const service::stats_report& in, wire::Stats::Builder out) {
   out.setSpecDraftTokens(in.spec_draft_tokens);
   out.setSpecAcceptedTokens(in.spec_accepted_tokens);
   out.setSpecEmittedTokens(in.spec_emitted_tokens);
+  out.setStepsQueuedAhead(in.steps_queued_ahead);
 }
 
 void encode_info(const service::model_info& in, wire::ModelInfo::Builder out) {

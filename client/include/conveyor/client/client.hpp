@@ -89,6 +89,7 @@ struct stats_report {
   std::int64_t spec_draft_tokens = 0;     ///< draft tokens verified
   std::int64_t spec_accepted_tokens = 0;  ///< of them kept
   std::int64_t spec_emitted_tokens = 0;   ///< tokens those steps produced
+  std::int64_t steps_queued_ahead = 0;    ///< steps chained on the stage before the step in flight ended
 };
 
 struct model_info {
