@@ -792,10 +792,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> timeline_variants{"all"};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) die("missing value after " + a);
-      return argv[++i];
-    };
+    auto next = [&] { return bench::flag_value(argc, argv, i, die); };
     if (a == "--model") c.model = next();
     else if (a == "--batches") c.batches = bench::int_list_flag(a, next(), 1, 4096, die);
     else if (a == "--prompt") c.prompt = bench::int_flag(a, next(), 1, 1 << 20, die);

@@ -14,13 +14,18 @@
 
 namespace conveyor::bench {
 
-/// The value; where it is malformed (leading blanks included: strtol would skip them) or out of range, 0 with `why` saying so (the flag and the value).
+/// strto*'s parse of `s` (which stopped at `end`) took the whole text: not empty, no leading blank
+/// (strtol and strtod would skip it), nothing after the number, not out of the type's range.
+inline bool whole_value(const std::string& s, const char* end) {
+  return !s.empty() && !std::isspace(static_cast<unsigned char>(s[0])) && end == s.c_str() + s.size() && errno != ERANGE;
+}
+
+/// The value; where it is malformed or out of range, 0 with `why` saying so (the flag and the value).
 inline int parse_int_flag(const std::string& flag, const std::string& s, long lo, long hi, std::string& why) {
   errno = 0;
   char* end = nullptr;
   const long v = std::strtol(s.c_str(), &end, 10);
-  if (s.empty() || std::isspace(static_cast<unsigned char>(s[0])) || end != s.c_str() + s.size() || errno == ERANGE ||
-      v < lo || v > hi) {
+  if (!whole_value(s, end) || v < lo || v > hi) {
     why = flag + ": \"" + s + "\" is not an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
     return 0;
   }
@@ -32,8 +37,7 @@ inline double parse_real_flag(const std::string& flag, const std::string& s, dou
   errno = 0;
   char* end = nullptr;
   const double v = std::strtod(s.c_str(), &end);
-  if (s.empty() || std::isspace(static_cast<unsigned char>(s[0])) || end != s.c_str() + s.size() || errno == ERANGE ||
-      !std::isfinite(v) || v < lo || v > hi) {
+  if (!whole_value(s, end) || !std::isfinite(v) || v < lo || v > hi) {
     char range[64];
     std::snprintf(range, sizeof range, "[%g, %g]", lo, hi);
     why = flag + ": \"" + s + "\" is not a number in " + range;
@@ -55,27 +59,32 @@ inline std::vector<int> parse_int_list_flag(const std::string& flag, const std::
   return out;
 }
 
-/// The value, or die(why) (the program's own [[noreturn]] error exit).
-template <class Die>
-int int_flag(const std::string& flag, const std::string& s, long lo, long hi, Die die) {
+/// parse(why)'s value, or die(why) (the program's own [[noreturn]] error exit).
+template <class Parse, class Die>
+auto or_die(Parse parse, Die die) {
   std::string why;
-  const int v = parse_int_flag(flag, s, lo, hi, why);
+  auto v = parse(why);
   if (!why.empty()) die(why);
   return v;
+}
+template <class Die>
+int int_flag(const std::string& flag, const std::string& s, long lo, long hi, Die die) {
+  return or_die([&](std::string& why) { return parse_int_flag(flag, s, lo, hi, why); }, die);
 }
 template <class Die>
 double real_flag(const std::string& flag, const std::string& s, double lo, double hi, Die die) {
-  std::string why;
-  const double v = parse_real_flag(flag, s, lo, hi, why);
-  if (!why.empty()) die(why);
-  return v;
+  return or_die([&](std::string& why) { return parse_real_flag(flag, s, lo, hi, why); }, die);
 }
 template <class Die>
 std::vector<int> int_list_flag(const std::string& flag, const std::string& s, long lo, long hi, Die die) {
-  std::string why;
-  std::vector<int> v = parse_int_list_flag(flag, s, lo, hi, why);
-  if (!why.empty()) die(why);
-  return v;
+  return or_die([&](std::string& why) { return parse_int_list_flag(flag, s, lo, hi, why); }, die);
+}
+
+/// The value after flag argv[i] (i moves onto it), or die("missing value after FLAG").
+template <class Die>
+std::string flag_value(int argc, char** argv, int& i, Die die) {
+  if (i + 1 >= argc) die(std::string("missing value after ") + argv[i]);
+  return argv[++i];
 }
 
 }  // namespace conveyor::bench

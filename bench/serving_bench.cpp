@@ -285,10 +285,7 @@ int main(int argc, char** argv) {
   bench_options o;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) die(a + " needs a value");
-      return argv[++i];
-    };
+    auto value = [&] { return bench::flag_value(argc, argv, i, die); };
     if (a == "--model") o.model = value();
     else if (a == "--requests") o.requests = bench::int_flag(a, value(), 1, 1 << 24, die);
     else if (a == "--rate") o.rate = bench::real_flag(a, value(), 1e-6, 1e9, die);

@@ -382,10 +382,7 @@ int main(int argc, char** argv) {
   };
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) die(a + " needs a value");
-      return argv[++i];
-    };
+    auto value = [&] { return bench::flag_value(argc, argv, i, die); };
     if (a == "--quick") quick = true;
     else if (a == "--latency-only") latency_only = true;  // for profiling the small-frame path
     else if (a == "--frames-only") frames_only = true;    // no perftest runs: for profiling the frames alone
