@@ -28,8 +28,7 @@ batch_scheduler::batch_scheduler(const scheduler_options& options)
       members_(options.chunks),
       step_seqs_(options.chunks),
       in_flight_(options.chunks, false),
-      ahead_seqs_(options.chunks),
-      ahead_(options.chunks, false) {
+      ahead_seqs_(options.chunks) {
   assert(options.chunks >= 1);
 }
 
@@ -194,10 +193,9 @@ void batch_scheduler::complete(int m, const std::vector<std::int32_t>& tokens) {
   const auto entries = std::move(step_seqs_[m]);
   step_seqs_[m].clear();
   in_flight_[m] = false;
-  if (ahead_[m]) {  // the queued step is in flight now; its sequences stay in a step
+  if (ahead(m)) {  // the queued step is in flight now; its sequences stay in a step
     step_seqs_[m] = std::move(ahead_seqs_[m]);
     ahead_seqs_[m].clear();
-    ahead_[m] = false;
     in_flight_[m] = true;
   }
   std::size_t next_row = 0;  // tokens holds sample_rows values for a sequence with drafts, else one
@@ -224,18 +222,8 @@ void batch_scheduler::complete(int m, const std::vector<std::int32_t>& tokens) {
     // sequence's KV through this block table and the plan's positions alone).
     s.cached += entries[k].tokens - static_cast<int>(drafts.size()) + v.accepted;
     publish_full_blocks(s);
-    if (s.fate != doom::none && behind) continue;
-    if (s.fate == doom::cancelled) {
-      retire(s.id, summary_of(s, "cancelled"));
-      continue;
-    }
-    if (s.fate == doom::expired) {
-      ++expired_;
-      retire(s.id, deadline_error(s, clock::now()));
-      continue;
-    }
-    if (s.fate == doom::finished) {
-      retire(s.id, summary_of(s, s.finish_reason));
+    if (s.fate != doom::none) {
+      if (!behind) retire_doomed(s);
       continue;
     }
     if (!sampled) continue;
@@ -293,7 +281,6 @@ void batch_scheduler::fail_step(int m, const error& why) {
   // The step queued behind it never runs either (its sequences are the same ones).
   for (auto& e : ahead_seqs_[m]) entries.push_back(std::move(e));
   ahead_seqs_[m].clear();
-  ahead_[m] = false;
   for (const auto& e : entries) {
     if (auto it = seqs_.find(e.id); it != seqs_.end()) {
       it->second.in_step = false;
@@ -303,33 +290,47 @@ void batch_scheduler::fail_step(int m, const error& why) {
   }
 }
 
-void batch_scheduler::fail_all(const error& why) {
+void batch_scheduler::forget_steps() {
   for (int m = 0; m < options_.chunks; ++m) {
     step_seqs_[m].clear();
     in_flight_[m] = false;
     ahead_seqs_[m].clear();
-    ahead_[m] = false;
   }
-  std::vector<std::uint64_t> ids;
   for (auto& [id, s] : seqs_) {
     s.in_step = false;
     s.in_ahead = false;
-    ids.push_back(id);
   }
+}
+
+void batch_scheduler::retire_doomed(const sequence& s) {
+  switch (s.fate) {
+    case doom::cancelled:
+      retire(s.id, summary_of(s, "cancelled"));
+      return;
+    case doom::expired:
+      ++expired_;
+      retire(s.id, deadline_error(s, clock::now()));
+      return;
+    case doom::finished:
+      retire(s.id, summary_of(s, s.finish_reason));
+      return;
+    case doom::none:
+      assert(false && "retire_doomed of a sequence with no fate");
+      return;
+  }
+}
+
+void batch_scheduler::fail_all(const error& why) {
+  forget_steps();
+  std::vector<std::uint64_t> ids;
+  for (const auto& [id, s] : seqs_) ids.push_back(id);
   for (auto id : ids) retire(id, why);
 }
 
 void batch_scheduler::reprefill_all() {
-  for (int m = 0; m < options_.chunks; ++m) {
-    step_seqs_[m].clear();
-    in_flight_[m] = false;
-    ahead_seqs_[m].clear();
-    ahead_[m] = false;
-  }
+  forget_steps();
   std::vector<std::uint64_t> doomed;
   for (auto& [id, s] : seqs_) {
-    s.in_step = false;
-    s.in_ahead = false;
     if (s.fate != doom::none) {
       doomed.push_back(id);
       continue;
@@ -340,17 +341,7 @@ void batch_scheduler::reprefill_all() {
     ++preempted_now_;
   }
   pool_.forget_cached();
-  for (auto id : doomed) {
-    const sequence& s = seqs_.at(id);
-    if (s.fate == doom::cancelled) {
-      retire(id, summary_of(s, "cancelled"));
-    } else if (s.fate == doom::finished) {
-      retire(id, summary_of(s, s.finish_reason));
-    } else {
-      ++expired_;
-      retire(id, deadline_error(s, clock::now()));
-    }
-  }
+  for (auto id : doomed) retire_doomed(seqs_.at(id));
 }
 
 service::generate_summary batch_scheduler::summary_of(const sequence& s, const char* reason) const {

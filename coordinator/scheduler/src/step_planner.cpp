@@ -218,7 +218,7 @@ std::optional<engine::step_plan> batch_scheduler::next_step(int m, clock::time_p
 }
 
 std::optional<engine::step_plan> batch_scheduler::next_step_ahead(int m, clock::time_point now) {
-  if (!in_flight_[m] || ahead_[m]) return std::nullopt;
+  if (!in_flight_[m] || ahead(m)) return std::nullopt;
   if (options_.draft != nullptr && options_.spec_k > 0) return std::nullopt;  // drafts need the tokens
   const auto& entries = step_seqs_[m];
   // Everyone of the microbatch is in the step (no member waits to re-prefill), and nobody could join:
@@ -260,7 +260,6 @@ std::optional<engine::step_plan> batch_scheduler::next_step_ahead(int m, clock::
     ahead.push_back({s.id, 1, {}});
     s.in_ahead = true;
   }
-  ahead_[m] = true;
   ++steps_ahead_;
   return plan;
 }

@@ -127,7 +127,7 @@ class batch_scheduler {
   bool has_work() const;
   bool in_flight(int m) const { return in_flight_[m]; }
   /// A step is queued behind microbatch `m`'s step in flight (next_step_ahead).
-  bool ahead(int m) const { return ahead_[m]; }
+  bool ahead(int m) const { return !ahead_seqs_[m].empty(); }
   int chunks() const { return options_.chunks; }
   scheduler_counters counters() const;
   /// Writes the request, token, KV, policy, error and microbatch counters into a stats report (stage
@@ -178,6 +178,10 @@ class batch_scheduler {
   void add_drafts(int m, int& budget, engine::step_plan& plan);
 
   void retire(std::uint64_t id, result<service::generate_summary> outcome);
+  /// Retires a sequence whose fate is sealed (doom other than none), with what that fate reports.
+  void retire_doomed(const sequence& s);
+  /// Forgets every step in flight or queued: no sequence is in a step any more.
+  void forget_steps();
   error deadline_error(const sequence& s, clock::time_point now) const;
   service::generate_summary summary_of(const sequence& s, const char* reason) const;
 
@@ -194,8 +198,7 @@ class batch_scheduler {
   };
   std::vector<std::vector<step_entry>> step_seqs_;  ///< the sequences of the step in flight
   std::vector<bool> in_flight_;
-  std::vector<std::vector<step_entry>> ahead_seqs_;  ///< the step queued behind it (next_step_ahead)
-  std::vector<bool> ahead_;
+  std::vector<std::vector<step_entry>> ahead_seqs_;  ///< the step queued behind it (next_step_ahead), or empty
   int preempted_now_ = 0;  ///< members currently without blocks
   bool flush_ = false;
   std::uint64_t next_id_ = 1;
