@@ -121,7 +121,7 @@ bool stage_runtime::next_input(transport::frame& out, step_mode& mode) {
       }
       if (got.err().code != errc::io && got.err().message.find("deadline") == std::string::npos) {
         // A malformed frame: the channel stays usable, but the step it carried is lost.
-        on_failure_(whole_stage, whole_stage, "stage " + std::to_string(options_.stage) + ": " + got.err().message);
+        fail_step(whole_stage, whole_stage, got.err().message);
       }
       continue;
     }
@@ -231,6 +231,10 @@ status stage_runtime::begin_step(const transport::frame& in, bool chain) {
   return ok_status();
 }
 
+void stage_runtime::fail_step(std::uint64_t mb, std::uint64_t step, const std::string& why) {
+  on_failure_(mb, step, "stage " + std::to_string(options_.stage) + ": " + why);
+}
+
 void stage_runtime::end_held() {
   held_step h = std::move(held_.front());
   held_.pop_front();
@@ -242,7 +246,7 @@ void stage_runtime::end_held() {
   queued_since_ = now;
   ++steps_;
   if (!out) {
-    on_failure_(h.microbatch, h.step, "stage " + std::to_string(options_.stage) + ": " + out.err().message);
+    fail_step(h.microbatch, h.step, out.err().message);
     return;
   }
   on_tokens_(h.microbatch, h.step, engine::flat_sampled_tokens(h.plan, *out));
@@ -251,9 +255,6 @@ void stage_runtime::end_held() {
 void stage_runtime::loop() {
   transport::frame in;
   step_mode mode = step_mode::plain;
-  auto fail = [&](std::uint64_t mb, std::uint64_t step, const std::string& why) {
-    on_failure_(mb, step, "stage " + std::to_string(options_.stage) + ": " + why);
-  };
   while (next_input(in, mode)) {
     const std::uint64_t mb = in.header.microbatch_id, step = in.header.step;
     if (mode == step_mode::flush) {
@@ -262,17 +263,17 @@ void stage_runtime::loop() {
     }
     if (mode == step_mode::chain) {
       if (held_.empty()) {
-        fail(mb, step, "a chained step with no step held before it");
+        fail_step(mb, step, "a chained step with no step held before it");
         continue;
       }
       auto st = begin_step(in, true);
       end_held();  // the held step's tokens go back first, so the coordinator knows it before the failure
-      if (!st.ok()) fail(mb, step, st.err().message);
+      if (!st.ok()) fail_step(mb, step, st.err().message);
       continue;
     }
     while (!held_.empty()) end_held();
     if (mode == step_mode::hold) {
-      if (auto st = begin_step(in, false); !st.ok()) fail(mb, step, st.err().message);
+      if (auto st = begin_step(in, false); !st.ok()) fail_step(mb, step, st.err().message);
       continue;
     }
     auto st = run_step(in);
@@ -283,7 +284,7 @@ void stage_runtime::loop() {
                                    std::to_string(options_.stage + 1) + " downstream: " + downstream_->health().err().message);
       return;
     }
-    on_failure_(mb, step, "stage " + std::to_string(options_.stage) + ": " + st.err().message);
+    fail_step(mb, step, st.err().message);
   }
   // Stopped or detached: steps still queued on the device are ended unreported (the coordinator
   // plans them again), so the executor takes plain steps after a re-wire.

@@ -96,6 +96,8 @@ class stage_runtime {
   status begin_step(const transport::frame& in, bool chain);
   /// Ends the oldest held step and reports its tokens (or its failure).
   void end_held();
+  /// Reports that this stage could not run step `step` of microbatch `mb`, and why.
+  void fail_step(std::uint64_t mb, std::uint64_t step, const std::string& why);
 
   stage_runtime_options options_;
   std::unique_ptr<engine::tp_stage> stage_;
