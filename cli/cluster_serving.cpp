@@ -96,7 +96,10 @@ result<coordinator::cluster_options> cluster_options_of(const config::deployment
   }
   o.ucx_tls = d.transport.ucx_tls;
   o.kv_block_size = d.serving.kv_block_size;
-  o.kv_blocks = d.serving.kv_blocks > 0 ? d.serving.kv_blocks : 512;  // CPU: a fixed pool
+  // kv_blocks 0: a GPU stage sizes its pool from serving.kv_memory_fraction of its free memory; a
+  // CPU stage keeps a fixed pool of 512 (a fraction of the host's free RAM would be gigabytes).
+  o.kv_blocks = d.serving.kv_blocks > 0 ? d.serving.kv_blocks : d.model.device == config::device_kind::cuda ? 0 : 512;
+  o.kv_memory_fraction = d.serving.kv_memory_fraction;
   o.max_step_tokens = d.serving.max_batch_tokens;
   o.max_seqs_per_step = d.serving.max_batch_size;
   o.max_context = d.serving.max_context;

@@ -13,6 +13,7 @@
 #include "conveyor/client/client.hpp"
 #include "conveyor/coordinator/cluster.hpp"
 #include "conveyor/engine/local_pipeline.hpp"
+#include "conveyor/engine/memory_plan.hpp"
 #include "conveyor/frontend/rpc_server.hpp"
 #include "cluster_fixture.hpp"
 #include "conveyor/kernels/cpu_backend.hpp"
@@ -242,6 +243,50 @@ TEST(cluster, pipelining_overlaps_microbatches) {
 // serving.queued_steps on one stage: stage 0 starts step n+1 with step n's draws before the tokens
 // go round through the coordinator. Same tokens as without it (and as HF), stop tokens and cancels
 // included, and the steps were really queued (the counter), where the plain cluster queues none.
+// kv_blocks 0: each worker sizes its KV pool from a fraction of its free memory, split between the
+// workers on the same device (both stages here share this host's RAM), and the scheduler hands out
+// the least; the goldens come out of the sized pool. Too small a fraction fails the start-up with
+// the plan's reason. (A CPU deployment's config keeps a fixed pool; this drives the GPU path's logic.)
+TEST(cluster, the_kv_cache_is_sized_from_free_memory) {
+  const auto golden = testing::load_golden("tiny-llama");
+  auto o = base_options("tiny-llama", 2);
+  o.kv_blocks = 0;
+  o.max_context = 128;
+  o.kv_memory_fraction = 2e-4;
+  // What one of the two workers should plan: its half of the fraction, for its half of the layers.
+  auto backend = kernels::make_cpu_backend({1});
+  auto config = engine::load_model_config(o.model_dir);
+  ASSERT_TRUE(config.ok());
+  auto ranges = engine::split_even(*config, 2);
+  ASSERT_TRUE(ranges.ok());
+  engine::executor_options eo;
+  eo.kv_block_size = o.kv_block_size;
+  eo.max_step_tokens = o.max_step_tokens;
+  eo.max_seqs = o.max_seqs_per_step;
+  auto plan = engine::plan_memory(*backend, *config, {(*ranges)[0]}, eo, {o.kv_memory_fraction / 2, 1, 0});
+  ASSERT_TRUE(plan.ok()) << plan.err().message;
+  auto c = cluster::start(o);
+  ASSERT_TRUE(c.ok()) << c.err().message;
+  const auto st = stats_of((*c)->service());
+  // Free memory moves while other tests run: within a factor that an unsplit fraction (2x) exceeds.
+  EXPECT_GT(st.kv_blocks_total, plan->kv_blocks * 0.6) << "planned " << plan->kv_blocks;
+  EXPECT_LT(st.kv_blocks_total, plan->kv_blocks * 1.6) << "planned " << plan->kv_blocks;
+  for (std::size_t i = 0; i < golden.prompts.size(); ++i) {
+    auto sink = std::make_shared<collecting_sink>();
+    (*c)->service().submit(greedy(golden.prompts[i]), sink);
+    ASSERT_TRUE(sink->wait());
+    ASSERT_TRUE(sink->done->ok()) << sink->done->err().message;
+    EXPECT_EQ(sink->tokens, golden.prompts[i].greedy) << "prompt " << i;
+  }
+  (*c)->shutdown();
+
+  o.kv_memory_fraction = 1e-9;
+  auto none = cluster::start(o);
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.err().message.find("serving.kv_memory_fraction"), std::string::npos) << none.err().message;
+  EXPECT_NE(none.err().message.find("KV cache does not fit"), std::string::npos) << none.err().message;
+}
+
 TEST(cluster, one_stage_queued_steps_give_the_same_tokens) {
   const auto golden = testing::load_golden("tiny-llama");
   for (const bool queued : {true, false}) {

@@ -173,5 +173,18 @@ TEST(launch_spec, a_shell_on_the_far_side_gets_the_arguments_back) {
   fs::remove_all(dir);
 }
 
+// Workers that size their KV cache from free memory split it with those on the same GPU.
+TEST(launch_spec, gpu_sharers_counts_the_stages_on_each_gpu) {
+  EXPECT_EQ(gpu_sharers({{"localhost", "", "0"}, {"localhost", "", "0"}}), (std::vector<int>{2, 2}));
+  EXPECT_EQ(gpu_sharers({{"localhost", "", "0"}, {"localhost", "", "1"}}), (std::vector<int>{1, 1}));
+  // tp 2: GPUs 0,1 and 1,2 overlap on 1; 3 is alone.
+  EXPECT_EQ(gpu_sharers({{"h", "", "0,1"}, {"h", "", "1,2"}, {"h", "", "3"}}), (std::vector<int>{2, 2, 1}));
+  // The same GPU number on another host is another GPU.
+  EXPECT_EQ(gpu_sharers({{"w1", "10.0.0.2", "0"}, {"w2", "10.0.0.3", "0"}}), (std::vector<int>{1, 1}));
+  // No list: the worker sees every GPU of its host.
+  EXPECT_EQ(gpu_sharers({{"h", "", ""}, {"h", "", "2"}, {"g", "", ""}}), (std::vector<int>{2, 2, 1}));
+  EXPECT_EQ(gpu_sharers({}), std::vector<int>{});
+}
+
 }  // namespace
 }  // namespace conveyor::coordinator

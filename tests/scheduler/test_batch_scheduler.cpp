@@ -33,6 +33,26 @@ TEST_F(scheduler_test, microbatches_with_chunked_prefill_reproduce_goldens) {
   EXPECT_EQ(s.counters().finished, 12);
 }
 
+// A cluster whose stages size their KV pools from memory starts the scheduler with none and sizes
+// it once they have loaded: only while nothing is queued, since held block ids would dangle.
+TEST_F(scheduler_test, the_kv_pool_is_sized_only_while_empty) {
+  auto o = opts_;
+  o.kv_blocks = 0;
+  batch_scheduler s(o);
+  auto sink = std::make_shared<collecting_sink>();
+  EXPECT_FALSE(s.add(greedy(0), sink).ok()) << "no blocks: every request is too long";
+  ASSERT_TRUE(s.set_kv_blocks(48));
+  EXPECT_EQ(s.blocks().num_blocks(), 48);
+  EXPECT_EQ(s.blocks().free_blocks(), 48);
+  ASSERT_TRUE(s.add(greedy(0), sink).ok());
+  EXPECT_FALSE(s.set_kv_blocks(96)) << "a queued request";
+  drain(s);
+  ASSERT_TRUE(sink->done.has_value() && sink->done->ok());
+  EXPECT_EQ(sink->tokens, golden_.prompts[0].greedy);
+  EXPECT_TRUE(s.set_kv_blocks(96));
+  EXPECT_EQ(s.blocks().num_blocks(), 96);
+}
+
 TEST_F(scheduler_test, invalid_requests_are_rejected_with_reasons) {
   batch_scheduler s(opts_);
   auto sink = std::make_shared<collecting_sink>();

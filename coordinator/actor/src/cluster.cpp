@@ -108,19 +108,20 @@ class cluster_impl final : public cluster {
     std::unique_lock lock(mu_);  // the coordinator may restart a stage as soon as it exists
     setup.restart_stage = [this](int stage) { return restart(stage); };
     setup.stage_process_ended = [this](int stage) { return process_ended(stage); };
-    coordinator_ = spawn_coordinator(*sys_, setup);
-    service_ = std::make_unique<cluster_service>(coordinator_, info);
-    auto port = sys_->middleman().publish(coordinator_, options_.cluster_port, options_.cluster_host.c_str(), true);
-    if (!port) {
-      return make_error(errc::io, "cannot listen for workers on " + options_.cluster_host + ":" +
-                                      std::to_string(options_.cluster_port) + ": " + sys_->render(port.error()));
-    }
     std::vector<worker_site> sites = options_.sites;
     if (sites.empty()) {
       sites = local_sites(setup.ranges.size());
     } else if (sites.size() != setup.ranges.size()) {
       return make_error(errc::invalid_argument, std::to_string(sites.size()) + " worker sites for " +
                                                     std::to_string(setup.ranges.size()) + " stages");
+    }
+    setup.gpu_sharers = gpu_sharers(sites);
+    coordinator_ = spawn_coordinator(*sys_, setup);
+    service_ = std::make_unique<cluster_service>(coordinator_, info);
+    auto port = sys_->middleman().publish(coordinator_, options_.cluster_port, options_.cluster_host.c_str(), true);
+    if (!port) {
+      return make_error(errc::io, "cannot listen for workers on " + options_.cluster_host + ":" +
+                                      std::to_string(options_.cluster_port) + ": " + sys_->render(port.error()));
     }
     launch_settings ls;
     ls.method = options_.launch;
@@ -322,7 +323,11 @@ result<std::unique_ptr<cluster>> cluster::start(const cluster_options& o) {
   setup.ranges = *ranges;
   setup.vocab_size = config.vocab_size;
   const int model_ctx = o.max_context > 0 ? o.max_context : config.max_position_embeddings;
-  setup.max_context = std::min(model_ctx, o.kv_blocks * o.kv_block_size);
+  // A KV cache sized from memory must hold one sequence of model_ctx: the workers' plans fail otherwise.
+  setup.max_context = o.kv_blocks > 0 ? std::min(model_ctx, o.kv_blocks * o.kv_block_size) : model_ctx;
+  if (o.kv_blocks < 0 || (o.kv_blocks == 0 && !(o.kv_memory_fraction > 0.0 && o.kv_memory_fraction <= 1.0))) {
+    return make_error(errc::invalid_argument, "kv_blocks must be positive, or 0 with a kv_memory_fraction in (0, 1]");
+  }
   setup.eos_ids = config.eos_token_ids;
   setup.canary_token = config.bos_token_id >= 0 && config.bos_token_id < config.vocab_size ? config.bos_token_id : 0;
   if (o.spec_k > 0 && o.draft_dir == "ngram") {
@@ -354,7 +359,7 @@ result<std::unique_ptr<cluster>> cluster::start(const cluster_options& o) {
       draft->backend = kernels::make_cpu_backend({o.worker_threads});
     }
     engine::executor_options eo;
-    eo.kv_blocks = o.kv_blocks;
+    eo.kv_blocks = o.kv_blocks > 0 ? o.kv_blocks : 512;  // the draft's own pool; it drafts for no longer sequences
     eo.kv_block_size = o.kv_block_size;
     eo.max_step_tokens = o.max_step_tokens;
     eo.max_seqs = o.max_seqs_per_step;

@@ -2,6 +2,8 @@
 // scheduler's steps. Its behaviours delegate to plain classes; it never blocks.
 #include "coordinator_actor.hpp"
 
+#include <cassert>
+#include <climits>
 #include <cstdio>
 
 #include "conveyor/scheduler/batch_scheduler.hpp"
@@ -34,6 +36,7 @@ struct worker_slot {
   std::uint64_t steps = 0;
   std::chrono::steady_clock::time_point last_pong;
   int restarts = 0;  ///< times this stage's worker was replaced
+  int kv_blocks = 0;  ///< its KV pool, as loaded reported it
   stage::stage_metrics frames;  ///< its activation-frame counters, as of the last heartbeat
 };
 
@@ -174,6 +177,18 @@ void pump(coord_actor* self) {
     }
     if (st.queued) follow_held(self, m);
   }
+}
+
+/// The workers sized their KV pools from their memory: the scheduler hands out the least of them,
+/// and a replacement worker gets that many (a fixed size from now on).
+void size_kv_cache(coord_actor* self) {
+  auto& st = self->state;
+  int blocks = INT_MAX;
+  for (const auto& w : st.workers) blocks = std::min(blocks, w.kv_blocks);
+  const bool sized = st.sched->set_kv_blocks(blocks);
+  assert(sized && "nothing is scheduled before the stages are loaded");
+  (void)sized;
+  st.setup.options.kv_blocks = blocks;
 }
 
 void start_wiring(coord_actor* self) {
@@ -509,7 +524,11 @@ caf::behavior coordinator_impl(coord_actor* self, coordinator_setup setup) {
         a.first_layer = r.first_layer;
         a.last_layer = r.last_layer;
         a.kv_blocks = s.setup.options.kv_blocks;
+        const auto& share = s.setup.gpu_sharers;
+        a.kv_fraction = s.setup.options.kv_memory_fraction /
+                        std::max(1, static_cast<std::size_t>(stage) < share.size() ? share[stage] : 1);
         a.kv_block_size = s.setup.options.kv_block_size;
+        a.kv_min_blocks = (s.setup.max_context + a.kv_block_size - 1) / std::max(1, a.kv_block_size);
         a.max_step_tokens = s.setup.options.max_step_tokens;
         a.max_seqs = s.setup.options.max_seqs_per_step;
         a.ucx_tls = s.setup.options.ucx_tls;
@@ -526,19 +545,22 @@ caf::behavior coordinator_impl(coord_actor* self, coordinator_setup setup) {
       [=](progress_atom, std::int32_t stage, std::int32_t, const std::string& text) {
         if (auto* w = slot_for(self, stage, true)) w->detail = text;
       },
-      [=](loaded_atom, std::int32_t stage, std::int32_t, bytes_msg address, std::int64_t weight_bytes) {
+      [=](loaded_atom, std::int32_t stage, std::int32_t, bytes_msg address, std::int64_t weight_bytes,
+          std::int32_t kv_blocks) {
         auto& s = self->state;
         auto* slot = slot_for(self, stage, true);
         if (slot == nullptr) return;
         auto& w = *slot;
         w.state = "loaded";
         w.address = std::move(address);
-        w.detail = std::to_string(weight_bytes) + " weight bytes";
+        w.kv_blocks = kv_blocks;
+        w.detail = std::to_string(weight_bytes) + " weight bytes, " + std::to_string(kv_blocks) + " KV blocks";
         if (s.recovery.active) {
           if (s.recovery.stage == stage) try_rewire(self);
           return;
         }
         if (std::all_of(s.workers.begin(), s.workers.end(), [](const worker_slot& x) { return x.state == "loaded"; })) {
+          if (s.setup.options.kv_blocks == 0) size_kv_cache(self);
           start_wiring(self);
         }
       },

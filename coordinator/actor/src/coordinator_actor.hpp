@@ -34,6 +34,8 @@ struct coordinator_setup {
   std::vector<engine::stage_range> ranges;
   int vocab_size = 0;
   int max_context = 0;
+  /// Per stage: the stages whose workers share its GPU (gpu_sharers); empty = 1 each.
+  std::vector<int> gpu_sharers;
   std::vector<std::int32_t> eos_ids;
   std::int32_t canary_token = 0;
   /// Starts a new worker process for stage k (after stopping what is left of the old one); its pid.

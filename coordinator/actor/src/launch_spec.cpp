@@ -29,6 +29,29 @@ std::string shell_line(const std::vector<std::string>& words) {
 
 }  // namespace
 
+std::vector<int> gpu_sharers(const std::vector<worker_site>& sites) {
+  auto gpus = [](const std::string& list) {
+    std::vector<std::string> out;
+    std::size_t from = 0;
+    while (from <= list.size() && !list.empty()) {
+      const std::size_t comma = std::min(list.find(',', from), list.size());
+      out.push_back(list.substr(from, comma - from));
+      from = comma + 1;
+    }
+    return out;
+  };
+  auto overlap = [&](const worker_site& x, const worker_site& y) {
+    if (x.host_name != y.host_name) return false;
+    if (x.visible_devices.empty() || y.visible_devices.empty()) return true;
+    const auto a = gpus(x.visible_devices), b = gpus(y.visible_devices);
+    return std::any_of(a.begin(), a.end(), [&](const std::string& g) { return std::find(b.begin(), b.end(), g) != b.end(); });
+  };
+  std::vector<int> out(sites.size(), 0);
+  for (std::size_t i = 0; i < sites.size(); ++i)
+    for (const auto& other : sites) out[i] += overlap(sites[i], other) ? 1 : 0;
+  return out;
+}
+
 std::string shell_quote(std::string_view s) {
   const bool plain = !s.empty() && std::all_of(s.begin(), s.end(), [](char c) {
     return std::isalnum(static_cast<unsigned char>(c)) || std::string_view("@%+=:,./_-").find(c) != std::string_view::npos;

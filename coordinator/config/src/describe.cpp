@@ -81,7 +81,7 @@ std::string describe(const deployment& d) {
   add("serving.min_workers", std::to_string(s.min_workers));
   add("serving.max_workers", std::to_string(s.max_workers));
   add("serving.kv_block_size", std::to_string(s.kv_block_size));
-  add("serving.kv_blocks", s.kv_blocks == 0 ? "0 (from kv_memory_fraction)" : std::to_string(s.kv_blocks));
+  add("serving.kv_blocks", s.kv_blocks == 0 ? "0 (cuda: from kv_memory_fraction; cpu: 512)" : std::to_string(s.kv_blocks));
   add("serving.kv_memory_fraction", num(s.kv_memory_fraction));
   add("serving.max_context", s.max_context == 0 ? "0 (the model's limit)" : std::to_string(s.max_context));
   add("launch.method", sv(to_string(d.launch.method)));

@@ -32,6 +32,13 @@ batch_scheduler::batch_scheduler(const scheduler_options& options)
   assert(options.chunks >= 1);
 }
 
+bool batch_scheduler::set_kv_blocks(int blocks) {
+  if (!seqs_.empty() || blocks < 0) return false;
+  pool_ = kv_block_pool(blocks, options_.kv_block_size, options_.policy.prefix_caching);
+  options_.kv_blocks = blocks;
+  return true;
+}
+
 std::optional<std::string> batch_scheduler::overload_reason(const service::generate_request& r) const {
   const auto& p = options_.policy;
   const auto queued = static_cast<std::int64_t>(waiting_.size());

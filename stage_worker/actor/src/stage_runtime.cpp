@@ -1,11 +1,14 @@
 #include "conveyor/stage/stage_runtime.hpp"
 
 #include <algorithm>
+#include <climits>
 #include <cstring>
 #include <thread>
 #include <utility>
 
 #include "conveyor/engine/checkpoint.hpp"
+#include "conveyor/engine/memory_plan.hpp"
+#include "conveyor/engine/tensor_parallel.hpp"
 #include "conveyor/engine/speculative_sampling.hpp"
 #include "conveyor/stage/plan_convert.hpp"
 #include "conveyor/transport/frame_codec.hpp"
@@ -18,6 +21,29 @@ std::uint64_t ns_since(steady::time_point t) {
   return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(steady::now() - t).count());
 }
 constexpr std::uint64_t whole_stage = UINT64_MAX;
+
+/// KV blocks every rank can hold: the least of the ranks' memory plans, each for its slice of the
+/// heads and FFN (the embedding and head are counted whole, which only errs towards fewer blocks).
+result<int> kv_blocks_from_memory(const std::vector<kernels::backend*>& rank_backends, const engine::model_config& config,
+                                  const stage_runtime_options& o) {
+  engine::memory_plan_options po;
+  po.kv_fraction = o.kv_fraction;
+  po.min_blocks = std::max(1, o.kv_min_blocks);
+  int blocks = INT_MAX;
+  const int tp = static_cast<int>(rank_backends.size());
+  for (int r = 0; r < tp; ++r) {
+    CONVEYOR_TRY_ASSIGN(layout, engine::make_tp_layout(config, r, tp));
+    engine::model_config slice = config;
+    slice.num_heads = layout.heads;
+    slice.num_kv_heads = layout.kv_heads;
+    slice.intermediate_size = layout.ffn;
+    auto plan = engine::plan_memory(*rank_backends[static_cast<std::size_t>(r)], slice, {o.range}, o.executor, po);
+    if (!plan) return make_error(plan.err().code, "stage " + std::to_string(o.stage) + (tp > 1 ? " rank " + std::to_string(r) : "") +
+                                                      ": " + plan.err().message + " (serving.kv_memory_fraction)");
+    blocks = std::min(blocks, plan->kv_blocks);
+  }
+  return blocks;
+}
 }  // namespace
 
 result<std::unique_ptr<stage_runtime>> stage_runtime::create(const std::vector<kernels::backend*>& rank_backends,
@@ -27,7 +53,12 @@ result<std::unique_ptr<stage_runtime>> stage_runtime::create(const std::vector<k
   rt->options_ = o;
   CONVEYOR_TRY_ASSIGN(config, engine::load_model_config(o.model_dir));
   CONVEYOR_TRY_ASSIGN(ckpt, engine::checkpoint::open(o.model_dir));
-  CONVEYOR_TRY_ASSIGN(stage, engine::tp_stage::create(rank_backends, ckpt, config, o.range, o.executor, make_group));
+  if (o.executor.kv_blocks == 0) {
+    CONVEYOR_TRY_ASSIGN(blocks, kv_blocks_from_memory(rank_backends, config, o));
+    rt->options_.executor.kv_blocks = blocks;
+  }
+  CONVEYOR_TRY_ASSIGN(stage, engine::tp_stage::create(rank_backends, ckpt, config, o.range, rt->options_.executor,
+                                                      make_group));
   rt->stage_ = std::move(stage);
   // Page-locked staging only where a device copies into it: on a CPU stage it would only pin memory
   // (and create a CUDA context) for nothing.

@@ -123,6 +123,8 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, worker_optio
             o.num_stages = a.num_stages;
             o.range = engine::stage_range{a.first_layer, a.last_layer, a.stage == 0, a.stage + 1 == a.num_stages};
             o.executor.kv_blocks = a.kv_blocks;
+            o.kv_fraction = a.kv_fraction;
+            o.kv_min_blocks = a.kv_min_blocks;
             o.executor.kv_block_size = a.kv_block_size;
             o.executor.max_step_tokens = a.max_step_tokens;
             o.executor.max_seqs = a.max_seqs;
@@ -182,7 +184,7 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, worker_optio
           return;
         }
         self->send(st.coordinator, loaded_atom::value, stage, rank, to_msg(st.runtime->address()),
-                   static_cast<std::int64_t>(st.runtime->weight_bytes()));
+                   static_cast<std::int64_t>(st.runtime->weight_bytes()), static_cast<std::int32_t>(st.runtime->kv_blocks()));
       },
       [=](wire_atom, bytes_msg upstream, bytes_msg downstream) {
         auto& st = self->state;

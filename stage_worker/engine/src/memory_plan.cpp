@@ -13,6 +13,11 @@ std::string gib(std::size_t bytes) {
   std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(bytes) / (1ull << 30));
   return buf;
 }
+std::string percent(double fraction) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g%%", fraction * 100);
+  return buf;
+}
 }  // namespace
 
 std::size_t estimate_weight_bytes(std::size_t w, const model_config& c, stage_range range,
@@ -110,7 +115,7 @@ result<memory_plan> plan_memory(kernels::backend& backend, const model_config& c
                           " blocks of " + std::to_string(options.kv_block_size) + " tokens need " +
                           gib(per_block * static_cast<std::size_t>(po.min_blocks)) + ", but after weights (" +
                           gib(p.weight_bytes) + ") and workspace (" + gib(p.workspace_bytes) + ") " +
-                          std::to_string(static_cast<int>(po.kv_fraction * 100)) + "% of the free " +
+                          percent(po.kv_fraction) + " of the free " +
                           gib(p.free_bytes - fixed) + " holds " + std::to_string(std::max(0LL, blocks)));
   }
   p.kv_blocks = static_cast<int>(blocks);

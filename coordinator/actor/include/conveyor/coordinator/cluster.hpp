@@ -25,7 +25,10 @@ struct cluster_options {
   std::uint16_t cluster_port = 0;          ///< 0 = any free port
   std::string token;                       ///< empty = a random one
   std::string ucx_tls = "auto";
+  /// KV blocks of every stage; 0 = each worker sizes its pool from kv_memory_fraction of its free
+  /// device memory (split between the stages that share a GPU) and the scheduler uses the least.
   int kv_blocks = 512;
+  double kv_memory_fraction = 0.9;
   int kv_block_size = 16;
   int max_step_tokens = 512;
   int max_seqs_per_step = 64;

@@ -50,6 +50,11 @@ struct process_spec {
 result<std::vector<process_spec>> worker_processes(const launch_settings& settings,
                                                    const std::vector<worker_site>& sites, const std::string& token);
 
+/// For each site, how many sites (itself included) share one of its GPUs: the same host and
+/// overlapping CUDA_VISIBLE_DEVICES, where an empty list means every GPU of the host. Workers that
+/// size their KV cache from free memory split it by this.
+std::vector<int> gpu_sharers(const std::vector<worker_site>& sites);
+
 /// `s` as one POSIX shell word: 'it'\''s'.
 std::string shell_quote(std::string_view s);
 

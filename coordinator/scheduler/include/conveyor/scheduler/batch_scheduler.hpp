@@ -124,6 +124,10 @@ class batch_scheduler {
   /// preemption). Sequences already doomed (cancelled, expired) are retired now.
   void reprefill_all();
 
+  /// Sizes the KV pool once the stages have sized theirs from their free memory (the coordinator
+  /// starts with an empty pool then). Only while no request is queued or running: false otherwise.
+  bool set_kv_blocks(int blocks);
+
   bool has_work() const;
   bool in_flight(int m) const { return in_flight_[m]; }
   /// A step is queued behind microbatch `m`'s step in flight (next_step_ahead).

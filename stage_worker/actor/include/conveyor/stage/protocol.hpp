@@ -5,7 +5,9 @@
 //
 //   worker -> coordinator   join(token, stage, rank, pid, worker)           -> assignment reply
 //   worker -> coordinator   progress(stage, rank, text)                     while loading
-//   worker -> coordinator   loaded(stage, rank, ucx address, weight bytes)  or failed(stage, rank, why)
+//   worker -> coordinator   loaded(stage, rank, ucx address, weight bytes, kv blocks)  or failed(stage, rank, why)
+//                           kv blocks: the KV pool it allocated (sized from its free memory where
+//                           the assignment's kv_blocks is 0; the coordinator schedules the least)
 //   coordinator -> worker   wire(upstream address, downstream address)     -> wired(stage)
 //   coordinator -> stage 0  step(microbatch, encoded frame header)
 //   coordinator -> stage 0  qstep(microbatch, mode, encoded frame header)   queued steps (one stage
@@ -57,8 +59,8 @@ enum class qstep_mode : std::int32_t { hold = 1, chain = 2, flush = 3 };
 /// Protocol version, checked at join. 4: max_frame_bytes in the assignment, reset (stage recovery);
 /// 5: the metrics request; 6: stage_assignment.quant, quant_lm_head; 7: frames carry sampleRows and
 /// `done` may hold several tokens per sequence (speculative decoding); 8: stage_assignment.batch_invariant;
-/// 9: qstep (queued steps).
-constexpr std::int32_t protocol_version = 9;
+/// 9: qstep (queued steps); 10: stage_assignment.kv_fraction and kv_min_blocks, loaded's kv blocks.
+constexpr std::int32_t protocol_version = 10;
 
 /// What the coordinator tells a worker to load (a plain struct, sent as a CAF message).
 struct stage_assignment {
@@ -67,7 +69,9 @@ struct stage_assignment {
   std::int32_t num_stages = 1;
   std::int32_t first_layer = 0;
   std::int32_t last_layer = 0;
-  std::int32_t kv_blocks = 0;
+  std::int32_t kv_blocks = 0;      ///< 0 = as many as kv_fraction of the memory left after weights holds
+  double kv_fraction = 0.9;        ///< serving.kv_memory_fraction (kv_blocks 0 only)
+  std::int32_t kv_min_blocks = 1;  ///< kv_blocks 0: fail the load unless this many fit (one longest sequence)
   std::int32_t kv_block_size = 16;
   std::int32_t max_step_tokens = 512;
   std::int32_t max_seqs = 64;
@@ -85,7 +89,7 @@ struct stage_assignment {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, stage_assignment& x) {
   return f(caf::meta::type_name("stage_assignment"), x.model_dir, x.stage, x.num_stages, x.first_layer,
-           x.last_layer, x.kv_blocks, x.kv_block_size, x.max_step_tokens, x.max_seqs, x.ucx_tls, x.step_delay_us, x.device, x.dtype, x.tp, x.max_frame_bytes, x.quant,
+           x.last_layer, x.kv_blocks, x.kv_fraction, x.kv_min_blocks, x.kv_block_size, x.max_step_tokens, x.max_seqs, x.ucx_tls, x.step_delay_us, x.device, x.dtype, x.tp, x.max_frame_bytes, x.quant,
            x.quant_lm_head, x.batch_invariant);
 }
 

@@ -27,7 +27,12 @@ struct stage_runtime_options {
   int stage = 0;
   int num_stages = 1;
   engine::stage_range range;
+  /// executor.kv_blocks 0: the KV pool takes kv_fraction of the memory each rank's device has free
+  /// after the weights and step workspace (engine::plan_memory; the least over the ranks), and the
+  /// load fails with the plan's message unless kv_min_blocks fit.
   engine::executor_options executor;
+  double kv_fraction = 0.9;
+  int kv_min_blocks = 1;
   transport::ucx_config ucx;
   std::uint64_t max_frame_bytes = std::uint64_t{1} << 30;
   int max_sends_in_flight = 4;  ///< activation frames not yet taken by the next stage
@@ -64,6 +69,8 @@ class stage_runtime {
 
   const transport::worker_address& address() const { return ucx_->address(); }
   std::size_t weight_bytes() const { return stage_->weight_bytes(); }
+  /// KV blocks of each rank's pool (as planned where the options asked for 0).
+  int kv_blocks() const { return options_.executor.kv_blocks; }
 
   /// Opens the channels to the neighbouring stages (either may be absent) and starts the compute
   /// thread. Blocks until both peers answered; upstream first so a chain of stages wires in order.
