@@ -280,6 +280,28 @@ TEST(cluster, the_kv_cache_is_sized_from_free_memory) {
   }
   (*c)->shutdown();
 
+  // Tensor parallel: each rank plans for its slice of the KV heads (one of two here), so a one-stage
+  // group of two ranks holds about twice the blocks of one rank with every head.
+  auto tp = base_options("tiny-llama", 1);
+  tp.kv_blocks = 0;
+  tp.max_context = 128;
+  tp.kv_memory_fraction = 1e-4;
+  tp.tp = 2;
+  auto whole = engine::plan_memory(*backend, *config, {engine::whole_model(*config)}, eo,
+                                   {tp.kv_memory_fraction, 1, 0});
+  ASSERT_TRUE(whole.ok()) << whole.err().message;
+  auto ct = cluster::start(tp);
+  ASSERT_TRUE(ct.ok()) << ct.err().message;
+  const auto tst = stats_of((*ct)->service());
+  EXPECT_GT(tst.kv_blocks_total, whole->kv_blocks * 1.3) << "one rank with every head plans " << whole->kv_blocks;
+  EXPECT_LT(tst.kv_blocks_total, whole->kv_blocks * 3.0) << "one rank with every head plans " << whole->kv_blocks;
+  auto sink = std::make_shared<collecting_sink>();
+  (*ct)->service().submit(greedy(golden.prompts[0]), sink);
+  ASSERT_TRUE(sink->wait());
+  ASSERT_TRUE(sink->done->ok()) << sink->done->err().message;
+  EXPECT_EQ(sink->tokens, golden.prompts[0].greedy);
+  (*ct)->shutdown();
+
   o.kv_memory_fraction = 1e-9;
   auto none = cluster::start(o);
   ASSERT_FALSE(none.ok());
