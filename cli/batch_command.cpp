@@ -1,8 +1,12 @@
 // conveyor batch: an offline JSONL file of requests through the in-process service or a cluster, as
 // the deployment says, at full throughput; results in input order, resumable (see
 // coordinator/service/include/conveyor/service/batch_runner.hpp for both formats).
+#include <chrono>
 #include <cstdio>
+#include <future>
+#include <memory>
 #include <optional>
+#include <string>
 
 #include "cluster_serving.hpp"
 #include "command.hpp"
@@ -39,6 +43,27 @@ class progress_printer {
  private:
   progress_bar bar_;
 };
+
+/// One line of what the engine did (the KV cache, preemptions, steps, stage time): where a batch
+/// ran slower than its steps should take, this says why (a preempting KV cache, idle stages).
+std::string engine_summary(service::inference_service& svc) {
+  auto reply = std::make_shared<std::promise<service::stats_report>>();
+  auto got = reply->get_future();
+  svc.stats([reply](service::stats_report r) { reply->set_value(std::move(r)); });
+  if (got.wait_for(std::chrono::seconds(10)) != std::future_status::ready) return "engine: no stats (timed out)";
+  const service::stats_report r = got.get();
+  std::string out = "engine: KV cache " + std::to_string(r.kv_blocks_total) + " blocks, " +
+                    std::to_string(r.preemptions) + " preemptions";
+  for (std::size_t k = 0; k < r.stage_steps.size(); ++k) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "; stage %zu (at its last heartbeat): %lld steps, busy %.2f s, idle %.2f s", k,
+                  static_cast<long long>(r.stage_steps[k]), k < r.stage_busy_s.size() ? r.stage_busy_s[k] : 0.0,
+                  k < r.stage_idle_s.size() ? r.stage_idle_s[k] : 0.0);
+    out += buf;
+  }
+  if (r.steps_queued_ahead > 0) out += "; " + std::to_string(r.steps_queued_ahead) + " steps queued ahead";
+  return out;
+}
 
 }  // namespace
 
@@ -118,6 +143,7 @@ int batch_main(const args& argv) {
     svc = &cluster->service();
   }
   auto done = service::run_batch(*svc, *input, *output, bo);
+  if (done) std::fprintf(stderr, "conveyor batch: %s\n", engine_summary(*svc).c_str());
   if (cluster) cluster->shutdown();
   if (!done) return fail(done.err().message);
   std::fprintf(stderr, "conveyor batch: %lld lines (%lld done before, %lld errors, %lld retries) in %.1f s, %.0f tok/s -> %s\n",

@@ -59,6 +59,17 @@ grep -q "starting 2 stage workers" "$dir/err3" && ok "two_stages_run_a_cluster" 
 if [ -s "$dir/out.jsonl" ] && diff <(tokens_of "$dir/out.jsonl") <(tokens_of "$dir/cluster.jsonl") >/dev/null; then ok "cluster_equals_local"
 else bad "cluster output differs: $(cat "$dir/cluster.jsonl")"; fi
 
+grep -q "engine: KV cache 64 blocks, 0 preemptions; stage 0 (at its last heartbeat): [0-9]* steps" "$dir/err3" \
+  && ok "batch_reports_the_engine" || bad "no engine line: $(cat "$dir/err3")"
+# A KV cache of 2 blocks holds one 31-token sequence: whoever runs beside it is preempted,
+# and the engine line says so (the tokens do not change).
+config "$dir/tight.toml" 1 continuous
+sed -i 's/kv_blocks = 64/kv_blocks = 2/' "$dir/tight.toml"
+"$bin" batch --config "$dir/tight.toml" --input "$dir/in.jsonl" --output "$dir/tight.jsonl" --quiet 2>"$dir/err9"
+if grep -q "engine: KV cache 2 blocks, [1-9][0-9]* preemptions" "$dir/err9" &&
+   [ "$(tokens_of "$dir/tight.jsonl" | head -1)" = "$g1" ]; then ok "batch_reports_preemptions"
+else bad "tight KV: $(cat "$dir/err9") $(sed -n 1p "$dir/tight.jsonl")"; fi
+
 # Static batches in the cluster: the coordinator flushes the short tail when the input ends.
 config "$dir/cluster-static.toml" 2 static
 if timeout 60 "$bin" batch --config "$dir/cluster-static.toml" --input "$dir/in.jsonl" --output "$dir/cs.jsonl" --quiet \
