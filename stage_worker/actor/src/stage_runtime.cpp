@@ -7,7 +7,6 @@
 #include <utility>
 
 #include "conveyor/engine/checkpoint.hpp"
-#include "conveyor/engine/memory_plan.hpp"
 #include "conveyor/engine/tensor_parallel.hpp"
 #include "conveyor/engine/speculative_sampling.hpp"
 #include "conveyor/stage/plan_convert.hpp"
@@ -26,9 +25,6 @@ constexpr std::uint64_t whole_stage = UINT64_MAX;
 /// heads and FFN (the embedding and head are counted whole, which only errs towards fewer blocks).
 result<int> kv_blocks_from_memory(const std::vector<kernels::backend*>& rank_backends, const engine::model_config& config,
                                   const stage_runtime_options& o) {
-  engine::memory_plan_options po;
-  po.kv_fraction = o.kv_fraction;
-  po.min_blocks = std::max(1, o.kv_min_blocks);
   int blocks = INT_MAX;
   const int tp = static_cast<int>(rank_backends.size());
   for (int r = 0; r < tp; ++r) {
@@ -37,7 +33,7 @@ result<int> kv_blocks_from_memory(const std::vector<kernels::backend*>& rank_bac
     slice.num_heads = layout.heads;
     slice.num_kv_heads = layout.kv_heads;
     slice.intermediate_size = layout.ffn;
-    auto plan = engine::plan_memory(*rank_backends[static_cast<std::size_t>(r)], slice, {o.range}, o.executor, po);
+    auto plan = engine::plan_memory(*rank_backends[static_cast<std::size_t>(r)], slice, {o.range}, o.executor, o.kv_plan);
     if (!plan) return make_error(plan.err().code, "stage " + std::to_string(o.stage) + (tp > 1 ? " rank " + std::to_string(r) : "") +
                                                       ": " + plan.err().message + " (serving.kv_memory_fraction)");
     blocks = std::min(blocks, plan->kv_blocks);
@@ -168,7 +164,7 @@ bool stage_runtime::next_input(transport::frame& out, step_mode& mode) {
     if (mode == step_mode::flush) return true;  // no step of its own: ends the held one
     auto header = transport::decode_header(bytes);
     if (!header) {
-      on_failure_(whole_stage, whole_stage, "stage 0: bad step from the coordinator: " + header.err().message);
+      fail_step(whole_stage, whole_stage, "bad step from the coordinator: " + header.err().message);
       continue;
     }
     out.header = std::move(header).value();

@@ -123,8 +123,8 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, worker_optio
             o.num_stages = a.num_stages;
             o.range = engine::stage_range{a.first_layer, a.last_layer, a.stage == 0, a.stage + 1 == a.num_stages};
             o.executor.kv_blocks = a.kv_blocks;
-            o.kv_fraction = a.kv_fraction;
-            o.kv_min_blocks = a.kv_min_blocks;
+            o.kv_plan.kv_fraction = a.kv_fraction;
+            o.kv_plan.min_blocks = std::max(1, a.kv_min_blocks);
             o.executor.kv_block_size = a.kv_block_size;
             o.executor.max_step_tokens = a.max_step_tokens;
             o.executor.max_seqs = a.max_seqs;

@@ -15,6 +15,7 @@
 
 #include "conveyor/base/result.hpp"
 #include "conveyor/engine/executor.hpp"
+#include "conveyor/engine/memory_plan.hpp"
 #include "conveyor/engine/tp_stage.hpp"
 #include "conveyor/stage/hop_meter.hpp"
 #include "conveyor/transport/staging_pool.hpp"
@@ -27,12 +28,11 @@ struct stage_runtime_options {
   int stage = 0;
   int num_stages = 1;
   engine::stage_range range;
-  /// executor.kv_blocks 0: the KV pool takes kv_fraction of the memory each rank's device has free
-  /// after the weights and step workspace (engine::plan_memory; the least over the ranks), and the
-  /// load fails with the plan's message unless kv_min_blocks fit.
+  /// executor.kv_blocks 0: the KV pool is planned by engine::plan_memory with kv_plan on each rank's
+  /// device (the least over the ranks), and the load fails with the plan's message where fewer than
+  /// kv_plan.min_blocks fit.
   engine::executor_options executor;
-  double kv_fraction = 0.9;
-  int kv_min_blocks = 1;
+  engine::memory_plan_options kv_plan;
   transport::ucx_config ucx;
   std::uint64_t max_frame_bytes = std::uint64_t{1} << 30;
   int max_sends_in_flight = 4;  ///< activation frames not yet taken by the next stage
