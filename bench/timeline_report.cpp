@@ -9,6 +9,19 @@ namespace {
 
 double us(std::uint64_t ns) { return static_cast<double>(ns) * 1e-3; }
 
+launch_gaps::stats stats_of(std::vector<double> v) {
+  launch_gaps::stats s;
+  if (v.empty()) return s;
+  std::sort(v.begin(), v.end());
+  double sum = 0;
+  for (double x : v) sum += x;
+  s.mean_us = sum / static_cast<double>(v.size());
+  s.median_us = v[v.size() / 2];
+  s.p90_us = v[std::min(v.size() - 1, v.size() * 9 / 10)];
+  s.max_us = v.back();
+  return s;
+}
+
 }  // namespace
 
 std::vector<launch_row> launch_rows(const std::vector<gpu_span>& spans, std::uint32_t correlation) {
@@ -120,6 +133,72 @@ void print_summary(std::FILE* out, const std::string& label, const std::vector<g
     std::fprintf(out, "  between launches %zu and %zu: %.1f us, busy %.1f:%s\n", i, i + 1, us(to - from), us(busy),
                  what.c_str());
   }
+}
+
+launch_gaps gaps_between(const std::vector<gpu_span>& spans, const std::vector<std::uint32_t>& launches) {
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> bounds;  // first start, last end per launch
+  for (std::uint32_t c : launches) {
+    std::uint64_t first = UINT64_MAX, last = 0;
+    for (const auto& s : spans) {
+      if (s.correlation != c) continue;
+      first = std::min(first, s.start);
+      last = std::max(last, s.end);
+    }
+    if (last > 0) bounds.push_back({first, last});
+  }
+  std::sort(bounds.begin(), bounds.end());
+  // Spans outside every launch (uploads, copies of draws, eager kernels), by start, to sum what ran in each gap.
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> others;
+  {
+    std::vector<std::uint32_t> sorted(launches);
+    std::sort(sorted.begin(), sorted.end());
+    for (const auto& s : spans) {
+      if (!std::binary_search(sorted.begin(), sorted.end(), s.correlation)) others.push_back({s.start, s.end});
+    }
+    std::sort(others.begin(), others.end());
+  }
+  std::vector<double> period, span, idle, busy;
+  for (std::size_t i = 0; i < bounds.size(); ++i) {
+    span.push_back(us(bounds[i].second - bounds[i].first));
+    if (i + 1 == bounds.size()) break;
+    period.push_back(us(bounds[i + 1].first - bounds[i].first));
+    const std::uint64_t from = bounds[i].second, to = bounds[i + 1].first;
+    if (to <= from) {  // the next launch began before this one ended (no gap)
+      idle.push_back(0);
+      busy.push_back(0);
+      continue;
+    }
+    // Covered time inside (from, to): the union of the other spans clipped to it.
+    std::uint64_t covered = 0, reach = from;
+    for (const auto& [a0, b0] : others) {  // by start: `reach` is the end of the union so far
+      if (a0 >= to) break;
+      const std::uint64_t a = std::max(a0, reach), b = std::min(b0, to);
+      if (b > a) {
+        covered += b - a;
+        reach = b;
+      }
+    }
+    busy.push_back(us(covered));
+    idle.push_back(us(to - from - covered));
+  }
+  launch_gaps g;
+  g.launches = bounds.size();
+  g.period = stats_of(period);
+  g.span = stats_of(span);
+  g.idle = stats_of(idle);
+  g.busy_between = stats_of(busy);
+  return g;
+}
+
+void print_gaps(std::FILE* out, const std::string& label, const launch_gaps& g) {
+  std::fprintf(out, "timeline %s: %zu graph launches (us: mean / median / p90 / max)\n", label.c_str(), g.launches);
+  auto row = [&](const char* what, const launch_gaps::stats& s) {
+    std::fprintf(out, "  %-34s %9.1f %9.1f %9.1f %9.1f\n", what, s.mean_us, s.median_us, s.p90_us, s.max_us);
+  };
+  row("period (start to next start)", g.period);
+  row("launch span (first start to end)", g.span);
+  row("device idle between launches", g.idle);
+  row("other work between launches", g.busy_between);
 }
 
 }  // namespace conveyor::bench

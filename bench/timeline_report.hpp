@@ -43,4 +43,18 @@ void print_launch(std::FILE* out, const std::string& label, const std::vector<gp
 void print_summary(std::FILE* out, const std::string& label, const std::vector<gpu_span>& spans,
                    const std::vector<std::uint32_t>& launches);
 
+/// Consecutive graph launches as a served loop sees them: the period from one launch's first start
+/// to the next's, each launch's span, and the device's idle time between them (the gap less what
+/// other spans covered there). Over hundreds of steps a per-gap list is unreadable; these are the
+/// mean, median, p90 and max of each.
+struct launch_gaps {
+  struct stats {
+    double mean_us = 0, median_us = 0, p90_us = 0, max_us = 0;
+  };
+  std::size_t launches = 0;
+  stats period, span, idle, busy_between;
+};
+launch_gaps gaps_between(const std::vector<gpu_span>& spans, const std::vector<std::uint32_t>& launches);
+void print_gaps(std::FILE* out, const std::string& label, const launch_gaps& g);
+
 }  // namespace conveyor::bench

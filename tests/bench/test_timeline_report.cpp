@@ -89,5 +89,35 @@ TEST(timeline_report, summary_sums_marginals_per_name_and_shows_what_ran_between
   EXPECT_NE(one.find("one graph launch, 2 spans, 14.0 us"), std::string::npos) << one;
 }
 
+TEST(timeline_report, gaps_between_launches_count_idle_time_apart_from_other_work) {
+  // Three launches of 10 us, started at 0, 30 and 50 us. In the first gap (10..30) two overlapping
+  // copies cover 12..16 and 14..20 (union 8 us: 12 idle); the second gap (40..50) has a copy
+  // reaching from inside launch 2 (38..44: 4 us of it in the gap) and one after the next launch began.
+  std::vector<gpu_span> spans;
+  for (std::uint32_t c : {1u, 2u, 3u}) {
+    const std::uint64_t t0 = c == 1 ? 0 : c == 2 ? 30000 : 50000;
+    spans.push_back(kernel("k", t0, t0 + 6000, c));
+    spans.push_back(kernel("k", t0 + 4000, t0 + 10000, c));
+  }
+  spans.push_back(kernel("copy", 12000, 16000, 9));
+  spans.push_back(kernel("copy", 14000, 20000, 10));
+  spans.push_back(kernel("copy", 38000, 44000, 11));
+  spans.push_back(kernel("copy", 55000, 56000, 12));
+  const launch_gaps g = gaps_between(spans, {3, 1, 2});
+  EXPECT_EQ(g.launches, 3u);
+  EXPECT_DOUBLE_EQ(g.span.mean_us, 10.0);
+  EXPECT_DOUBLE_EQ(g.period.mean_us, 25.0);  // 30 and 20
+  EXPECT_DOUBLE_EQ(g.period.max_us, 30.0);
+  EXPECT_DOUBLE_EQ(g.busy_between.mean_us, 6.0);  // 8 and 4
+  EXPECT_DOUBLE_EQ(g.idle.mean_us, 9.0);          // 12 and 6
+  EXPECT_DOUBLE_EQ(g.idle.max_us, 12.0);
+  const std::string out = printed([&](std::FILE* f) { print_gaps(f, "served", g); });
+  EXPECT_NE(out.find("timeline served: 3 graph launches"), std::string::npos) << out;
+  EXPECT_NE(out.find("device idle between launches             9.0"), std::string::npos) << out;
+  const launch_gaps none = gaps_between(spans, {});
+  EXPECT_EQ(none.launches, 0u);
+  EXPECT_DOUBLE_EQ(none.idle.mean_us, 0.0);
+}
+
 }  // namespace
 }  // namespace conveyor::bench
