@@ -55,6 +55,7 @@ result<std::unique_ptr<kernels::backend>> make_backend(const flags& f, int threa
       return make_error(errc::invalid_argument, "--batch-invariant must be on or off, got \"" + inv + "\"");
     }
     o.batch_invariant = inv == "on";
+    o.gemm_tuning_cache = kernels::default_gemm_tuning_cache();
     auto b = kernels::make_cuda_backend(o);
     if (!b) return make_error(b.err().code, "--device cuda: " + b.err().message);
     return std::move(b).value();

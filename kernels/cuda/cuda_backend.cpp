@@ -853,6 +853,7 @@ class cuda_backend final : public backend {
     split_linears_ = o.split_linears;
     split_margin_us_ = o.split_linear_margin_us;
     split_max_n_ = o.split_linear_max_n;
+    gemm_tuning_cache_ = o.gemm_tuning_cache;
     kernel_copies_ = o.kernel_copies;
     caps_.name = "cuda";
     caps_.host_memory = false;
@@ -891,7 +892,10 @@ class cuda_backend final : public backend {
     CONVEYOR_CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_ws_, cublas_ws_bytes));
     // gemm_tune's choices, and linear_add_rmsnorm's K split (which times itself against the plain
     // GEMM, tuned or cublasGemmEx's own).
-    if (gemm_tune_ || split_linears_) lt_ = std::make_unique<lt_gemm>(cublas_ws_, cublas_ws_bytes);
+    if (gemm_tune_ || split_linears_) {
+      lt_ = std::make_unique<lt_gemm>(cublas_ws_, cublas_ws_bytes);
+      if (!gemm_tuning_cache_.empty()) lt_->use_cache(gemm_tuning_cache_, tuning_device_key());
+    }
     counter_ = static_cast<unsigned*>(alloc(256));
     if (counter_ == nullptr) return make_error(errc::out_of_memory, "CUDA backend: no device memory for its workspace");
     CONVEYOR_CUDA_CHECK(cudaMemset(counter_, 0, 256));
@@ -994,6 +998,18 @@ class cuda_backend final : public backend {
   int wgmma_qkv_min_n_ = 0, wgmma_qkv_max_n_ = 0;
   bool wgmma_split_ = false;  ///< cuda_backend_options::wgmma_split (and the GPU has the kernel)
   int wgmma_split_max_n_ = 128;  ///< cuda_backend_options::wgmma_split_max_n
+  std::string gemm_tuning_cache_;  ///< cuda_backend_options::gemm_tuning_cache
+
+  /// What a tuning cache entry was timed on: the GPU's name, its compute capability and cuBLASLt's
+  /// version ("NVIDIA_H100_80GB_HBM3_sm90_lt130400"): another GPU or library times afresh.
+  std::string tuning_device_key() const {
+    cudaDeviceProp prop{};
+    std::string name = cudaGetDeviceProperties(&prop, device_) == cudaSuccess ? prop.name : "unknown";
+    for (char& c : name) {
+      if (c == ' ' || c == '\t') c = '_';
+    }
+    return name + "_sm" + std::to_string(prop.major * 10 + prop.minor) + "_lt" + std::to_string(cublasLtGetVersion());
+  }
   int wgmma_split_short_k_max_n_ = 128;  ///< cuda_backend_options::wgmma_split_short_k_max_n
   bool wgmma_swiglu_ = false;  ///< cuda_backend_options::wgmma_swiglu (and the GPU has the kernel)
   int wgmma_swiglu_min_n_ = 0, wgmma_swiglu_max_n_ = 0;  ///< set from the options, like wgmma_qkv's
@@ -1034,6 +1050,19 @@ class cuda_backend final : public backend {
 };
 
 }  // namespace
+
+std::string default_gemm_tuning_cache() {
+  auto env = [](const char* name) -> std::string {
+    const char* v = std::getenv(name);
+    return v != nullptr ? v : "";
+  };
+  const std::string dir = env("CONVEYOR_CACHE_DIR");
+  if (dir == "off") return {};
+  if (!dir.empty()) return dir + "/gemm-tuning.txt";
+  if (const std::string xdg = env("XDG_CACHE_HOME"); !xdg.empty()) return xdg + "/conveyor/gemm-tuning.txt";
+  if (const std::string home = env("HOME"); !home.empty()) return home + "/.cache/conveyor/gemm-tuning.txt";
+  return {};
+}
 
 result<std::unique_ptr<backend>> make_cuda_backend(const cuda_backend_options& options) {
   return cuda_backend::create(options);

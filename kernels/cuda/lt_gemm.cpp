@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <string>
 #include <limits>
@@ -85,6 +86,39 @@ lt_gemm::~lt_gemm() {
   if (lt_ != nullptr) cublasLtDestroy(lt_);
 }
 
+static_assert(sizeof(cublasLtMatmulAlgo_t) == sizeof(tuned_gemm::algo), "cuBLASLt's algorithm is 8 words");
+
+void lt_gemm::use_cache(const std::string& path, const std::string& device_key) {
+  cache_path_ = path;
+  device_key_ = device_key;
+  if (path.empty()) return;
+  auto got = read_tuning_cache(path, device_key);
+  if (!got) {
+    std::fprintf(stderr, "conveyor: %s; GEMM shapes are timed afresh\n", got.err().message.c_str());
+    cache_warned_ = true;
+    return;
+  }
+  for (const auto& w : got->warnings) std::fprintf(stderr, "conveyor: GEMM tuning cache %s\n", w.c_str());
+  std::lock_guard<std::mutex> lock(choices_mu);
+  for (const auto& e : got->entries) {
+    cublasLtMatmulAlgo_t algo{};
+    std::memcpy(&algo, e.algo.data(), sizeof algo);
+    if (e.kind == tuned_gemm::kind_t::plain) {
+      choices().emplace(std::array<int, 3>{e.shape[0], e.shape[1], e.shape[2]}, choice{e.use_lt, algo, e.ms, e.ms_default});
+    } else {
+      split_choices().emplace(e.shape, split_choice{e.splits, algo});
+    }
+  }
+}
+
+void lt_gemm::remember(const tuned_gemm& e) {
+  if (cache_path_.empty()) return;
+  if (status st = merge_tuning_cache(cache_path_, device_key_, {e}); !st.ok() && !cache_warned_) {
+    std::fprintf(stderr, "conveyor: GEMM tuning cache not kept: %s\n", st.err().message.c_str());
+    cache_warned_ = true;
+  }
+}
+
 bool lt_gemm::run( const void* w, const void* x, void* out, int rows, int n, int cols,
                   cudaStream_t stream, bool capturing, void* flush, std::size_t flush_bytes) {
   plan& p = plan_for(w, x, out, rows, n, cols, stream, capturing, flush, flush_bytes);
@@ -116,6 +150,13 @@ lt_gemm::plan& lt_gemm::plan_for(const void* w, const void* x, void* out, int ro
     float ms_default = 0.0f;
     const float ms = tune(p, w, x, out, rows, n, cols, stream, capturing, flush, flush_bytes, ms_default);
     choices()[ck] = choice{p.use_lt, p.algo, ms, ms_default};
+    tuned_gemm e;
+    e.shape = {ck[0], ck[1], ck[2], 0};
+    e.use_lt = p.use_lt;
+    e.ms = ms;
+    e.ms_default = ms_default;
+    std::memcpy(e.algo.data(), &p.algo, sizeof e.algo);
+    remember(e);
     return p;
   }
   p.use_lt = false;
@@ -286,6 +327,14 @@ int lt_gemm::split_for(const void* w, const void* x, float* parts, int rows, int
                  best.splits == 0 ? 0.0f : t_best * 1e3f, margin_us);
   }
   split_choices()[ck] = best;
+  {
+    tuned_gemm e;
+    e.kind = tuned_gemm::kind_t::split;
+    e.shape = ck;
+    e.splits = best.splits;
+    std::memcpy(e.algo.data(), &best.algo, sizeof e.algo);
+    remember(e);
+  }
   if (best.splits == 0) return 0;
   split_plan& p = split_plan_for(rows, n, cols, best.splits);
   p.ok = true;

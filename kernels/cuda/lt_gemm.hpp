@@ -20,6 +20,10 @@
 #include <array>
 #include <cstddef>
 #include <map>
+#include <string>
+#include <vector>
+
+#include "tuning_cache.hpp"
 
 namespace conveyor::kernels::cuda {
 
@@ -51,7 +55,15 @@ class lt_gemm {
                  cudaStream_t stream);
   static constexpr int max_split = 4;
 
+  /// Keep the choices in a tuning cache file (tuning_cache.hpp): those already there for
+  /// `device_key` become this process's (where it has not timed the shape itself), and each new
+  /// choice is merged into the file as it is made. A file that cannot be read or written is said
+  /// once on stderr and the tuning goes on without it.
+  void use_cache(const std::string& path, const std::string& device_key);
+
  private:
+  /// Merges one new choice into the cache file, if there is one (with choices_mu held).
+  void remember(const tuned_gemm& e);
   using key = std::array<int, 3>;  // rows, cols, n
   struct plan {
     cublasLtMatmulDesc_t desc = nullptr;
@@ -89,6 +101,8 @@ class lt_gemm {
   void* ws_;
   std::size_t ws_bytes_;
   cudaStream_t side_ = nullptr;
+  std::string cache_path_, device_key_;
+  bool cache_warned_ = false;
   std::map<key, plan> plans_;
   std::map<std::array<int, 4>, split_plan> split_plans_;  // rows, cols, n, splits
 };

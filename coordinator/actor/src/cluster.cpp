@@ -349,6 +349,7 @@ result<std::unique_ptr<cluster>> cluster::start(const cluster_options& o) {
       co.device = o.device_ids.empty() ? 0 : o.device_ids[0];
       co.compute_dtype = o.dtype == "f32" ? kernels::dtype::f32 : kernels::dtype::bf16;
       co.batch_invariant = o.batch_invariant;  // its first pass over a prompt rounds as the stages' does
+      co.gemm_tuning_cache = kernels::default_gemm_tuning_cache();
       auto b = kernels::make_cuda_backend(co);
       if (!b) return make_error(b.err().code, "model.draft on cuda: " + b.err().message);
       draft->backend = std::move(b).value();

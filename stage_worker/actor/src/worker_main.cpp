@@ -49,6 +49,7 @@ result<std::vector<std::unique_ptr<kernels::backend>>> make_backends(const stage
       o.device = r;
       o.compute_dtype = a.dtype == "f32" ? kernels::dtype::f32 : kernels::dtype::bf16;
       o.batch_invariant = a.batch_invariant;
+      o.gemm_tuning_cache = kernels::default_gemm_tuning_cache();  // same choices, same tokens after a restart
       CONVEYOR_TRY_ASSIGN(b, kernels::make_cuda_backend(o));
       out.push_back(std::move(b));
 #else

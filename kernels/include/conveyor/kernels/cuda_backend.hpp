@@ -241,6 +241,12 @@ struct cuda_backend_options {
   /// The split runs up to this many tokens: at 256 the steps measured 3-16 µs slower with it
   /// although its tuning timed the down GEMM 4.7 µs faster (bench/NOTES.md, session 10).
   int split_linear_max_n = 128;
+  /// The file that keeps the GEMM choices timed by gemm_tune and split_linears between processes
+  /// (kernels/cuda/tuning_cache.hpp): a backend reads the choices made before on this GPU model and
+  /// cuBLASLt version, and adds its new ones. Without it every process times afresh, and where two
+  /// algorithms time within noise of each other they round differently: the same greedy request
+  /// gave other tokens after a restart (session 30, bench/NOTES.md). Empty: no file.
+  std::string gemm_tuning_cache;
 
   /// bf16 decode steps of one token: every decoder layer in one persistent kernel
   /// (kernels/cuda/fused_decode.cu: a producer warp an SM streams all the weights through a
@@ -277,6 +283,12 @@ struct cuda_backend_options {
 
 /// Keys per flash-decoding split under batch_invariant.
 inline constexpr int batch_invariant_split_len = 256;
+
+/// Where a server keeps the GEMM tuning cache (cuda_backend_options::gemm_tuning_cache):
+/// $CONVEYOR_CACHE_DIR/gemm-tuning.txt, else $XDG_CACHE_HOME/conveyor/gemm-tuning.txt, else
+/// $HOME/.cache/conveyor/gemm-tuning.txt; empty (no file) where CONVEYOR_CACHE_DIR is "off" or no
+/// home is known.
+std::string default_gemm_tuning_cache();
 
 /// Creates a backend on `options.device`: one stream, one cuBLAS handle, workspace allocated here.
 /// Returns an error value (not an exception, not an abort) when there is no usable device, the
