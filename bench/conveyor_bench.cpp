@@ -357,6 +357,11 @@ std::vector<variant> all_variants() {
   }
   // Session 17 (batch-1 GEMV prologues): the norm prologue as before, late triggers (the default:
   // laten), fewer stages before the prologue (cuda_backend_options::gemv_* say which bit is which).
+  for (int keys : {512, 1024, 2048}) {  // session 30: fewer decode attention splits at long contexts
+    kernels::cuda_backend_options r = o;
+    r.decode_split_min_keys = keys;
+    v.push_back({"split" + std::to_string(keys), r});
+  }
   kernels::cuda_backend_options normlate = o;
   normlate.gemv_norm_early = false;
   v.push_back({"normlate", normlate});

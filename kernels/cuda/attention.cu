@@ -1260,8 +1260,9 @@ void launch_gqa(const T* qkv, const attn_shape& sh, const attention_batch& b, co
   const int D = sh.head_dim;
   const int base_blocks = b.num_seqs * sh.num_kv_heads;
   int splits = std::max(1, (2 * num_sms + base_blocks - 1) / base_blocks);
-  // At least 256 keys per split: a short context in one split needs no combine launch.
-  splits = std::min(splits, std::max(1, (b.max_ctx_len + 255) / 256));
+  // At least split_min_keys (256) keys per split: a short context in one split needs no combine launch.
+  const int min_keys = std::max(32, tune.split_min_keys);
+  splits = std::min(splits, std::max(1, (b.max_ctx_len + min_keys - 1) / min_keys));
   while (splits > 1 && attention_partial_floats(b.num_seqs, sh.num_heads, D, splits) > partial_floats) --splits;
   int split_len = (b.max_ctx_len + splits - 1) / splits;
   split_len = (split_len + 31) / 32 * 32;

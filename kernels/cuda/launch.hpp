@@ -171,6 +171,10 @@ struct attention_tuning {
   /// call has: a row's result then depends on its own context only (batch_invariant). 0: the split
   /// count is chosen to fill the GPU.
   int split_len = 0;
+  /// Without split_len: a decode split covers at least this many keys of the call's longest
+  /// context (in a CUDA graph, its bucket: 256, 512, 1024, ...). One split fuses rope into the
+  /// attention kernel and needs no combine launch.
+  int split_min_keys = 256;
   /// decode_gqa_ring_kernel with the fused prologue: the next kernel (o_proj) may launch only once the
   /// rope prologue is done, so its weight prefetch does not queue in front of the prologue's loads
   /// (off: right after griddepcontrol.wait). Session 17.

@@ -140,6 +140,12 @@ struct cuda_backend_options {
   bool early_decode = false;
   /// ≥ 0: preferred shared-memory carveout (percent) of the decode attention launches; -1: the driver's
   int decode_carveout = -1;
+  /// Decode attention (not batch_invariant): each split of a sequence's keys covers at least this
+  /// many keys of the step's longest context, which in a CUDA graph is its recording's bucket (the
+  /// power of two ≥ 256 above the context). One split runs rope in the attention kernel's prologue
+  /// and needs no combine kernel; more splits fill more SMs at batch 1-8. Session 30 (bench/NOTES.md):
+  /// a served batch-1 sequence past 256 tokens runs in the 1024 bucket, i.e. 4 splits, 2 more launches a layer.
+  int decode_split_min_keys = 256;
   bool tc_prefill = true;  ///< bf16 prefill attention on tensor cores (head_dim 64 or 128)
   /// with tc_prefill, group 1/2/4/8: one block per KV head serves its query-head group (K/V tiles
   /// read once per group, cp.async-pipelined); off: one block per query head (bench/NOTES.md, session 4)
