@@ -818,6 +818,7 @@ class cuda_backend final : public backend {
     tune_.early_decode = o.early_decode;
     tune_.decode_carveout = o.decode_carveout;
     tune_.split_min_keys = o.decode_split_min_keys;
+    tune_.one_split_max_keys = o.decode_one_split_max_keys;
     tune_.rope_once = o.rope_once;
     tune_.late_trigger = o.decode_late_trigger;
     norm_late_trigger_ = o.norm_late_trigger;
