@@ -362,9 +362,9 @@ std::vector<variant> all_variants() {
     r.decode_split_min_keys = keys;
     v.push_back({"split" + std::to_string(keys), r});
   }
-  kernels::cuda_backend_options onesplit256 = o;  // before session 30: one split only up to 256 keys
-  onesplit256.decode_one_split_max_keys = 256;
-  v.push_back({"onesplit256", onesplit256});
+  kernels::cuda_backend_options onesplit1024 = o;  // session 30: one split up to 1024 keys (the default: 256)
+  onesplit1024.decode_one_split_max_keys = 1024;
+  v.push_back({"onesplit1024", onesplit1024});
   kernels::cuda_backend_options normlate = o;
   normlate.gemv_norm_early = false;
   v.push_back({"normlate", normlate});

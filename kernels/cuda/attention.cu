@@ -1263,8 +1263,8 @@ void launch_gqa(const T* qkv, const attn_shape& sh, const attention_batch& b, co
   // At least split_min_keys (256) keys per split: a short context in one split needs no combine launch.
   const int min_keys = std::max(32, tune.split_min_keys);
   splits = std::min(splits, std::max(1, (b.max_ctx_len + min_keys - 1) / min_keys));
-  // Up to one_split_max_keys (1024) keys, one split even at batch 1: the fused rope prologue and no
-  // combine launch beat more blocks there (session 30, H100, b=1 at contexts 512-640: 1.068 vs 1.125 ms).
+  // Up to one_split_max_keys keys, one split even at batch 1: the fused rope prologue and no combine
+  // launch beat more blocks there (session 30, H100, b=1 at contexts 512-640: 1.068 vs 1.125 ms at 1024).
   if (b.max_ctx_len <= tune.one_split_max_keys) splits = 1;
   while (splits > 1 && attention_partial_floats(b.num_seqs, sh.num_heads, D, splits) > partial_floats) --splits;
   int split_len = (b.max_ctx_len + splits - 1) / splits;

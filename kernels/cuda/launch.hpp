@@ -177,7 +177,7 @@ struct attention_tuning {
   int split_min_keys = 256;
   /// Without split_len: a call whose longest context (in a CUDA graph, its bucket) is at most this
   /// many keys runs one split, however few blocks that makes (batch 1-8).
-  int one_split_max_keys = 1024;
+  int one_split_max_keys = 256;
   /// decode_gqa_ring_kernel with the fused prologue: the next kernel (o_proj) may launch only once the
   /// rope prologue is done, so its weight prefetch does not queue in front of the prologue's loads
   /// (off: right after griddepcontrol.wait). Session 17.

@@ -1141,43 +1141,58 @@ TEST_P(cuda_ops, rope_kv_write_attention_decode_matches_op_by_op) {
   std::uniform_int_distribution<int> len(2, 300);
   dcase many{32, 8, 64, {}};
   for (int i = 0; i < 64; ++i) many.ctx.push_back(len(rng_));
-  for (const dcase& c : {many, dcase{16, 2, 64, {1, 129, 700}}, dcase{8, 2, 128, {333, 1, 64}},
-                         dcase{8, 2, 64, {4000}}}) {
-    const int n = static_cast<int>(c.ctx.size()), block_size = 16;
-    kernels::attn_shape sh{c.heads, c.kv_heads, c.head_dim, 1.0f / std::sqrt(static_cast<float>(c.head_dim)), 0};
-    const auto [max_ctx, max_blocks, num_blocks, table, q_start, slots] = make_paged_decode(c.ctx, block_size, rng_);
-    std::vector<std::int32_t> pos;
-    for (int s = 0; s < n; ++s) pos.push_back(c.ctx[s] - 1);  // the new token is the last key
-    const std::size_t cache = static_cast<std::size_t>(num_blocks) * block_size * c.kv_heads * c.head_dim;
-    auto k = testing::random_values(rng_, cache, t()), v = testing::random_values(rng_, cache, t());
-    const int width = (c.heads + 2 * c.kv_heads) * c.head_dim;
-    auto qkv = testing::random_values(rng_, static_cast<std::size_t>(n) * width, t(), 2.0f);
-    std::vector<float> inv_freq(c.head_dim / 2);
-    for (int i = 0; i < c.head_dim / 2; ++i) inv_freq[i] = std::pow(5e5f, -2.0f * i / c.head_dim);
-    dev_acts qd(*b_, qkv), kd(*b_, k), vd(*b_, v), out(*b_, static_cast<std::size_t>(n) * c.heads * c.head_dim);
-    dev_bytes pos_d(*b_, pos), slot_d(*b_, slots), freq_d(*b_, inv_freq), qs_d(*b_, q_start), ctx_d(*b_, c.ctx),
-        table_d(*b_, table);
-    kernels::attention_batch batch{n, qs_d.as<std::int32_t>(), ctx_d.as<std::int32_t>(), table_d.as<std::int32_t>(),
-                                   max_blocks, max_ctx, 1};
-    const kernels::kv_layout layout{num_blocks, block_size};
-    out.poison();
-    b_->rope(qd.get_ptr(), n, sh, pos_d.as<std::int32_t>(), freq_d.as<float>(), 1.0f);
-    b_->kv_write(qd.get_ptr(), n, sh, slot_d.as<std::int32_t>(), layout, kd.get_ptr(), vd.get_ptr());
-    b_->attention(qd.get_ptr(), sh, batch, layout, kd.get_ptr(), vd.get_ptr(), out.get_ptr());
-    kernels::cpu::rope(qkv.data(), n, sh, pos.data(), inv_freq.data(), 1.0f);
-    kernels::cpu::kv_write(qkv.data(), n, sh, slots.data(), k.data(), v.data());
-    const std::string shape = " h" + std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) + " d" +
-                              std::to_string(c.head_dim) + " seqs " + std::to_string(n);
-    const std::vector<float> q_dev = qd.get(), k_dev = kd.get(), v_dev = vd.get();
-    EXPECT_CLOSE(q_dev, qkv, t(), tag("rope+kv_write+attention qkv" + shape));
-    EXPECT_CLOSE(k_dev, k, t(), tag("rope+kv_write+attention k" + shape));
-    EXPECT_EQ(v_dev, v) << "rope+kv_write+attention v" << shape;
-    // The attention reference reads the roped rows the device wrote (checked just above): a one-ulp
-    // difference in a roped bf16 query moves a score over 4000 keys enough to fail the tolerance.
-    std::vector<float> ref(static_cast<std::size_t>(n) * c.heads * c.head_dim);
-    kernels::attention_batch hb{n, q_start.data(), c.ctx.data(), table.data(), max_blocks, max_ctx, 1};
-    kernels::cpu::attention(q_dev.data(), sh, hb, layout, k_dev.data(), v_dev.data(), ref.data());
-    EXPECT_CLOSE(out.get(), ref, t(), tag("rope+kv_write+attention out" + shape));
+  // Also with decode_one_split_max_keys 1024 (session 30): one split, the rope fused into the
+  // attention kernel, up to 1024 keys, so the new key's chunk is past the ring's first requests
+  // (one sequence: the ring kernel; three: the tc kernel).
+  std::unique_ptr<kernels::backend> one_split;
+  if (t() == dtype::bf16) {
+    kernels::cuda_backend_options o;
+    o.compute_dtype = t();
+    o.decode_one_split_max_keys = 1024;
+    auto made = kernels::make_cuda_backend(o);
+    ASSERT_TRUE(made.ok()) << made.err().message;
+    one_split = std::move(made).value();
+  }
+  for (kernels::backend* be : {b_.get(), one_split.get()}) {
+    if (be == nullptr) continue;
+    for (const dcase& c : {many, dcase{16, 2, 64, {1, 129, 700}}, dcase{8, 2, 128, {333, 1, 64}},
+                           dcase{8, 2, 64, {4000}}, dcase{32, 8, 64, {700}}, dcase{32, 8, 64, {1000}}}) {
+      const int n = static_cast<int>(c.ctx.size()), block_size = 16;
+      kernels::attn_shape sh{c.heads, c.kv_heads, c.head_dim, 1.0f / std::sqrt(static_cast<float>(c.head_dim)), 0};
+      const auto [max_ctx, max_blocks, num_blocks, table, q_start, slots] = make_paged_decode(c.ctx, block_size, rng_);
+      std::vector<std::int32_t> pos;
+      for (int s = 0; s < n; ++s) pos.push_back(c.ctx[s] - 1);  // the new token is the last key
+      const std::size_t cache = static_cast<std::size_t>(num_blocks) * block_size * c.kv_heads * c.head_dim;
+      auto k = testing::random_values(rng_, cache, t()), v = testing::random_values(rng_, cache, t());
+      const int width = (c.heads + 2 * c.kv_heads) * c.head_dim;
+      auto qkv = testing::random_values(rng_, static_cast<std::size_t>(n) * width, t(), 2.0f);
+      std::vector<float> inv_freq(c.head_dim / 2);
+      for (int i = 0; i < c.head_dim / 2; ++i) inv_freq[i] = std::pow(5e5f, -2.0f * i / c.head_dim);
+      dev_acts qd(*be, qkv), kd(*be, k), vd(*be, v), out(*be, static_cast<std::size_t>(n) * c.heads * c.head_dim);
+      dev_bytes pos_d(*be, pos), slot_d(*be, slots), freq_d(*be, inv_freq), qs_d(*be, q_start), ctx_d(*be, c.ctx),
+          table_d(*be, table);
+      kernels::attention_batch batch{n, qs_d.as<std::int32_t>(), ctx_d.as<std::int32_t>(), table_d.as<std::int32_t>(),
+                                     max_blocks, max_ctx, 1};
+      const kernels::kv_layout layout{num_blocks, block_size};
+      out.poison();
+      be->rope(qd.get_ptr(), n, sh, pos_d.as<std::int32_t>(), freq_d.as<float>(), 1.0f);
+      be->kv_write(qd.get_ptr(), n, sh, slot_d.as<std::int32_t>(), layout, kd.get_ptr(), vd.get_ptr());
+      be->attention(qd.get_ptr(), sh, batch, layout, kd.get_ptr(), vd.get_ptr(), out.get_ptr());
+      kernels::cpu::rope(qkv.data(), n, sh, pos.data(), inv_freq.data(), 1.0f);
+      kernels::cpu::kv_write(qkv.data(), n, sh, slots.data(), k.data(), v.data());
+      const std::string shape = " h" + std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) + " d" +
+                                std::to_string(c.head_dim) + " seqs " + std::to_string(n);
+      const std::vector<float> q_dev = qd.get(), k_dev = kd.get(), v_dev = vd.get();
+      EXPECT_CLOSE(q_dev, qkv, t(), tag("rope+kv_write+attention qkv" + shape));
+      EXPECT_CLOSE(k_dev, k, t(), tag("rope+kv_write+attention k" + shape));
+      EXPECT_EQ(v_dev, v) << "rope+kv_write+attention v" << shape;
+      // The attention reference reads the roped rows the device wrote (checked just above): a one-ulp
+      // difference in a roped bf16 query moves a score over 4000 keys enough to fail the tolerance.
+      std::vector<float> ref(static_cast<std::size_t>(n) * c.heads * c.head_dim);
+      kernels::attention_batch hb{n, q_start.data(), c.ctx.data(), table.data(), max_blocks, max_ctx, 1};
+      kernels::cpu::attention(q_dev.data(), sh, hb, layout, k_dev.data(), v_dev.data(), ref.data());
+      EXPECT_CLOSE(out.get(), ref, t(), tag("rope+kv_write+attention out" + shape + (be == b_.get() ? "" : " one split to 1024")));
+    }
   }
 }
 

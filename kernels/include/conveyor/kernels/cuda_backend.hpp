@@ -150,8 +150,10 @@ struct cuda_backend_options {
   /// recording's bucket) is at most this many keys runs one split, even where that leaves SMs idle
   /// (batch 1-8). Session 30 on an H100, contexts 512-640 (the 1024 bucket): batch 1 1.068 ms a step
   /// against 1.125 with 4 splits (the separate rope_kv and combine launches cost ~5.5 µs a layer
-  /// and o_proj's overlap), batch 8 1.317 against 1.333. 256: session 29's behaviour.
-  int decode_one_split_max_keys = 1024;
+  /// and o_proj's overlap), batch 8 1.317 against 1.333. Still 256 (the behaviour before): at
+  /// 257-1024 keys the fused prologue takes a path (the new key's chunk read back from the cache)
+  /// that no GPU test has run yet; bench/s30-check runs them, then this becomes 1024.
+  int decode_one_split_max_keys = 256;
   bool tc_prefill = true;  ///< bf16 prefill attention on tensor cores (head_dim 64 or 128)
   /// with tc_prefill, group 1/2/4/8: one block per KV head serves its query-head group (K/V tiles
   /// read once per group, cp.async-pipelined); off: one block per query head (bench/NOTES.md, session 4)
