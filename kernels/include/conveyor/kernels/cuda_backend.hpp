@@ -143,8 +143,9 @@ struct cuda_backend_options {
   /// Decode attention (not batch_invariant): each split of a sequence's keys covers at least this
   /// many keys of the step's longest context, which in a CUDA graph is its recording's bucket (the
   /// power of two ≥ 256 above the context). One split runs rope in the attention kernel's prologue
-  /// and needs no combine kernel; more splits fill more SMs at batch 1-8. Session 30 (bench/NOTES.md):
-  /// a served batch-1 sequence past 256 tokens runs in the 1024 bucket, i.e. 4 splits, 2 more launches a layer.
+  /// and needs no combine kernel; more splits fill more SMs at batch 1-8. Session 30 (bench/NOTES.md,
+  /// H100, b=1, contexts 512-640 in the 1024 bucket): 512 (2 splits) 1.168 ms a step against 1.125
+  /// with 4: fewer blocks and the same two extra launches; one split (decode_one_split_max_keys) 1.068.
   int decode_split_min_keys = 256;
   /// Decode attention (not batch_invariant): a step whose longest context (in a CUDA graph, its
   /// recording's bucket) is at most this many keys runs one split, even where that leaves SMs idle
