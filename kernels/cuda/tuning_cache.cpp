@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 
 namespace conveyor::kernels::cuda {
@@ -23,6 +24,15 @@ constexpr const char* header = "# conveyor GEMM tuning cache: timed cuBLASLt cho
 
 std::string sys_error(const std::string& what, const std::string& path) {
   return what + " " + path + ": " + std::strerror(errno);
+}
+
+/// The file's text; nullopt (errno set) where it cannot be opened.
+std::optional<std::string> file_text(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) return std::nullopt;
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
 }
 
 std::pair<int, std::array<int, 4>> identity(const tuned_gemm& e) {
@@ -101,14 +111,12 @@ tuning_cache_contents parse_tuning_cache(const std::string& text, const std::str
 }
 
 result<tuning_cache_contents> read_tuning_cache(const std::string& path, const std::string& device_key) {
-  std::ifstream f(path);
-  if (!f) {
+  const auto text = file_text(path);
+  if (!text) {
     if (errno == ENOENT) return tuning_cache_contents{};
     return make_error(errc::io, sys_error("cannot read the GEMM tuning cache", path));
   }
-  std::stringstream s;
-  s << f.rdbuf();
-  return parse_tuning_cache(s.str(), device_key, path);
+  return parse_tuning_cache(*text, device_key, path);
 }
 
 status merge_tuning_cache(const std::string& path, const std::string& device_key, const std::vector<tuned_gemm>& entries) {
@@ -124,13 +132,7 @@ status merge_tuning_cache(const std::string& path, const std::string& device_key
     return make_error(errc::io, sys_error("cannot lock", lock_path));
   }
   // Under the lock: what is there now (every device's lines), then ours where the shape is new.
-  std::string text;
-  {
-    std::ifstream f(path);
-    std::stringstream s;
-    if (f) s << f.rdbuf();
-    text = s.str();
-  }
+  const std::string text = file_text(path).value_or("");
   std::map<std::pair<int, std::array<int, 4>>, bool> have;
   for (const auto& e : parse_tuning_cache(text, device_key, path).entries) have[identity(e)] = true;
   std::ostringstream out;

@@ -240,9 +240,6 @@ TEST(cluster, pipelining_overlaps_microbatches) {
   EXPECT_GE(three, 0.8 * 3 * one) << "chunks=1: " << one << " tok/s, chunks=3: " << three << " tok/s";
 }
 
-// serving.queued_steps on one stage: stage 0 starts step n+1 with step n's draws before the tokens
-// go round through the coordinator. Same tokens as without it (and as HF), stop tokens and cancels
-// included, and the steps were really queued (the counter), where the plain cluster queues none.
 // kv_blocks 0: each worker sizes its KV pool from a fraction of its free memory, split between the
 // workers on the same device (both stages here share this host's RAM), and the scheduler hands out
 // the least; the goldens come out of the sized pool. Too small a fraction fails the start-up with
@@ -309,6 +306,9 @@ TEST(cluster, the_kv_cache_is_sized_from_free_memory) {
   EXPECT_NE(none.err().message.find("KV cache does not fit"), std::string::npos) << none.err().message;
 }
 
+// serving.queued_steps on one stage: stage 0 starts step n+1 with step n's draws before the tokens
+// go round through the coordinator. Same tokens as without it (and as HF), stop tokens and cancels
+// included, and the steps were really queued (the counter), where the plain cluster queues none.
 TEST(cluster, one_stage_queued_steps_give_the_same_tokens) {
   const auto golden = testing::load_golden("tiny-llama");
   for (const bool queued : {true, false}) {
