@@ -365,6 +365,16 @@ std::vector<variant> all_variants() {
   kernels::cuda_backend_options onesplit1024 = o;  // session 30: one split up to 1024 keys (the default: 256)
   onesplit1024.decode_one_split_max_keys = 1024;
   v.push_back({"onesplit1024", onesplit1024});
+  // Session 31: several splits with the rope prologue and the last split's merge (no rope_kv, no
+  // combine launch), at today's split rule and with fewer splits.
+  kernels::cuda_backend_options fusesplits = o;
+  fusesplits.decode_fuse_splits = true;
+  v.push_back({"fusesplits", fusesplits});
+  for (int keys : {512, 1024}) {
+    kernels::cuda_backend_options r = fusesplits;
+    r.decode_split_min_keys = keys;
+    v.push_back({"fusesplits" + std::to_string(keys), r});
+  }
   kernels::cuda_backend_options normlate = o;
   normlate.gemv_norm_early = false;
   v.push_back({"normlate", normlate});

@@ -506,10 +506,13 @@ __device__ __forceinline__ __nv_bfloat16 qkv_entry(const attention_rope_kv& rope
 struct no_store_kv {
   __device__ void operator()(int, __nv_bfloat16, __nv_bfloat16, __nv_bfloat16, __nv_bfloat16) const {}
 };
+// with_kv false (rope.once only): the block leaves the KV head alone (another split of the row
+// writes it); write_q false: the roped query heads go to store_q only, not back into qkv (other splits
+// of the row still read them there; decode_gqa_ring_kernel's last block writes them back).
 template <int D, int G, int NT, class StoreQ, class StoreKV = no_store_kv>
 __device__ __forceinline__ void rope_kv_prologue(const attention_rope_kv& rope, int row, int width, int heads,
                                                  int kv_heads, int kvh, int h0, StoreQ store_q,
-                                                 StoreKV store_kv = {}) {
+                                                 StoreKV store_kv = {}, bool with_kv = true, bool write_q = true) {
   constexpr int half = D / 2;
   static_assert(NT >= half, "one thread per pair computes the angles");
   __nv_bfloat16* qrow = static_cast<__nv_bfloat16*>(rope.qkv) + static_cast<std::size_t>(row) * width;
@@ -520,6 +523,7 @@ __device__ __forceinline__ void rope_kv_prologue(const attention_rope_kv& rope, 
     const int v0 = (heads + kv_heads + kvh) * D;  // the KV head's v entries in the row
     __nv_bfloat16* vsrc = qrow + v0;
     constexpr int items = (G + 1) * half, per = (items + NT - 1) / NT;
+    const int live = with_kv ? items : G * half;  // items g == G (the KV head) come last
     __shared__ float2 cs_s[half];
     // Loads first: their latency runs under the sincos (all of them precede every store, so no
     // store can alias a later load).
@@ -527,7 +531,7 @@ __device__ __forceinline__ void rope_kv_prologue(const attention_rope_kv& rope, 
 #pragma unroll
     for (int u = 0; u < per; ++u) {
       const int idx = threadIdx.x + u * NT;
-      if (idx < items) {
+      if (idx < live) {
         const int g = idx / half, i = idx % half;
         const int x0 = (g < G ? h0 + g : heads + kvh) * D;
         xa[u] = qkv_entry(rope, qrow, row, width, x0 + i);
@@ -549,14 +553,16 @@ __device__ __forceinline__ void rope_kv_prologue(const attention_rope_kv& rope, 
 #pragma unroll
     for (int u = 0; u < per; ++u) {
       const int idx = threadIdx.x + u * NT;
-      if (idx < items) {
+      if (idx < live) {
         const int g = idx / half, i = idx % half;
         const float2 c = cs_s[i];
         __nv_bfloat16 a, b;
         rope_pair(__bfloat162float(xa[u]), __bfloat162float(xb[u]), c.x, c.y, a, b);
         __nv_bfloat16* x = qrow + (g < G ? h0 + g : heads + kvh) * D;
-        x[i] = a;
-        x[i + half] = b;
+        if (g == G || write_q) {
+          x[i] = a;
+          x[i + half] = b;
+        }
         if (g < G) {
           store_q(g, i, a, b);
         } else {
@@ -1029,6 +1035,25 @@ __global__ void __launch_bounds__(block_threads, 4) decode_gqa_tc_kernel(
   merge_warps_and_store<G, W, D, true>(m_s, l_s, o_s, D, heads, h0, seq, split, splits, row, partials, out);
 }
 
+// Dimension d of head h's result from its row's `splits` partial results (m, l, o[head_dim]): the
+// combine launch and decode_gqa_ring_kernel's last split run this one expression. Loads bypass L1
+// (__ldcg): other blocks wrote the partials during this kernel.
+template <class T>
+__device__ __forceinline__ T combine_splits(const float* partials, int seq, int heads, int h, int head_dim, int d,
+                                            int splits) {
+  const float* p = partials + (static_cast<std::size_t>(seq) * heads + h) * splits * (head_dim + 2);
+  float m_all = -INFINITY;
+  for (int i = 0; i < splits; ++i) m_all = fmaxf(m_all, __ldcg(p + i * (head_dim + 2)));
+  float l_all = 0.0f, acc = 0.0f;
+  for (int i = 0; i < splits; ++i) {
+    const float* pi = p + i * (head_dim + 2);
+    const float w = exp_diff(__ldcg(pi), m_all);
+    l_all += __ldcg(pi + 1) * w;
+    acc += __ldcg(pi + 2 + d) * w;
+  }
+  return from_f32<T>(acc / l_all);
+}
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait_group() {
@@ -1124,9 +1149,12 @@ __global__ void __launch_bounds__(block_threads, 4) decode_gqa_ring_kernel(
     for (int i = 0; i < P; ++i) request(warp + i * W, pos);
     grid_dep_wait();
     if (!rope.late_trigger) grid_dep_trigger();
-    // The new key: chunk nc, row nr (pos is in [begin, end) with one split). Its chunk was requested
-    // above without it when nc < S; a later chunk is requested after the prologue, from the cache.
-    const int nc = (pos - begin) / 32, nr = (pos - begin) % 32;
+    // The new key: chunk nc, row nr of the split that owns it (pos in [begin, end): the only split
+    // with one split). Its chunk was requested above without it when nc < S; a later chunk is
+    // requested after the prologue, from the cache. Several splits (rope.split_done): each ropes the
+    // query heads itself, only the owner writes the KV head, and none writes q back yet.
+    const bool owner = pos >= begin && pos < end;
+    const int nc = owner ? (pos - begin) / 32 : S, nr = owner ? (pos - begin) % 32 : 0;
     __nv_bfloat16* nks = ring + (nc % S) * SLOT + nr * D;
     __nv_bfloat16* nvs = ring + (nc % S) * SLOT + KT + nr * LD;
     const int sw = (nr & 1) << 2;
@@ -1144,7 +1172,8 @@ __global__ void __launch_bounds__(block_threads, 4) decode_gqa_ring_kernel(
             nvs[i] = va;
             nvs[ib] = vb;
           }
-        });
+        },
+        owner, splits == 1);
   } else {
 #pragma unroll
     for (int i = 0; i < P; ++i) request(warp + i * W, -1);
@@ -1186,6 +1215,31 @@ __global__ void __launch_bounds__(block_threads, 4) decode_gqa_ring_kernel(
   tc_decode_store<G, W, D>(m, l, o, warp, lane, m_s, l_s, o_s);
   __syncthreads();
   merge_warps_and_store<G, W, D, true>(m_s, l_s, o_s, D, heads, h0, seq, split, splits, row, partials, out);
+  if constexpr (ROPE) {
+    if (splits > 1) {
+      // The row's last split to finish merges them (combine_kernel's arithmetic, so the same bits)
+      // and writes the roped query heads back: every split has read qkv by then.
+      __shared__ bool last;
+      __threadfence();  // this block's partials are visible before its count
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        unsigned* done = rope.split_done + static_cast<std::size_t>(seq) * kv_heads + kvh;
+        last = atomicAdd(done, 1u) == static_cast<unsigned>(splits - 1);
+        if (last) *done = 0u;  // zero for the next call
+      }
+      __syncthreads();
+      if (last) {
+        __threadfence();
+        __nv_bfloat16* qrow = static_cast<__nv_bfloat16*>(rope.qkv) + static_cast<std::size_t>(row) * width;
+        for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
+          const int g = idx / D, d = idx % D, h = h0 + g;
+          out[static_cast<std::size_t>(row) * heads * D + h * D + d] =
+              combine_splits<__nv_bfloat16>(partials, seq, heads, h, D, d, splits);
+          qrow[h * D + d] = q_b[g][d];
+        }
+      }
+    }
+  }
 }
 
 // grid (heads, seqs), block head_dim threads (≤ 256): merges a row's splits.
@@ -1197,17 +1251,8 @@ __global__ void combine_kernel(const std::int32_t* q_start, int heads, int head_
   const int h = blockIdx.x, seq = blockIdx.y, d = threadIdx.x;
   const int row = q_start[seq];
   if (q_start[seq + 1] - row != 1 || d >= head_dim) return;
-  const float* p = partials + (static_cast<std::size_t>(seq) * heads + h) * splits * (head_dim + 2);
-  float m_all = -INFINITY;
-  for (int i = 0; i < splits; ++i) m_all = fmaxf(m_all, p[i * (head_dim + 2)]);
-  float l_all = 0.0f, acc = 0.0f;
-  for (int i = 0; i < splits; ++i) {
-    const float* pi = p + i * (head_dim + 2);
-    const float w = exp_diff(pi[0], m_all);
-    l_all += pi[1] * w;
-    acc += pi[2 + d] * w;
-  }
-  out[static_cast<std::size_t>(row) * heads * head_dim + h * head_dim + d] = from_f32<T>(acc / l_all);
+  out[static_cast<std::size_t>(row) * heads * head_dim + h * head_dim + d] =
+      combine_splits<T>(partials, seq, heads, h, head_dim, d, splits);
 }
 
 /// The grouped decode kernels' launch extras: PDL, and tune.decode_carveout (≥ 0) as the preferred
@@ -1253,6 +1298,14 @@ void fixed_splits(const attention_batch& b, int heads, int D, int len, std::size
   }
 }
 
+// launch_gqa's choices of kernel, apart from the dtype, head_dim and group checks.
+bool wide_decode(const attention_tuning& tune, int splits, int base_blocks, int num_sms) {
+  return tune.wide_decode && static_cast<long>(splits) * base_blocks < num_sms;
+}
+bool tc_decode_ring(const attention_tuning& tune, int splits, int base_blocks, int num_sms) {
+  return tune.vec_decode && !wide_decode(tune, splits, base_blocks, num_sms) && tune.tc_decode && tune.ring_decode > 0;
+}
+
 template <class T, int DC, int G>
 void launch_gqa(const T* qkv, const attn_shape& sh, const attention_batch& b, const kv_layout& layout, const T* k,
                 const T* v, T* out, float* partials, std::size_t partial_floats, int num_sms,
@@ -1271,14 +1324,21 @@ void launch_gqa(const T* qkv, const attn_shape& sh, const attention_batch& b, co
   split_len = (split_len + 31) / 32 * 32;
   if (tune.split_len > 0) fixed_splits(b, sh.num_heads, D, tune.split_len, partial_floats, splits, split_len);
   const dim3 grid(splits, sh.num_kv_heads, b.num_seqs);
-  bool launched = false;
+  bool launched = false, merged = false;  // merged: the kernel's last split combined the splits
   if constexpr (std::is_same_v<T, __nv_bfloat16> && (DC == 2 || (DC == 4 && G <= 4))) {
     if (tune.vec_decode && D == 32 * DC) {
       // Not under fixed splits (batch_invariant): a verification step hands attention one query row
       // per "sequence", and rows of one real sequence read each other's new keys, which a fused
       // prologue of another block may not have written yet; the unfused order also keeps plain decode
       // and verification on the same arithmetic.
-      const bool fuse = rope != nullptr && splits == 1 && rope->n == b.num_seqs && tune.split_len == 0;
+      const bool fuse_one = rope != nullptr && splits == 1 && rope->n == b.num_seqs && tune.split_len == 0;
+      // Several splits take the prologue too where the ring kernel runs (each split ropes the query
+      // heads, the new key's split writes it, the last split merges): no rope_kv, no combine launch.
+      const bool ring_runs = DC == 2 && G <= 8 && D == 64 && tc_decode_ring(tune, splits, base_blocks, num_sms);
+      const bool fuse_split = rope != nullptr && splits > 1 && tune.fuse_splits && ring_runs && tune.rope_once &&
+                              rope->n == b.num_seqs && tune.split_len == 0 && rope->split_done != nullptr &&
+                              static_cast<long>(b.num_seqs) * sh.num_kv_heads <= rope->split_done_count;
+      const bool fuse = fuse_one || fuse_split;
       if (rope != nullptr && !fuse) run_rope_kv(*rope, dtype::bf16, sh, tune, s);
       attention_rope_kv r = fuse ? *rope : attention_rope_kv{};
       r.once = tune.rope_once;
@@ -1289,9 +1349,9 @@ void launch_gqa(const T* qkv, const attn_shape& sh, const attention_batch& b, co
                  sh.sliding_window, b.q_start, b.ctx_len, b.block_table, b.max_blocks_per_seq, layout.block_size, k,
                  v, split_len, partials, out, r);
       };
-      const bool wide = tune.wide_decode && static_cast<long>(splits) * base_blocks < num_sms;
+      const bool wide = wide_decode(tune, splits, base_blocks, num_sms);
       if constexpr (DC == 2 && G <= 8) {
-        if (!wide && tune.tc_decode && tune.ring_decode > 0) {
+        if (!wide && tune.tc_decode && tune.ring_decode > 0) {  // tc_decode_ring
           const int p = tune.ring_decode >= 2 ? 2 : 1;
           auto ring = [&](auto with_rope, auto stages) {
             constexpr auto kernel = &decode_gqa_ring_kernel<G, decltype(with_rope)::value, decltype(stages)::value>;
@@ -1309,6 +1369,7 @@ void launch_gqa(const T* qkv, const attn_shape& sh, const attention_batch& b, co
             fuse ? ring(std::true_type{}, two{}) : ring(std::false_type{}, two{});
           }
           launched = true;
+          merged = fuse && splits > 1;
         } else if (!wide && tune.tc_decode) {
           if (fuse && tune.early_decode) {
             go(decode_gqa_tc_kernel<G, true, true>, 4);
@@ -1333,7 +1394,7 @@ void launch_gqa(const T* qkv, const attn_shape& sh, const attention_batch& b, co
              b.max_blocks_per_seq, layout.block_size, k, v, split_len, partials, out);
   }
   CONVEYOR_CUDA_LAUNCHED("attention decode gqa");
-  if (splits > 1) {
+  if (splits > 1 && !merged) {
     launch_k(tune.pdl, combine_kernel<T>, dim3(sh.num_heads, b.num_seqs), dim3(D), 0, s, b.q_start, sh.num_heads, D,
              splits, partials, out);
     CONVEYOR_CUDA_LAUNCHED("attention combine");

@@ -76,7 +76,7 @@ class cuda_backend final : public backend {
     if (cublas_ != nullptr) cublasDestroy(cublas_);
     draws_.reset();  // the draw slots and the sampler workspace, while the stream still exists
     for (void* p : {cublas_ws_, quant_scratch_, static_cast<void*>(partials_), static_cast<void*>(split_parts_),
-                    static_cast<void*>(qkv_parts_)}) {
+                    static_cast<void*>(qkv_parts_), static_cast<void*>(split_done_)}) {
       if (p != nullptr) cudaFree(p);
     }
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
@@ -378,6 +378,8 @@ class cuda_backend final : public backend {
       rope.parts = h.parts;  // a qkv still in K slices (wgmma_qkv_slices), else nullptr
       rope.splits = h.splits;
       rope.bias = h.bias;
+      rope.split_done = split_done_;
+      rope.split_done_count = split_done_count;
       held_.kind = held_kind::none;
       launch_attention(t_, qkv, shape, batch, layout, k_cache, v_cache, out, partials_, partial_floats_, num_sms_,
                        tune, stream_, &rope);
@@ -821,6 +823,7 @@ class cuda_backend final : public backend {
     tune_.one_split_max_keys = o.decode_one_split_max_keys;
     tune_.rope_once = o.rope_once;
     tune_.late_trigger = o.decode_late_trigger;
+    tune_.fuse_splits = o.decode_fuse_splits;
     norm_late_trigger_ = o.norm_late_trigger;
     norm_loads_ahead_ = o.norm_loads_ahead;
     l2_prefetch_bytes_ = static_cast<std::size_t>(std::max(0, o.l2_prefetch_kb)) * 1024;
@@ -888,9 +891,11 @@ class cuda_backend final : public backend {
     constexpr std::size_t cublas_ws_bytes = 32ull << 20;
     cublas_ws_ = alloc(cublas_ws_bytes);
     partials_ = static_cast<float*>(alloc(partial_floats_ * sizeof(float)));
-    if (cublas_ws_ == nullptr || partials_ == nullptr) {
+    split_done_ = static_cast<unsigned*>(alloc(split_done_count * sizeof(unsigned)));
+    if (cublas_ws_ == nullptr || partials_ == nullptr || split_done_ == nullptr) {
       return make_error(errc::out_of_memory, "CUDA backend: no device memory for its workspace");
     }
+    CONVEYOR_CUDA_CHECK(cudaMemsetAsync(split_done_, 0, split_done_count * sizeof(unsigned), stream_));
     CONVEYOR_CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_ws_, cublas_ws_bytes));
     // gemm_tune's choices, and linear_add_rmsnorm's K split (which times itself against the plain
     // GEMM, tuned or cublasGemmEx's own).
@@ -1046,6 +1051,10 @@ class cuda_backend final : public backend {
   std::size_t quant_scratch_bytes_ = 0;
   float* partials_ = nullptr;
   std::size_t partial_floats_ = 0;
+  /// attention_rope_kv::split_done: enough for 256 sequences × 32 KV heads (a decode step past that
+  /// runs the separate rope_kv and combine launches).
+  static constexpr int split_done_count = 8192;
+  unsigned* split_done_ = nullptr;
   std::optional<cuda_draws> draws_;  ///< made in init(), once the stream exists
   std::vector<float> convert_buf_;
   std::vector<std::uint16_t> u16_buf_;

@@ -178,6 +178,10 @@ struct attention_tuning {
   /// Without split_len: a call whose longest context (in a CUDA graph, its bucket) is at most this
   /// many keys runs one split, however few blocks that makes (batch 1-8).
   int one_split_max_keys = 256;
+  /// Several splits of a decode step on decode_gqa_ring_kernel take the rope_kv prologue too (each
+  /// split ropes its query heads, the split with the new key writes it) and the row's last split to
+  /// finish merges them: no rope_kv and no combine launch (needs attention_rope_kv::split_done).
+  bool fuse_splits = false;
   /// decode_gqa_ring_kernel with the fused prologue: the next kernel (o_proj) may launch only once the
   /// rope prologue is done, so its weight prefetch does not queue in front of the prologue's loads
   /// (off: right after griddepcontrol.wait). Session 17.
@@ -209,6 +213,10 @@ struct attention_rope_kv {
   int splits = 0;
   const float* bias = nullptr;
   static constexpr int max_splits = 4;  ///< the most the prologue sums (the 1B's and Qwen2's qkv: 4)
+  /// attention_tuning::fuse_splits: split_done_count counters, zero between calls (the last split of
+  /// a (sequence, KV head) at [seq * kv_heads + kv_head] clears its own); nullptr: not fused.
+  unsigned* split_done = nullptr;
+  int split_done_count = 0;
 };
 /// Scratch floats the decode kernel needs for `splits` partial results per (sequence, head).
 std::size_t attention_partial_floats(int num_seqs, int num_heads, int head_dim, int splits);

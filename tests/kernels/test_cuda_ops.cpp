@@ -1398,6 +1398,94 @@ TEST_P(cuda_ops, ring_decode_matches_tc_decode_bit_for_bit) {
   }
 }
 
+// decode_fuse_splits (session 31): a step of several splits on decode_gqa_ring_kernel with the rope
+// prologue in every split (the new key's split writes it) and the last split to finish merging them,
+// against the separate rope_kv, the same splits and the combine launch: every buffer bit for bit the
+// same (the same rounding and the combine's one expression), the output as the CPU twin's. Each case
+// runs twice on the fused backends, so a done-counter not cleared by its last split shows up as a
+// second call that differs. Contexts past one split (max_ctx as the executor's recordings pass it:
+// a power of two ≥ 256), the new key early or late in its split's ring, windows, group 8, 1-2 chunks
+// a warp in flight (ring_decode 2 and 1).
+TEST_P(cuda_ops, fused_split_decode_matches_unfused_bit_for_bit) {
+  if (t() != dtype::bf16) GTEST_SKIP() << "the ring decode kernel is bf16 only";
+  struct dcase {
+    int heads, kv_heads, window, block_size;
+    std::vector<int> ctx;  // context per sequence, the new token included
+  };
+  std::uniform_int_distribution<int> long_len(1, 3000);
+  dcase eight{32, 8, 0, 16, {}};
+  for (int i = 0; i < 8; ++i) eight.ctx.push_back(long_len(rng_));
+  const std::vector<dcase> cases{dcase{32, 8, 0, 16, {700}},  dcase{32, 8, 0, 16, {1000}},
+                                 dcase{32, 8, 0, 16, {3000}}, dcase{32, 8, 0, 16, {2049}},
+                                 dcase{16, 2, 0, 16, {1, 129, 2000, 97}}, dcase{32, 8, 90, 7, {1500, 20}},
+                                 eight};
+  struct config {
+    int ring;
+    bool fuse;
+  };
+  const std::vector<config> configs{{2, false}, {2, true}, {1, true}};
+  std::vector<std::unique_ptr<kernels::backend>> be;
+  for (const config& cf : configs) {
+    kernels::cuda_backend_options o;
+    o.compute_dtype = t();
+    o.ring_decode = cf.ring;
+    o.ring_decode_max_seqs = 1 << 30;  // the ring kernel at every batch, not only batch 1 (the default)
+    o.decode_fuse_splits = cf.fuse;
+    auto made = kernels::make_cuda_backend(o);
+    ASSERT_TRUE(made.ok()) << made.err().message;
+    be.push_back(std::move(made).value());
+  }
+  for (const dcase& c : cases) {
+    const int n = static_cast<int>(c.ctx.size()), d = 64;
+    kernels::attn_shape sh{c.heads, c.kv_heads, d, 0.125f, c.window};
+    const auto [real_max, max_blocks, num_blocks, table, q_start, slots] = make_paged_decode(c.ctx, c.block_size, rng_);
+    int max_ctx = 256;
+    while (max_ctx < real_max) max_ctx *= 2;
+    std::vector<std::int32_t> pos;
+    for (int s = 0; s < n; ++s) pos.push_back(c.ctx[s] - 1);
+    const std::size_t cache = static_cast<std::size_t>(num_blocks) * c.block_size * c.kv_heads * d;
+    const auto k0 = testing::random_values(rng_, cache, t()), v0 = testing::random_values(rng_, cache, t());
+    const int width = (c.heads + 2 * c.kv_heads) * d;
+    const auto qkv0 = testing::random_values(rng_, static_cast<std::size_t>(n) * width, t(), 2.0f);
+    std::vector<float> inv_freq(d / 2);
+    for (int i = 0; i < d / 2; ++i) inv_freq[i] = std::pow(5e5f, -2.0f * i / d);
+    std::string shape = " h" + std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) + " window " +
+                        std::to_string(c.window) + " max_ctx " + std::to_string(max_ctx) + " ctx";
+    for (int x : c.ctx) shape += " " + std::to_string(x);
+    const kernels::kv_layout layout{num_blocks, c.block_size};
+    auto run = [&](kernels::backend& b) {  // {qkv, k cache, v cache, out}
+      dev_acts qd(b, qkv0), kd(b, k0), vd(b, v0), out(b, static_cast<std::size_t>(n) * c.heads * d);
+      dev_bytes pos_d(b, pos), slot_d(b, slots), freq_d(b, inv_freq), qs_d(b, q_start), ctx_d(b, c.ctx),
+          table_d(b, table);
+      kernels::attention_batch batch{n, qs_d.as<std::int32_t>(), ctx_d.as<std::int32_t>(), table_d.as<std::int32_t>(),
+                                     max_blocks, max_ctx, 1};
+      out.poison();
+      b.rope(qd.get_ptr(), n, sh, pos_d.as<std::int32_t>(), freq_d.as<float>(), 1.0f);
+      b.kv_write(qd.get_ptr(), n, sh, slot_d.as<std::int32_t>(), layout, kd.get_ptr(), vd.get_ptr());
+      b.attention(qd.get_ptr(), sh, batch, layout, kd.get_ptr(), vd.get_ptr(), out.get_ptr());
+      return std::array<std::vector<float>, 4>{qd.get(), kd.get(), vd.get(), out.get()};
+    };
+    const auto want = run(*be[0]);
+    std::vector<float> ref(static_cast<std::size_t>(n) * c.heads * d);
+    kernels::attention_batch hb{n, q_start.data(), c.ctx.data(), table.data(), max_blocks, max_ctx, 1};
+    kernels::cpu::attention(want[0].data(), sh, hb, layout, want[1].data(), want[2].data(), ref.data());
+    EXPECT_CLOSE(want[3], ref, t(), tag("unfused splits out" + shape));
+    const char* what[4] = {"qkv", "k cache", "v cache", "out"};
+    for (std::size_t i = 1; i < configs.size(); ++i) {
+      for (int call = 0; call < 2; ++call) {
+        const auto got = run(*be[i]);
+        const std::string name = "fused splits, ring_decode " + std::to_string(configs[i].ring) + ", call " +
+                                 std::to_string(call + 1);
+        for (int w = 0; w < 4; ++w) {
+          const long at = first_difference(got[w], want[w]);
+          EXPECT_EQ(at, -1) << name << " vs unfused, " << what[w] << shape << ": first difference at " << at
+                            << ", seed " << testing::test_seed();
+        }
+      }
+    }
+  }
+}
+
 // The decode step's qkv through linear_into_attention: at wgmma_qkv's token counts (the default
 // 2..64, above the GEMV's) the wgmma GEMM, then the ring decode kernel it releases early
 // (wgmma_qkv_ring_decode); elsewhere linear(). qkv against the CPU linear, the attention output against the CPU attention

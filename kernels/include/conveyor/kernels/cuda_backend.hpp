@@ -155,6 +155,11 @@ struct cuda_backend_options {
   /// 257-1024 keys the fused prologue takes a path (the new key's chunk read back from the cache)
   /// that no GPU test has run yet; bench/s30-check runs them, then this becomes 1024.
   int decode_one_split_max_keys = 256;
+  /// Decode attention on decode_gqa_ring_kernel (batch 1, and steps after an early-releasing qkv):
+  /// where a step runs several splits, each takes the fused rope prologue (the query heads roped
+  /// per split, the new key written by its own split) and the last split of a row to finish merges
+  /// them, so the separate rope_kv and combine launches go (~5.5 µs a layer, session 30).
+  bool decode_fuse_splits = false;
   bool tc_prefill = true;  ///< bf16 prefill attention on tensor cores (head_dim 64 or 128)
   /// with tc_prefill, group 1/2/4/8: one block per KV head serves its query-head group (K/V tiles
   /// read once per group, cp.async-pipelined); off: one block per query head (bench/NOTES.md, session 4)
