@@ -103,6 +103,7 @@ result<coordinator::cluster_options> cluster_options_of(const config::deployment
   o.max_step_tokens = d.serving.max_batch_tokens;
   o.max_seqs_per_step = d.serving.max_batch_size;
   o.max_context = d.serving.max_context;
+  o.warm_up_batches = config::warm_up_batches(d);
   o.heartbeat = std::chrono::milliseconds(static_cast<long>(d.cluster.heartbeat_interval_s * 1000));
   o.heartbeat_timeout = std::chrono::milliseconds(static_cast<long>(d.cluster.heartbeat_timeout_s * 1000));
   o.recover_stages = d.cluster.recover_stages;

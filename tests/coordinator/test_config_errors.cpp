@@ -255,6 +255,16 @@ const bad_config contradictions[] = {
      "[serving]\nmax_batch_size = 64\nmax_batch_tokens = 32\n",
      {"deploy.toml:3:20: serving.max_batch_tokens = 32 is less than serving.max_batch_size = 64 "
       "(deploy.toml:2:18)"}},
+    {"warm_up_batch_above_batch_size",
+     "[serving]\nmax_batch_size = 8\nwarm_up_batches = [1, 16]\n",
+     {"serving.warm_up_batches = [1, 16]", "has 16, more than serving.max_batch_size = 8"}},
+    {"warm_up_off_with_batches",
+     "[serving]\nwarm_up = false\nwarm_up_batches = [1, 2]\n",
+     {"serving.warm_up = false", "contradicts serving.warm_up_batches = [1, 2]"}},
+    {"warm_up_batches_bad_entries",
+     "[serving]\nwarm_up_batches = [1, 0, 1]\n",
+     {"serving.warm_up_batches[1] = 0: each entry must be an integer from 1",
+      "serving.warm_up_batches[2] = 1: listed twice"}},
     {"kv_blocks_too_few",
      "[serving]\nkv_blocks = 10\nmax_context = 4096\n",
      {"deploy.toml:3:15: serving.kv_blocks = 10 (deploy.toml:2:13) of serving.kv_block_size = 16 (default) "

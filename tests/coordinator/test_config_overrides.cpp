@@ -167,7 +167,9 @@ TEST(config_describe, one_line_per_key_with_origins_and_no_secrets) {
   EXPECT_TRUE(contains(text, "serving.prefix_caching = true  (default)\n")) << text;
   EXPECT_TRUE(contains(text, "model.batch_invariant = false (spec_k = 0)  (default)\n")) << text;
   EXPECT_TRUE(contains(text, "serving.queued_steps = true  (default)\n")) << text;
-  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 56) << text;  // one per key
+  EXPECT_TRUE(contains(text, "serving.warm_up = true  (default)\n")) << text;
+  EXPECT_TRUE(contains(text, "serving.warm_up_batches = [] (none)  (default)\n")) << text;  // a cpu deployment
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 58) << text;  // one per key
 }
 
 }  // namespace

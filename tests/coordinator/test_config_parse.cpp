@@ -152,6 +152,8 @@ max_workers = 3
 kv_block_size = 32
 kv_blocks = 1000
 max_context = 2048
+warm_up = true
+warm_up_batches = [1, 4]
 
 [launch]
 method = "ssh"
@@ -230,6 +232,9 @@ TEST(config_keys, every_key_is_read) {
   EXPECT_EQ(d.serving.kv_block_size, 32);
   EXPECT_EQ(d.serving.kv_blocks, 1000);
   EXPECT_EQ(d.serving.max_context, 2048);
+  EXPECT_TRUE(d.serving.warm_up);
+  EXPECT_EQ(d.serving.warm_up_batches, (std::vector<int>{1, 4}));
+  EXPECT_EQ(warm_up_batches(d), (std::vector<int>{1, 4}));
   EXPECT_EQ(d.launch.method, launch_method::ssh);
   EXPECT_EQ(d.launch.ssh_command, "ssh -p 2222 {host} {command}");
   EXPECT_EQ(d.launch.srun_command, "srun --mpi=none");
@@ -244,6 +249,18 @@ TEST(config_keys, every_key_is_read) {
   EXPECT_EQ(alt.model.ngram_min, 3);
   EXPECT_EQ(alt.model.ngram_max, 9);
   EXPECT_EQ(alt.model.ngram_corpus, "/data/kjv.ids");
+}
+
+// serving.warm_up_batches left out: cuda stages warm up at 1, 2, 4, ... 64 up to max_batch_size,
+// cpu stages not at all; warm_up = false: none anywhere; a list given: that list on either.
+TEST(config_keys, warm_up_batches_default_by_device) {
+  EXPECT_EQ(warm_up_batches(parse_ok("[model]\ndevice = \"cuda\"\n[serving]\nmax_batch_size = 20\n")),
+            (std::vector<int>{1, 2, 4, 8, 16}));
+  EXPECT_EQ(warm_up_batches(parse_ok("[model]\ndevice = \"cuda\"\n[serving]\nmax_batch_size = 256\n")),
+            (std::vector<int>{1, 2, 4, 8, 16, 32, 64}));
+  EXPECT_TRUE(warm_up_batches(parse_ok("[model]\ndevice = \"cuda\"\n[serving]\nwarm_up = false\n")).empty());
+  EXPECT_TRUE(warm_up_batches(parse_ok("[serving]\nmax_batch_size = 20\n")).empty());
+  EXPECT_EQ(warm_up_batches(parse_ok("[serving]\nwarm_up_batches = [3, 1]\n")), (std::vector<int>{3, 1}));
 }
 
 // Guards the test above: when a key is added to `describe`, it must be added to `every_key` too.

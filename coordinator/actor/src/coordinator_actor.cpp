@@ -540,13 +540,14 @@ caf::behavior coordinator_impl(coord_actor* self, coordinator_setup setup) {
         a.quant = s.setup.options.quant;
         a.quant_lm_head = s.setup.options.quant_lm_head;
         a.batch_invariant = s.setup.options.batch_invariant;
+        a.warm_up_batches.assign(s.setup.options.warm_up_batches.begin(), s.setup.options.warm_up_batches.end());
         return {assign_atom::value, a};
       },
       [=](progress_atom, std::int32_t stage, std::int32_t, const std::string& text) {
         if (auto* w = slot_for(self, stage, true)) w->detail = text;
       },
       [=](loaded_atom, std::int32_t stage, std::int32_t, bytes_msg address, std::int64_t weight_bytes,
-          std::int32_t kv_blocks) {
+          std::int32_t kv_blocks, const std::string& note) {
         auto& s = self->state;
         auto* slot = slot_for(self, stage, true);
         if (slot == nullptr) return;
@@ -554,7 +555,8 @@ caf::behavior coordinator_impl(coord_actor* self, coordinator_setup setup) {
         w.state = "loaded";
         w.address = std::move(address);
         w.kv_blocks = kv_blocks;
-        w.detail = std::to_string(weight_bytes) + " weight bytes, " + std::to_string(kv_blocks) + " KV blocks";
+        w.detail = std::to_string(weight_bytes) + " weight bytes, " + std::to_string(kv_blocks) + " KV blocks" +
+                   (note.empty() ? "" : "; " + note);
         if (s.recovery.active) {
           if (s.recovery.stage == stage) try_rewire(self);
           return;

@@ -10,6 +10,16 @@ int gpus_per_worker(const deployment& d) {
 
 bool batch_invariant(const model_section& m) { return m.batch_invariant.value_or(m.spec_k > 0); }
 
+std::vector<int> warm_up_batches(const deployment& d) {
+  const serving_section& s = d.serving;
+  if (!s.warm_up) return {};
+  if (!s.warm_up_batches.empty()) return s.warm_up_batches;
+  std::vector<int> v;
+  if (d.model.device != device_kind::cuda) return v;
+  for (int b = 1; b <= 64 && b <= s.max_batch_size; b *= 2) v.push_back(b);
+  return v;
+}
+
 std::string ucx_tls_env(const transport_section& t) {
   if (t.ucx_tls == "auto") return {};
   // UCX's "sm" alias covers posix, sysv and cma; cma alone fails (STACK.md), so never narrow to it.

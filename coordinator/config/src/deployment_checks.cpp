@@ -250,6 +250,21 @@ void check_serving(const deployment& d, diagnostics& out) {
                    a.kv("serving.max_batch_size", str(s.max_batch_size)) +
                    ": a decode step of a full batch takes one token per sequence"));
   }
+  for (int b : s.warm_up_batches) {
+    if (b > s.max_batch_size) {
+      about a(d, {"serving.warm_up_batches", "serving.max_batch_size"});
+      out.add(a.line(a.kv("serving.warm_up_batches", list(s.warm_up_batches)) + " has " + str(b) +
+                     ", more than " + a.kv("serving.max_batch_size", str(s.max_batch_size)) +
+                     ": a warm-up step holds at most a full batch"));
+      break;
+    }
+  }
+  if (!s.warm_up && !s.warm_up_batches.empty()) {
+    about a(d, {"serving.warm_up", "serving.warm_up_batches"});
+    out.add(a.line(a.kv("serving.warm_up", "false") + " contradicts " +
+                   a.kv("serving.warm_up_batches", list(s.warm_up_batches)) +
+                   ": leave warm_up_batches out to turn the warm-up off, or warm_up on to run them"));
+  }
   if (s.kv_blocks > 0 && s.max_context > 0 &&
       static_cast<std::int64_t>(s.kv_blocks) * s.kv_block_size < s.max_context) {
     about a(d, {"serving.kv_blocks", "serving.kv_block_size", "serving.max_context"});

@@ -162,6 +162,8 @@ void read_serving(table_reader& r, serving_section& s) {
   r.read("kv_blocks", s.kv_blocks, rules::kv_blocks);
   r.read("kv_memory_fraction", s.kv_memory_fraction, rules::fraction);
   r.read("max_context", s.max_context, rules::max_context);
+  r.read("warm_up", s.warm_up);
+  r.read("warm_up_batches", s.warm_up_batches, rules::max_batch_size, /*unique=*/true);
 }
 
 void read_launch(table_reader& r, launch_section& l) {

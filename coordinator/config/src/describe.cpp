@@ -84,6 +84,12 @@ std::string describe(const deployment& d) {
   add("serving.kv_blocks", s.kv_blocks == 0 ? "0 (cuda: from kv_memory_fraction; cpu: 512)" : std::to_string(s.kv_blocks));
   add("serving.kv_memory_fraction", num(s.kv_memory_fraction));
   add("serving.max_context", s.max_context == 0 ? "0 (the model's limit)" : std::to_string(s.max_context));
+  add("serving.warm_up", s.warm_up ? "true" : "false");
+  {
+    const std::vector<int> w = warm_up_batches(d);
+    add("serving.warm_up_batches", w.empty() ? std::string("[] (none)")
+                                             : ints(w) + (s.warm_up_batches.empty() ? " (the device's default)" : ""));
+  }
   add("launch.method", sv(to_string(d.launch.method)));
   add("launch.ssh_command", sv(d.launch.ssh_command));
   add("launch.srun_command", sv(d.launch.srun_command));

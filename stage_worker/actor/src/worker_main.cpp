@@ -129,6 +129,8 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, worker_optio
             o.executor.kv_block_size = a.kv_block_size;
             o.executor.max_step_tokens = a.max_step_tokens;
             o.executor.max_seqs = a.max_seqs;
+            o.warm_up.decode_batches.assign(a.warm_up_batches.begin(), a.warm_up_batches.end());
+            o.warm_up.prefill_tokens = a.warm_up_batches.empty() ? 0 : 16;
             auto quant = engine::parse_weight_quant(a.quant);
             if (!quant) {
               self->send(coordinator, failed_atom::value, a.stage, static_cast<std::int32_t>(options.rank),
@@ -185,7 +187,8 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, worker_optio
           return;
         }
         self->send(st.coordinator, loaded_atom::value, stage, rank, to_msg(st.runtime->address()),
-                   static_cast<std::int64_t>(st.runtime->weight_bytes()), static_cast<std::int32_t>(st.runtime->kv_blocks()));
+                   static_cast<std::int64_t>(st.runtime->weight_bytes()), static_cast<std::int32_t>(st.runtime->kv_blocks()),
+                   st.runtime->load_note());
       },
       [=](wire_atom, bytes_msg upstream, bytes_msg downstream) {
         auto& st = self->state;

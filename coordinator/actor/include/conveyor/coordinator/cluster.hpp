@@ -33,6 +33,9 @@ struct cluster_options {
   int max_step_tokens = 512;
   int max_seqs_per_step = 64;
   int max_context = 0;  ///< 0 = the model's max_position_embeddings
+  /// Decode batch sizes of the warm-up steps every stage runs at load (engine::warm_up, after a
+  /// 16-token prefill); empty = no warm-up. config::warm_up_batches resolves serving.warm_up*.
+  std::vector<int> warm_up_batches;
   service::serving_policy policy;  ///< batching mode, admission control, deadlines, prefix caching
   /// Speculative decoding (model.draft, model.draft_layers, model.spec_k): the draft model runs in
   /// the coordinator's process (on the CPU, or with `device` cuda on the first stage's GPU) and

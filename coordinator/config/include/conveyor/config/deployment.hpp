@@ -135,6 +135,13 @@ struct serving_section {
   int kv_blocks = 0;                   ///< KV blocks per stage; 0 = size them from kv_memory_fraction
   double kv_memory_fraction = 0.9;     ///< share of device memory left after weights given to KV
   int max_context = 0;                 ///< longest sequence (prompt + output); 0 = the model's limit
+  /// Each stage runs throwaway steps at load, before it reports ready: a short prefill, then a
+  /// decode step of each of warm_up_batches sequences (a GPU's first steps of a shape pay kernel
+  /// loading, GEMM timing and the step graph's recording; these are paid at load instead).
+  bool warm_up = true;
+  /// Sequence counts of the warm-up's decode steps; empty = the default for the device (cuda: 1, 2,
+  /// 4, ... 64 up to max_batch_size; cpu: none, as nothing there is paid on first use).
+  std::vector<int> warm_up_batches;
 };
 
 /// [launch]: how `conveyor launch` starts processes on the hosts.
@@ -175,6 +182,10 @@ int gpus_per_worker(const deployment& d);
 
 /// model.batch_invariant as set, else on exactly when speculative decoding is (spec_k > 0).
 bool batch_invariant(const model_section& m);
+
+/// The warm-up's decode batch sizes each stage runs at load: none with serving.warm_up false;
+/// serving.warm_up_batches where set; else on cuda 1, 2, 4, ... 64 up to max_batch_size, on cpu none.
+std::vector<int> warm_up_batches(const deployment& d);
 
 /// The UCX_TLS value for transport.ucx_tls; empty means "leave UCX_TLS unset" (auto).
 std::string ucx_tls_env(const transport_section& t);

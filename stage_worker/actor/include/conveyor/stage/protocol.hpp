@@ -59,8 +59,9 @@ enum class qstep_mode : std::int32_t { hold = 1, chain = 2, flush = 3 };
 /// Protocol version, checked at join. 4: max_frame_bytes in the assignment, reset (stage recovery);
 /// 5: the metrics request; 6: stage_assignment.quant, quant_lm_head; 7: frames carry sampleRows and
 /// `done` may hold several tokens per sequence (speculative decoding); 8: stage_assignment.batch_invariant;
-/// 9: qstep (queued steps); 10: stage_assignment.kv_fraction and kv_min_blocks, loaded's kv blocks.
-constexpr std::int32_t protocol_version = 10;
+/// 9: qstep (queued steps); 10: stage_assignment.kv_fraction and kv_min_blocks, loaded's kv blocks;
+/// 11: stage_assignment.warm_up_batches, loaded's note (the warm-up's report).
+constexpr std::int32_t protocol_version = 11;
 
 /// What the coordinator tells a worker to load (a plain struct, sent as a CAF message).
 struct stage_assignment {
@@ -84,13 +85,16 @@ struct stage_assignment {
   std::string quant = "none";      ///< none | int8 | fp8: the linear layers' weights, quantized at load
   bool quant_lm_head = false;      ///< the LM head quantized too
   bool batch_invariant = false;    ///< cuda bf16: row-invariant kernels (speculative verification = decode)
+  /// Decode batch sizes of the warm-up steps run at load, after a 16-token prefill (engine::warm_up);
+  /// empty = no warm-up.
+  std::vector<std::int32_t> warm_up_batches;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, stage_assignment& x) {
   return f(caf::meta::type_name("stage_assignment"), x.model_dir, x.stage, x.num_stages, x.first_layer,
            x.last_layer, x.kv_blocks, x.kv_fraction, x.kv_min_blocks, x.kv_block_size, x.max_step_tokens, x.max_seqs, x.ucx_tls, x.step_delay_us, x.device, x.dtype, x.tp, x.max_frame_bytes, x.quant,
-           x.quant_lm_head, x.batch_invariant);
+           x.quant_lm_head, x.batch_invariant, x.warm_up_batches);
 }
 
 /// A worker's activation-frame counters (stage_runtime::hop_metrics, hop_meter.hpp), as a CAF message.

@@ -17,6 +17,7 @@
 #include "conveyor/engine/executor.hpp"
 #include "conveyor/engine/memory_plan.hpp"
 #include "conveyor/engine/tp_stage.hpp"
+#include "conveyor/engine/warm_up.hpp"
 #include "conveyor/stage/hop_meter.hpp"
 #include "conveyor/transport/staging_pool.hpp"
 #include "conveyor/transport/ucx_context.hpp"
@@ -40,6 +41,8 @@ struct stage_runtime_options {
   /// (bf16 on a bf16 GPU stage: half the bytes of f32, and exact, since that is what the device
   /// holds); f32 forces the float32 wire. The frame header carries it; the receiver converts.
   std::optional<kernels::dtype> wire_dtype;
+  /// Throwaway steps run at load, after the weights (engine::warm_up); none by default.
+  engine::warm_up_options warm_up{0, {}};
   /// Test only: sleep this long in every step, to make pipelining measurable on tiny models.
   std::chrono::microseconds step_delay{0};
 };
@@ -71,6 +74,8 @@ class stage_runtime {
   std::size_t weight_bytes() const { return stage_->weight_bytes(); }
   /// KV blocks of each rank's pool (as planned where the options asked for 0).
   int kv_blocks() const { return options_.executor.kv_blocks; }
+  /// What the load adds for the log ("warm-up: 8 steps in 0.412 s"), or empty.
+  const std::string& load_note() const { return load_note_; }
 
   /// Opens the channels to the neighbouring stages (either may be absent) and starts the compute
   /// thread. Blocks until both peers answered; upstream first so a chain of stages wires in order.
@@ -96,6 +101,7 @@ class stage_runtime {
 
  private:
   stage_runtime() = default;
+  std::string load_note_;
   void loop();
   bool next_input(transport::frame& out, step_mode& mode);
   status run_step(transport::frame& in);
