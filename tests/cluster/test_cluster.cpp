@@ -306,6 +306,37 @@ TEST(cluster, the_kv_cache_is_sized_from_free_memory) {
   EXPECT_NE(none.err().message.find("KV cache does not fit"), std::string::npos) << none.err().message;
 }
 
+// serving.warm_up_batches: every stage (two of a pipeline; both ranks of a tensor-parallel stage)
+// runs its warm-up steps at load, on KV blocks no request owns yet, and says so in its health detail
+// ("warm-up: 4 steps in ..."): a prefill and batches 1, 2, 5. HF's tokens come out after it.
+TEST(cluster, stages_warm_up_at_load_and_give_the_golden_tokens) {
+  const auto golden = testing::load_golden("tiny-llama");
+  for (const int tp : {1, 2}) {
+    auto o = base_options("tiny-llama", tp == 1 ? 2 : 1);
+    o.tp = tp;
+    o.warm_up_batches = {1, 2, 5};
+    auto c = cluster::start(o);
+    ASSERT_TRUE(c.ok()) << c.err().message;
+    auto p = std::make_shared<std::promise<service::health_report>>();
+    auto f = p->get_future();
+    (*c)->service().health([p](service::health_report r) { p->set_value(std::move(r)); });
+    const service::health_report h = f.get();
+    ASSERT_FALSE(h.stages.empty());
+    for (const auto& s : h.stages) {
+      EXPECT_NE(s.detail.find("warm-up: 4 steps in"), std::string::npos)
+          << "stage " << s.stage << " rank " << s.tp_rank << ": " << s.detail;
+    }
+    for (std::size_t i = 0; i < golden.prompts.size(); ++i) {
+      auto sink = std::make_shared<collecting_sink>();
+      (*c)->service().submit(greedy(golden.prompts[i]), sink);
+      ASSERT_TRUE(sink->wait());
+      ASSERT_TRUE(sink->done->ok()) << sink->done->err().message;
+      EXPECT_EQ(sink->tokens, golden.prompts[i].greedy) << "prompt " << i << ", tp " << tp;
+    }
+    (*c)->shutdown();
+  }
+}
+
 // serving.queued_steps on one stage: stage 0 starts step n+1 with step n's draws before the tokens
 // go round through the coordinator. Same tokens as without it (and as HF), stop tokens and cancels
 // included, and the steps were really queued (the counter), where the plain cluster queues none.
