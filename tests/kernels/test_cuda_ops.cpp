@@ -83,6 +83,70 @@ qkv_decode_step make_qkv_decode_step(int n, dtype t, std::mt19937_64& rng) {
   return c;
 }
 
+/// A head_dim-64 decode step for the ring kernel's tests, after its qkv projection: the paged layout of
+/// `ctx`, max_ctx as the executor's recordings pass it (a power of two ≥ 256), the new tokens'
+/// positions (the last key), random caches and qkv rows, rope frequencies.
+struct ring_decode_case {
+  static constexpr int d = 64;
+  std::vector<int> ctx;
+  kernels::attn_shape shape;
+  int block_size = 16;
+  paged_decode paged;
+  int max_ctx = 256;
+  std::vector<std::int32_t> pos;
+  std::vector<float> k0, v0, qkv0, inv_freq;
+  kernels::kv_layout layout() const { return {paged.num_blocks, block_size}; }
+  int rows() const { return static_cast<int>(ctx.size()); }
+};
+ring_decode_case make_ring_decode_case(const std::vector<int>& ctx, int heads, int kv_heads, int window, int block_size,
+                                       dtype t, std::mt19937_64& rng) {
+  constexpr int d = ring_decode_case::d;
+  ring_decode_case c;
+  c.ctx = ctx;
+  c.shape = kernels::attn_shape{heads, kv_heads, d, 0.125f, window};
+  c.block_size = block_size;
+  c.paged = make_paged_decode(ctx, block_size, rng);
+  while (c.max_ctx < c.paged.max_ctx) c.max_ctx *= 2;
+  for (int x : ctx) c.pos.push_back(x - 1);
+  const std::size_t cache = static_cast<std::size_t>(c.paged.num_blocks) * block_size * kv_heads * d;
+  c.k0 = testing::random_values(rng, cache, t);
+  c.v0 = testing::random_values(rng, cache, t);
+  c.qkv0 = testing::random_values(rng, ctx.size() * (heads + 2 * kv_heads) * d, t, 2.0f);
+  c.inv_freq.resize(d / 2);
+  for (int i = 0; i < d / 2; ++i) c.inv_freq[i] = std::pow(5e5f, -2.0f * i / d);
+  return c;
+}
+
+/// The step of `c` on `b`: rope and kv_write first where `fused` (the backend may take them into the
+/// attention kernel), then attention; {qkv, k cache, v cache, out} as read back.
+std::array<std::vector<float>, 4> run_ring_decode_case(kernels::backend& b, const ring_decode_case& c, bool fused) {
+  const int n = c.rows();
+  const kernels::attn_shape& sh = c.shape;
+  const kernels::kv_layout layout = c.layout();
+  dev_acts qd(b, c.qkv0), kd(b, c.k0), vd(b, c.v0), out(b, static_cast<std::size_t>(n) * sh.num_heads * sh.head_dim);
+  dev_bytes pos_d(b, c.pos), slot_d(b, c.paged.slots), freq_d(b, c.inv_freq), qs_d(b, c.paged.q_start),
+      ctx_d(b, c.ctx), table_d(b, c.paged.table);
+  kernels::attention_batch batch{n, qs_d.as<std::int32_t>(), ctx_d.as<std::int32_t>(), table_d.as<std::int32_t>(),
+                                 c.paged.max_blocks, c.max_ctx, 1};
+  out.poison();
+  if (fused) {
+    b.rope(qd.get_ptr(), n, sh, pos_d.as<std::int32_t>(), freq_d.as<float>(), 1.0f);
+    b.kv_write(qd.get_ptr(), n, sh, slot_d.as<std::int32_t>(), layout, kd.get_ptr(), vd.get_ptr());
+  }
+  b.attention(qd.get_ptr(), sh, batch, layout, kd.get_ptr(), vd.get_ptr(), out.get_ptr());
+  return {qd.get(), kd.get(), vd.get(), out.get()};
+}
+
+/// The CPU twin's attention output over the qkv and caches a device step left (`got`).
+std::vector<float> ring_decode_reference(const ring_decode_case& c, const std::array<std::vector<float>, 4>& got) {
+  const int n = c.rows();
+  std::vector<float> ref(static_cast<std::size_t>(n) * c.shape.num_heads * c.shape.head_dim);
+  kernels::attention_batch hb{n, c.paged.q_start.data(), c.ctx.data(), c.paged.table.data(), c.paged.max_blocks,
+                              c.max_ctx, 1};
+  kernels::cpu::attention(got[0].data(), c.shape, hb, c.layout(), got[1].data(), got[2].data(), ref.data());
+  return ref;
+}
+
 class cuda_ops : public ::testing::TestWithParam<dtype> {
  protected:
   void SetUp() override {
@@ -1344,46 +1408,14 @@ TEST_P(cuda_ops, ring_decode_matches_tc_decode_bit_for_bit) {
     be.push_back(std::move(made).value());
   }
   for (const dcase& c : cases) {
-    const int n = static_cast<int>(c.ctx.size()), d = 64;
-    kernels::attn_shape sh{c.heads, c.kv_heads, d, 0.125f, c.window};
-    const auto [real_max, max_blocks, num_blocks, table, q_start, slots] = make_paged_decode(c.ctx, c.block_size, rng_);
-    int max_ctx = 256;
-    while (max_ctx < real_max) max_ctx *= 2;
-    std::vector<std::int32_t> pos;
-    for (int s = 0; s < n; ++s) pos.push_back(c.ctx[s] - 1);
-    const std::size_t cache = static_cast<std::size_t>(num_blocks) * c.block_size * c.kv_heads * d;
-    const auto k0 = testing::random_values(rng_, cache, t()), v0 = testing::random_values(rng_, cache, t());
-    const int width = (c.heads + 2 * c.kv_heads) * d;
-    const auto qkv0 = testing::random_values(rng_, static_cast<std::size_t>(n) * width, t(), 2.0f);
-    std::vector<float> inv_freq(d / 2);
-    for (int i = 0; i < d / 2; ++i) inv_freq[i] = std::pow(5e5f, -2.0f * i / d);
+    const ring_decode_case rc = make_ring_decode_case(c.ctx, c.heads, c.kv_heads, c.window, c.block_size, t(), rng_);
     const std::string shape = std::string(c.fused ? " fused" : " unfused") + " h" + std::to_string(c.heads) + "/" +
                               std::to_string(c.kv_heads) + " window " + std::to_string(c.window) + " seqs " +
-                              std::to_string(n);
-    const kernels::kv_layout layout{num_blocks, c.block_size};
+                              std::to_string(rc.rows());
     std::vector<std::array<std::vector<float>, 4>> got(nc);  // {qkv, k cache, v cache, out} of each backend
-    for (int ring = 0; ring < nc; ++ring) {
-      kernels::backend& b = *be[ring];
-      dev_acts qd(b, qkv0), kd(b, k0), vd(b, v0), out(b, static_cast<std::size_t>(n) * c.heads * d);
-      dev_bytes pos_d(b, pos), slot_d(b, slots), freq_d(b, inv_freq), qs_d(b, q_start), ctx_d(b, c.ctx),
-          table_d(b, table);
-      kernels::attention_batch batch{n, qs_d.as<std::int32_t>(), ctx_d.as<std::int32_t>(), table_d.as<std::int32_t>(),
-                                     max_blocks, max_ctx, 1};
-      out.poison();
-      if (c.fused) {
-        b.rope(qd.get_ptr(), n, sh, pos_d.as<std::int32_t>(), freq_d.as<float>(), 1.0f);
-        b.kv_write(qd.get_ptr(), n, sh, slot_d.as<std::int32_t>(), layout, kd.get_ptr(), vd.get_ptr());
-      }
-      b.attention(qd.get_ptr(), sh, batch, layout, kd.get_ptr(), vd.get_ptr(), out.get_ptr());
-      got[ring][0] = qd.get();
-      got[ring][1] = kd.get();
-      got[ring][2] = vd.get();
-      got[ring][3] = out.get();
-    }
+    for (int ring = 0; ring < nc; ++ring) got[ring] = run_ring_decode_case(*be[ring], rc, c.fused);
     const char* what[4] = {"qkv", "k cache", "v cache", "out"};
-    std::vector<float> ref(static_cast<std::size_t>(n) * c.heads * d);
-    kernels::attention_batch hb{n, q_start.data(), c.ctx.data(), table.data(), max_blocks, max_ctx, 1};
-    kernels::cpu::attention(got[1][0].data(), sh, hb, layout, got[1][1].data(), got[1][2].data(), ref.data());
+    const std::vector<float> ref = ring_decode_reference(rc, got[1]);
     for (int ring = 1; ring < nc; ++ring) {
       const config& cf = configs[ring];
       const std::string name = "ring_decode " + std::to_string(cf.ring) + " early " + std::to_string(cf.early) +
@@ -1436,44 +1468,16 @@ TEST_P(cuda_ops, fused_split_decode_matches_unfused_bit_for_bit) {
     be.push_back(std::move(made).value());
   }
   for (const dcase& c : cases) {
-    const int n = static_cast<int>(c.ctx.size()), d = 64;
-    kernels::attn_shape sh{c.heads, c.kv_heads, d, 0.125f, c.window};
-    const auto [real_max, max_blocks, num_blocks, table, q_start, slots] = make_paged_decode(c.ctx, c.block_size, rng_);
-    int max_ctx = 256;
-    while (max_ctx < real_max) max_ctx *= 2;
-    std::vector<std::int32_t> pos;
-    for (int s = 0; s < n; ++s) pos.push_back(c.ctx[s] - 1);
-    const std::size_t cache = static_cast<std::size_t>(num_blocks) * c.block_size * c.kv_heads * d;
-    const auto k0 = testing::random_values(rng_, cache, t()), v0 = testing::random_values(rng_, cache, t());
-    const int width = (c.heads + 2 * c.kv_heads) * d;
-    const auto qkv0 = testing::random_values(rng_, static_cast<std::size_t>(n) * width, t(), 2.0f);
-    std::vector<float> inv_freq(d / 2);
-    for (int i = 0; i < d / 2; ++i) inv_freq[i] = std::pow(5e5f, -2.0f * i / d);
+    const ring_decode_case rc = make_ring_decode_case(c.ctx, c.heads, c.kv_heads, c.window, c.block_size, t(), rng_);
     std::string shape = " h" + std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) + " window " +
-                        std::to_string(c.window) + " max_ctx " + std::to_string(max_ctx) + " ctx";
+                        std::to_string(c.window) + " max_ctx " + std::to_string(rc.max_ctx) + " ctx";
     for (int x : c.ctx) shape += " " + std::to_string(x);
-    const kernels::kv_layout layout{num_blocks, c.block_size};
-    auto run = [&](kernels::backend& b) {  // {qkv, k cache, v cache, out}
-      dev_acts qd(b, qkv0), kd(b, k0), vd(b, v0), out(b, static_cast<std::size_t>(n) * c.heads * d);
-      dev_bytes pos_d(b, pos), slot_d(b, slots), freq_d(b, inv_freq), qs_d(b, q_start), ctx_d(b, c.ctx),
-          table_d(b, table);
-      kernels::attention_batch batch{n, qs_d.as<std::int32_t>(), ctx_d.as<std::int32_t>(), table_d.as<std::int32_t>(),
-                                     max_blocks, max_ctx, 1};
-      out.poison();
-      b.rope(qd.get_ptr(), n, sh, pos_d.as<std::int32_t>(), freq_d.as<float>(), 1.0f);
-      b.kv_write(qd.get_ptr(), n, sh, slot_d.as<std::int32_t>(), layout, kd.get_ptr(), vd.get_ptr());
-      b.attention(qd.get_ptr(), sh, batch, layout, kd.get_ptr(), vd.get_ptr(), out.get_ptr());
-      return std::array<std::vector<float>, 4>{qd.get(), kd.get(), vd.get(), out.get()};
-    };
-    const auto want = run(*be[0]);
-    std::vector<float> ref(static_cast<std::size_t>(n) * c.heads * d);
-    kernels::attention_batch hb{n, q_start.data(), c.ctx.data(), table.data(), max_blocks, max_ctx, 1};
-    kernels::cpu::attention(want[0].data(), sh, hb, layout, want[1].data(), want[2].data(), ref.data());
-    EXPECT_CLOSE(want[3], ref, t(), tag("unfused splits out" + shape));
+    const auto want = run_ring_decode_case(*be[0], rc, true);
+    EXPECT_CLOSE(want[3], ring_decode_reference(rc, want), t(), tag("unfused splits out" + shape));
     const char* what[4] = {"qkv", "k cache", "v cache", "out"};
     for (std::size_t i = 1; i < configs.size(); ++i) {
       for (int call = 0; call < 2; ++call) {
-        const auto got = run(*be[i]);
+        const auto got = run_ring_decode_case(*be[i], rc, true);
         const std::string name = "fused splits, ring_decode " + std::to_string(configs[i].ring) + ", call " +
                                  std::to_string(call + 1);
         for (int w = 0; w < 4; ++w) {
