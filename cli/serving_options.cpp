@@ -37,6 +37,7 @@ service::local_service_options local_service_options_of(const config::deployment
   o.ngram_min = d.model.ngram_min;
   o.ngram_max = d.model.ngram_max;
   o.ngram_corpus = d.model.ngram_corpus;
+  o.warm_up_batches = config::warm_up_batches(d);
   return o;
 }
 

@@ -130,6 +130,11 @@ TEST(local_inference_service, serves_concurrent_requests_from_threads) {
   auto golden = conveyor::testing::load_golden("tiny-qwen2");
   service::local_service_options o;
   o.stages = 3;
+  o.warm_up_batches = {100};  // more than max_seqs_per_step: the warm-up names it
+  auto refused = service::make_local_inference_service(golden.dir, o);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.err().message.find("warm-up decode batch 100"), std::string::npos) << refused.err().message;
+  o.warm_up_batches = {1, 3, 8};  // throwaway steps first; the requests below still give HF's tokens
   auto svc = service::make_local_inference_service(golden.dir, o);
   ASSERT_TRUE(svc.ok()) << svc.err().message;
   std::vector<std::shared_ptr<collecting_sink>> sinks;

@@ -9,6 +9,7 @@
 #include "conveyor/engine/ngram_proposer.hpp"
 #include "conveyor/engine/local_pipeline.hpp"
 #include "conveyor/engine/speculative_sampling.hpp"
+#include "conveyor/engine/warm_up.hpp"
 #include "conveyor/kernels/cpu_backend.hpp"
 #include "conveyor/scheduler/batch_scheduler.hpp"
 
@@ -165,6 +166,9 @@ result<std::unique_ptr<inference_service>> make_local_inference_service(const st
   eo.quant.kind = quant;
   eo.quant.lm_head = o.quant_lm_head;
   CONVEYOR_TRY_ASSIGN(pipe, engine::local_pipeline::create(*backend, model_dir, o.stages, eo));
+  if (!o.warm_up_batches.empty()) {
+    for (auto& stage : pipe->stages()) CONVEYOR_TRY(engine::warm_up(*stage, {16, o.warm_up_batches}));
+  }
   scheduler::scheduler_options so;
   so.chunks = 1;  // one process runs the stages back to back: nothing to overlap
   so.max_seqs_per_step = o.max_seqs_per_step;

@@ -4,6 +4,7 @@
 // the real serving side in frontend tests.
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "conveyor/base/result.hpp"
 #include "conveyor/service/inference_service.hpp"
@@ -32,6 +33,9 @@ struct local_service_options {
   int spec_k = 0;
   int ngram_min = 2, ngram_max = 4;  ///< model.ngram_*: draft_dir "ngram" (prompt lookup, no draft model)
   std::string ngram_corpus;
+  /// Decode batch sizes of the warm-up steps each stage runs before the service takes requests
+  /// (engine::warm_up, after a 16-token prefill); empty = none (config::warm_up_batches).
+  std::vector<int> warm_up_batches;
 };
 
 result<std::unique_ptr<inference_service>> make_local_inference_service(const std::string& model_dir,
