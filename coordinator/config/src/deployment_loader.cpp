@@ -207,6 +207,7 @@ constexpr std::pair<std::string_view, std::string_view> known_aliases[] = {
     {"jobqueuesize", "serving.job_queue_size"},
     {"usejobticket", "serving.use_job_ticket"},
     {"enableprefixcaching", "serving.prefix_caching"},  // vLLM's --enable-prefix-caching
+    {"cudagraphcapturesizes", "serving.warm_up_batches"},  // vLLM's cudagraph_capture_sizes
     {"devicetype", "model.device"},
     {"modeldir", "model.dir"},
     {"modelpath", "model.dir"},
