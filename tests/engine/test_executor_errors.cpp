@@ -42,6 +42,19 @@ class executor_errors : public ::testing::Test {
   std::unique_ptr<local_pipeline> pipe_;
 };
 
+// Options that size the workspace, the KV pool or the recorded steps must be positive.
+TEST_F(executor_errors, rejects_options_that_are_not_positive) {
+  for (int which = 0; which < 5; ++which) {
+    executor_options o;
+    o.kv_blocks = 4;
+    int* field[] = {&o.max_step_tokens, &o.max_seqs, &o.kv_blocks, &o.kv_block_size, &o.max_recorded_steps};
+    *field[which] = 0;
+    auto p = local_pipeline::create(*backend_, testing::fixture_dir("tiny-llama"), 1, o);
+    ASSERT_FALSE(p.ok()) << "option " << which;
+    EXPECT_NE(p.err().message.find("must be positive"), std::string::npos) << p.err().message;
+  }
+}
+
 TEST_F(executor_errors, rejects_bad_plans_with_reasons) {
   EXPECT_NE(error_of(step_plan{}).find("at least one sequence"), std::string::npos);
   EXPECT_NE(error_of(one({1, 2}, {})).find("KV blocks"), std::string::npos);

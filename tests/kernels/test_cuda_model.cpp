@@ -9,6 +9,7 @@
 
 #include "../engine/golden.hpp"
 #include "conveyor/engine/local_pipeline.hpp"
+#include "conveyor/engine/warm_up.hpp"
 #include "cuda_test_util.hpp"
 
 namespace conveyor {
@@ -149,6 +150,39 @@ TEST_P(cuda_model, greedy_generation_matches) {
     std::printf("%s greedy prompt %zu: %zu/%zu tokens before the first difference\n", tag().c_str(), i, prefix,
                 p.greedy.size());
     if (f32()) EXPECT_EQ(got, p.greedy) << "prompt " << i;
+  }
+}
+
+// More decode step shapes than the executor keeps recorded (max_recorded_steps 3): the warm-up's five
+// batch sizes leave the last three recorded, and greedy generation after it (which records its own
+// shape, evicting the least recently replayed) still gives the golden tokens (f32) and the same tokens
+// as a pipeline that kept every shape (bf16).
+TEST_P(cuda_model, recorded_steps_past_the_bound_evict_the_least_recent) {
+  if (!backend_->can_capture()) GTEST_SKIP() << "this backend records no steps";
+  engine::executor_options o;
+  o.kv_block_size = 16;
+  o.kv_blocks = 64;
+  o.max_step_tokens = 512;
+  o.max_seqs = 16;
+  std::vector<std::vector<std::int32_t>> tokens[2];
+  for (int bounded = 0; bounded < 2; ++bounded) {
+    o.max_recorded_steps = bounded ? 3 : 64;
+    auto made = engine::local_pipeline::create(*backend_, golden_.dir, 1, o);
+    ASSERT_TRUE(made.ok()) << made.err().message;
+    auto& pipe = *made;
+    auto warm = engine::warm_up(*pipe->stages()[0], {0, {1, 2, 3, 4, 5}});
+    ASSERT_TRUE(warm.ok()) << warm.err().message;
+    EXPECT_EQ(pipe->stages()[0]->rank0().recorded_steps(), bounded ? 3 : 5);
+    for (const auto& p : golden_.prompts) {
+      auto res = pipe->generate({greedy_request(p)});
+      ASSERT_TRUE(res.ok()) << res.err().message;
+      tokens[bounded].push_back((*res)[0].tokens);
+      EXPECT_LE(pipe->stages()[0]->rank0().recorded_steps(), bounded ? 3 : 64);
+    }
+  }
+  for (std::size_t i = 0; i < golden_.prompts.size(); ++i) {
+    EXPECT_EQ(tokens[1][i], tokens[0][i]) << "prompt " << i;
+    if (f32()) EXPECT_EQ(tokens[1][i], golden_.prompts[i].greedy) << "prompt " << i;
   }
 }
 

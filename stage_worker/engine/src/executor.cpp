@@ -19,7 +19,8 @@ result<std::unique_ptr<stage_executor>> stage_executor::create(kernels::backend&
                                                   std::to_string(range.last_layer) + ") is outside the model's " +
                                                   std::to_string(config.num_layers) + " layers");
   }
-  if (options.max_step_tokens < 1 || options.max_seqs < 1 || options.kv_blocks < 1 || options.kv_block_size < 1) {
+  if (options.max_step_tokens < 1 || options.max_seqs < 1 || options.kv_blocks < 1 || options.kv_block_size < 1 ||
+      options.max_recorded_steps < 1) {
     return make_error(errc::invalid_argument, "executor options must be positive");
   }
   std::unique_ptr<stage_executor> ex(new stage_executor(backend, config, range, options));
@@ -334,7 +335,7 @@ bool stage_executor::run_fused_layers(int n) {
 }
 
 stage_executor::~stage_executor() {
-  for (const auto& [shape, id] : captures_) backend_.drop_capture(id);
+  for (const auto& [shape, rec] : captures_) backend_.drop_capture(rec.id);
 }
 
 status stage_executor::run_ops(int n) {
@@ -383,19 +384,23 @@ status stage_executor::run_captured(int n) {
   const std::array<int, 4> shape{n, pv_.num_seqs, pv_.num_logit_rows, table_stride_};
   auto it = captures_.find(shape);
   if (it == captures_.end()) {
-    constexpr std::size_t max_captures = 64;
-    if (captures_.size() >= max_captures) {
-      for (const auto& [s, id] : captures_) backend_.drop_capture(id);
-      captures_.clear();
+    // Past the bound, the shape replayed least recently goes (a server's batch sizes and context
+    // buckets drift; dropping them all made every live shape record again).
+    if (static_cast<int>(captures_.size()) >= options_.max_recorded_steps) {
+      auto lru = std::min_element(captures_.begin(), captures_.end(),
+                                  [](const auto& a, const auto& b) { return a.second.used < b.second.used; });
+      backend_.drop_capture(lru->second.id);
+      captures_.erase(lru);
     }
     backend_.begin_capture();
     const status st = run_ops(n);
     const kernels::capture_id id = backend_.end_capture();
     CONVEYOR_TRY(st);
     if (id == 0) return run_ops(n);  // could not be recorded: nothing ran, run it eagerly
-    it = captures_.emplace(shape, id).first;
+    it = captures_.emplace(shape, recorded_step{id, 0}).first;
   }
-  backend_.replay(it->second);
+  it->second.used = ++replays_;
+  backend_.replay(it->second.id);
   return ok_status();
 }
 

@@ -27,6 +27,9 @@ struct executor_options {
   int kv_blocks = 256;         ///< blocks in this stage's KV pools
   int kv_block_size = 16;
   weight_quant_options quant;  ///< int8 / fp8 weights for the linear layers (default: none)
+  /// Recorded decode steps (CUDA graphs, one per step shape) kept at most; a new shape past this
+  /// evicts the one replayed least recently.
+  int max_recorded_steps = 64;
   /// Called after each layer's weights are on the backend (from the loading thread: every rank of a
   /// tensor-parallel stage loads in its own), so a command can show loading progress.
   std::function<void()> on_layer_loaded;
@@ -70,6 +73,8 @@ class stage_executor {
   status begin(const step_plan& plan, bool chain);
   result<step_output> end();
   int queued() const { return static_cast<int>(queued_.size()); }
+  /// Decode step shapes recorded now (at most options().max_recorded_steps).
+  int recorded_steps() const { return static_cast<int>(captures_.size()); }
 
   /// Test hook: observe the residual stream between layers (slower: it materialises each layer's output).
   void set_observer(hidden_observer observer) { observer_ = std::move(observer); }
@@ -162,8 +167,14 @@ class stage_executor {
   std::vector<float> observe_buf_;
   std::deque<queued_step> queued_;  ///< begun, not yet ended (oldest first)
   int next_slot_ = 0;               ///< the backend draw slot of the next begun step
-  /// Recorded decode steps by (tokens, sequences, logit rows, block-table stride).
-  std::map<std::array<int, 4>, kernels::capture_id> captures_;
+  /// Recorded decode steps by (tokens, sequences, logit rows, block-table stride), with the replay
+  /// count at their last use (the least recently used is evicted first).
+  struct recorded_step {
+    kernels::capture_id id;
+    std::uint64_t used;
+  };
+  std::map<std::array<int, 4>, recorded_step> captures_;
+  std::uint64_t replays_ = 0;
 };
 
 }  // namespace conveyor::engine
