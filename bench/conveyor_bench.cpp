@@ -375,6 +375,9 @@ std::vector<variant> all_variants() {
     r.decode_split_min_keys = keys;
     v.push_back({"fusesplits" + std::to_string(keys), r});
   }
+  kernels::cuda_backend_options fusesplits_ring8 = fusesplits;  // ... and the ring kernel up to batch 8
+  fusesplits_ring8.ring_decode_max_seqs = 8;
+  v.push_back({"fusesplits-ring8", fusesplits_ring8});
   kernels::cuda_backend_options normlate = o;
   normlate.gemv_norm_early = false;
   v.push_back({"normlate", normlate});
