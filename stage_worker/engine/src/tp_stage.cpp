@@ -29,7 +29,10 @@ result<std::unique_ptr<tp_stage>> tp_stage::create(const std::vector<kernels::ba
 template <class F>
 result<step_output> tp_stage::on_every_rank(F run_rank) {
   if (ranks_.size() == 1) return run_rank(0);
-  // TODO(perf): a persistent thread per rank instead of one per step.
+  // A thread per rank and step. Persistent rank threads woken by a condition variable measured
+  // slower on a 2-core host (tp_step_bench, tp 2: 845-864 µs a step against 679-698; with 2000
+  // yields before blocking 741-762 against 652-669; bench/NOTES.md, session 31): a woken thread
+  // tends to land on its waker's core. To measure again on a GPU host's cores.
   std::vector<std::optional<result<step_output>>> others(ranks_.size() - 1);
   std::vector<std::thread> threads;
   for (std::size_t r = 1; r < ranks_.size(); ++r) {
