@@ -8,11 +8,13 @@
 namespace conveyor::engine {
 
 namespace {
-/// A step of `seqs` sequences of `tokens` new tokens each, sequence i in blocks [i * per, (i + 1) * per):
-/// decode steps (tokens 1) at position 1, the prefill from position 0. Greedy draws; no logits back.
+/// A step of `seqs` sequences of `tokens` new tokens each from position 0, sequence i in blocks
+/// [i * per, (i + 1) * per): every key a step's attention reads is one the step itself wrote (a GPU's
+/// KV pool is not zeroed, and stale bits may be NaN). One token a sequence is a decode step's shape
+/// (recorded like one; its context is in the first bucket). Greedy draws; no logits back.
 step_plan make_plan(int seqs, int tokens, int block_size) {
   step_plan plan;
-  const int start = tokens == 1 ? 1 : 0;
+  const int start = 0;
   const int per = (start + tokens + block_size - 1) / block_size;
   for (int i = 0; i < seqs; ++i) {
     sequence_step s;
@@ -74,7 +76,7 @@ result<warm_up_report> warm_up(tp_stage& stage, const warm_up_options& o) {
     ++report.steps;
   }
   for (int b : o.decode_batches) {
-    if (b > eo.kv_blocks) {  // one block a sequence (positions 0 and 1)
+    if (b > eo.kv_blocks) {  // one block a sequence
       report.skipped.push_back(b);
       continue;
     }

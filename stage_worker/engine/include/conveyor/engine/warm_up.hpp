@@ -2,7 +2,7 @@
 // A stage's first steps, run at load before any request: what the first requests of each shape would
 // otherwise pay on a GPU (kernel modules loaded on first use, cuBLASLt's timed GEMM choices for the
 // shape, the decode step's CUDA graph recorded) is paid here. The steps write throwaway KV entries
-// into the first blocks of the pool, which no sequence owns yet.
+// into the first blocks of the pool, which no sequence owns yet, and read only those they wrote.
 #include <string>
 #include <vector>
 
