@@ -342,9 +342,11 @@ TEST(cluster, stages_warm_up_at_load_and_give_the_golden_tokens) {
 // included, and the steps were really queued (the counter), where the plain cluster queues none.
 TEST(cluster, one_stage_queued_steps_give_the_same_tokens) {
   const auto golden = testing::load_golden("tiny-llama");
-  for (const bool queued : {true, false}) {
+  // The last run: a stage of two tensor-parallel ranks, which queues steps on both (session 31).
+  for (const auto [queued, tp] : {std::pair{true, 1}, std::pair{false, 1}, std::pair{true, 2}}) {
     auto o = base_options("tiny-llama", 1);
     o.policy.queued_steps = queued;
+    o.tp = tp;
     auto c = cluster::start(o);
     ASSERT_TRUE(c.ok()) << c.err().message;
     std::vector<std::shared_ptr<collecting_sink>> sinks;
@@ -370,7 +372,7 @@ TEST(cluster, one_stage_queued_steps_give_the_same_tokens) {
       const auto& p = golden.prompts[i % golden.prompts.size()];
       const std::size_t n = i == 3 ? 7 : static_cast<std::size_t>(reqs[i].max_new_tokens);
       EXPECT_EQ(sinks[i]->tokens, std::vector<std::int32_t>(p.greedy.begin(), p.greedy.begin() + n))
-          << "request " << i << (queued ? ", queued steps" : ", plain steps");
+          << "request " << i << (queued ? ", queued steps" : ", plain steps") << ", tp " << tp;
       EXPECT_EQ((*sinks[i]->done)->finish_reason, i == 3 ? "stop" : "length");
     }
     ASSERT_TRUE(long_one->wait_tokens(60));  // alone after the others: every step chained
@@ -380,7 +382,7 @@ TEST(cluster, one_stage_queued_steps_give_the_same_tokens) {
     const auto st = stats_of((*c)->service());
     EXPECT_EQ(st.kv_blocks_free, st.kv_blocks_total) << "blocks leaked";
     if (queued) {
-      EXPECT_GT(st.steps_queued_ahead, 40) << "the steps were not queued";
+      EXPECT_GT(st.steps_queued_ahead, 40) << "the steps were not queued, tp " << tp;
       // The count reaches RPC clients (`conveyor client stats`) as it stands in the service.
       auto server = frontend::start_rpc_server((*c)->service(), frontend::rpc_server_options{});
       ASSERT_TRUE(server.ok()) << server.err().message;

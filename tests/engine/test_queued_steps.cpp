@@ -10,6 +10,7 @@
 
 #include "conveyor/engine/local_pipeline.hpp"
 #include "conveyor/kernels/cpu_backend.hpp"
+#include "conveyor/transport/cpu_collective.hpp"
 #include "golden.hpp"
 
 namespace conveyor {
@@ -95,9 +96,48 @@ class queued_steps : public ::testing::TestWithParam<std::string> {
     return got;
   }
 
+  /// One stage of `tp` ranks (CPU backends, the CPU collective).
+  std::unique_ptr<local_pipeline> make_tp(int tp) {
+    for (int r = 0; r < tp; ++r) rank_backends_.push_back(kernels::make_cpu_backend({1}));
+    std::vector<kernels::backend*> backends;
+    for (auto& b : rank_backends_) backends.push_back(b.get());
+    engine::executor_options o;
+    o.kv_block_size = 16;
+    o.kv_blocks = 64;
+    o.max_step_tokens = 512;
+    o.max_seqs = 16;
+    auto make_group = [](int size) -> result<std::vector<std::unique_ptr<kernels::collective>>> {
+      return transport::cpu_group(size, std::chrono::seconds(30)).all_ranks();
+    };
+    auto p = local_pipeline::create(backends, golden_.dir, 1, o, make_group);
+    EXPECT_TRUE(p.ok()) << (p.ok() ? "" : p.err().message);
+    return p.ok() ? std::move(p).value() : nullptr;
+  }
+
   testing::golden_fixture golden_;
   std::unique_ptr<kernels::backend> backend_;
+  std::vector<std::unique_ptr<kernels::backend>> rank_backends_;
 };
+
+// A tensor-parallel stage queues steps too: every rank queues its part (tp_stage::begin) and chains
+// its own draw, which is the same on every rank; the tokens are the step-by-step ones and HF's.
+TEST_P(queued_steps, tensor_parallel_ranks_chain_their_own_draws) {
+  auto pipe = make_tp(2);
+  ASSERT_TRUE(pipe);
+  ASSERT_TRUE(pipe->can_queue_steps());
+  const int steps = 6;
+  const auto plain = decode_all(*pipe, steps, false);
+  const auto queued = decode_all(*pipe, steps, true);
+  EXPECT_EQ(queued, plain);
+  for (std::size_t i = 0; i < golden_.prompts.size(); ++i) {
+    const auto& want = golden_.prompts[i].greedy;
+    const std::size_t k = std::min(want.size(), plain[i].size());
+    EXPECT_EQ(std::vector<std::int32_t>(plain[i].begin(), plain[i].begin() + k),
+              std::vector<std::int32_t>(want.begin(), want.begin() + k))
+        << "prompt " << i;
+  }
+  EXPECT_EQ(pipe->stages()[0]->queued(), 0);
+}
 
 TEST_P(queued_steps, chained_steps_draw_what_step_by_step_draws) {
   auto pipe = make(golden_.dir);

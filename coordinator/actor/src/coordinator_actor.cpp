@@ -62,7 +62,7 @@ struct coordinator_state {
   std::string failure;  // why the cluster is down (empty while healthy)
   std::uint64_t steps = 0;
   std::vector<std::uint64_t> step_of;  // the step each microbatch has in flight: older results are stale
-  // Queued steps (serving.queued_steps on a one-stage, one-rank cluster, see `queued`): the step
+  // Queued steps (serving.queued_steps on a one-stage cluster, see `queued`): the step
   // queued behind the one in flight, and whether stage 0 holds a step that still waits for its
   // chain or flush (the protocol's promise: every held step gets exactly one of them).
   bool queued = false;
@@ -485,9 +485,10 @@ caf::behavior coordinator_impl(coord_actor* self, coordinator_setup setup) {
     so.spec_k = o.spec_k;
   }
   st.sched = std::make_unique<scheduler::batch_scheduler>(so);
-  // Queued steps need a stage that draws and embeds (one stage) on one rank (stage_executor::begin),
-  // one microbatch (the stage holds one step at a time) and no draft (drafts need the tokens).
-  st.queued = o.policy.queued_steps && st.setup.ranges.size() == 1 && o.tp <= 1 && o.chunks == 1 && so.draft == nullptr;
+  // Queued steps need a stage that draws and embeds (one stage, of any tensor-parallel ranks:
+  // tp_stage::begin), one microbatch (the stage holds one step at a time) and no draft (drafts need
+  // the tokens).
+  st.queued = o.policy.queued_steps && st.setup.ranges.size() == 1 && o.chunks == 1 && so.draft == nullptr;
   st.ahead_step_of.assign(static_cast<std::size_t>(o.chunks), UINT64_MAX);
   st.owes_successor.assign(static_cast<std::size_t>(o.chunks), false);
   self->set_down_handler([=](caf::down_msg& dm) {

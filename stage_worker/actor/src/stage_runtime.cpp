@@ -243,16 +243,16 @@ status stage_runtime::run_step(transport::frame& in) {
 }
 
 status stage_runtime::begin_step(const transport::frame& in, bool chain) {
-  if (!options_.range.has_embedding || !options_.range.has_head || stage_->tp() != 1) {
+  if (!options_.range.has_embedding || !options_.range.has_head) {
     return make_error(errc::invalid_argument,
-                      "a queued step needs a stage with the embedding and the head on one rank (serving.queued_steps)");
+                      "a queued step needs a stage with the embedding and the head (serving.queued_steps)");
   }
   held_step h;
   h.plan = to_step_plan(in.header);
   h.microbatch = in.header.microbatch_id;
   h.step = in.header.step;
   const auto t0 = steady::now();
-  CONVEYOR_TRY(stage_->rank0().begin(h.plan, chain));
+  CONVEYOR_TRY(stage_->begin(h.plan, chain));
   if (held_.empty()) queued_since_ = t0;  // busy from the first queued step until none is left (end_held)
   if (options_.step_delay.count() > 0) {
     // The emulated device runs queued steps one after the other, each step_delay long.
@@ -271,7 +271,7 @@ void stage_runtime::end_held() {
   held_step h = std::move(held_.front());
   held_.pop_front();
   if (options_.step_delay.count() > 0) std::this_thread::sleep_until(h.ready_at);
-  auto out = stage_->rank0().end();
+  auto out = stage_->end();
   // Busy while any step is queued: counted up to now at every end, so a long chain shows up at once.
   const auto now = steady::now();
   busy_ns_ += static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(now - queued_since_).count());
@@ -322,7 +322,7 @@ void stage_runtime::loop() {
   // plans them again), so the executor takes plain steps after a re-wire.
   while (!held_.empty()) {
     held_.pop_front();
-    (void)stage_->rank0().end();
+    (void)stage_->end();
   }
 }
 

@@ -452,8 +452,9 @@ void stage_executor::fill_tokens(const Seqs& seqs, const draw_rows& d, const std
 
 status stage_executor::begin(const step_plan& plan, bool chain) {
   auto bad = [](std::string what) { return make_error(errc::invalid_argument, "queued step: " + std::move(what)); };
-  if (!range_.has_embedding || !range_.has_head || collective_ != nullptr || observer_) {
-    return bad("only a stage with the embedding and the head, one rank and no observer queues steps");
+  // Tensor-parallel ranks queue steps too (tp_stage::begin runs every rank's begin together).
+  if (!range_.has_embedding || !range_.has_head || observer_) {
+    return bad("only a stage with the embedding and the head and no observer queues steps");
   }
   if (queued_.size() >= 2) return bad("two steps are queued already; end() one first");
   for (const auto& s : plan.seqs) {

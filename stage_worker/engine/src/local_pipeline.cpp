@@ -47,16 +47,15 @@ result<step_output> local_pipeline::step(const step_plan& plan) {
 
 status local_pipeline::begin_step(const step_plan& plan, bool chain) {
   if (!can_queue_steps()) {
-    return make_error(errc::unsupported, "queued steps need a pipeline of one stage of one rank (this one has " +
-                                             std::to_string(stages_.size()) + " stages of " + std::to_string(tp()) +
-                                             " ranks)");
+    return make_error(errc::unsupported, "queued steps need a pipeline of one stage (this one has " +
+                                             std::to_string(stages_.size()) + " stages)");
   }
-  return stages_[0]->rank0().begin(plan, chain);
+  return stages_[0]->begin(plan, chain);
 }
 
 result<step_output> local_pipeline::end_step() {
-  if (!can_queue_steps()) return make_error(errc::unsupported, "queued steps need a pipeline of one stage of one rank");
-  return stages_[0]->rank0().end();
+  if (!can_queue_steps()) return make_error(errc::unsupported, "queued steps need a pipeline of one stage");
+  return stages_[0]->end();
 }
 
 result<std::vector<generation_result>> local_pipeline::generate(const std::vector<generation_request>& requests) {
@@ -135,7 +134,7 @@ result<std::vector<generation_result>> local_pipeline::generate(const std::vecto
   };
   auto fail = [&](const error& e) {
     if (overlap) {
-      while (stages_[0]->rank0().queued() > 0) (void)end_step();
+      while (stages_[0]->queued() > 0) (void)end_step();
     }
     release_all();
     return e;

@@ -55,6 +55,19 @@ result<step_output> tp_stage::run_raw(const step_plan& plan, const void* hidden_
   return on_every_rank([&](std::size_t r) { return ranks_[r]->run_raw(plan, hidden_in, r == 0 ? hidden_out : nullptr); });
 }
 
+status tp_stage::begin(const step_plan& plan, bool chain) {
+  auto r = on_every_rank([&](std::size_t k) -> result<step_output> {
+    CONVEYOR_TRY(ranks_[k]->begin(plan, chain));
+    return step_output{};
+  });
+  if (!r) return r.err();
+  return ok_status();
+}
+
+result<step_output> tp_stage::end() {
+  return on_every_rank([&](std::size_t k) { return ranks_[k]->end(); });
+}
+
 std::size_t tp_stage::weight_bytes() const {
   std::size_t n = 0;
   for (const auto& r : ranks_) n += r->weight_bytes();

@@ -96,7 +96,7 @@ class batch_scheduler {
   /// is already in flight.
   std::optional<engine::step_plan> next_step(int m) { return next_step(m, clock::now()); }
   std::optional<engine::step_plan> next_step(int m, clock::time_point now);
-  /// Queued steps (one stage, one rank): the step after microbatch `m`'s step in flight, planned
+  /// Queued steps (one stage): the step after microbatch `m`'s step in flight, planned
   /// before that step's tokens are known, so the stage can start it the moment it has drawn them
   /// (stage_executor::begin with `chain`) instead of after the tokens' round trip through the
   /// coordinator. It names the same sequences in the same order, one token each, whose ids the stage

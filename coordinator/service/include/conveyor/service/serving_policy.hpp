@@ -21,7 +21,7 @@ struct serving_policy {
   bool use_job_ticket = false;         ///< reject at once ("overloaded") a request that cannot start now
   double response_timeout_s = 0.0;     ///< a request older than this is cancelled everywhere; 0 = never
   bool prefix_caching = true;          ///< share full KV blocks between prompts with the same prefix
-  /// A cluster of one stage of one rank (and one microbatch, no draft) plans step n+1 before step
+  /// A cluster of one stage (any tensor-parallel ranks; one microbatch, no draft) plans step n+1 before step
   /// n's tokens come back; the stage chains their ids on the device and starts it at once, so the
   /// tokens' round trip through the coordinator no longer idles the GPU. The same results.
   bool queued_steps = true;

@@ -10,8 +10,8 @@
 //                           the assignment's kv_blocks is 0; the coordinator schedules the least)
 //   coordinator -> worker   wire(upstream address, downstream address)     -> wired(stage)
 //   coordinator -> stage 0  step(microbatch, encoded frame header)
-//   coordinator -> stage 0  qstep(microbatch, mode, encoded frame header)   queued steps (one stage
-//                           of one rank, serving.queued_steps): `hold` begins a step and keeps it
+//   coordinator -> stage 0  qstep(microbatch, mode, encoded frame header)   queued steps (one stage,
+//                           serving.queued_steps): `hold` begins a step and keeps it
 //                           queued; `chain` begins the next one with the ids the held one draws,
 //                           then ends the held one (its tokens go back as done); `flush` (no
 //                           header) ends the held one. Every hold or chain is followed by exactly

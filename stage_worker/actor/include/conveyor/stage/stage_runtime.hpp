@@ -84,7 +84,7 @@ class stage_runtime {
               const std::optional<transport::worker_address>& downstream, tokens_callback on_tokens,
               failure_callback on_failure);
   /// How stage 0 runs a step from the coordinator. plain: run it and report its tokens. Queued
-  /// steps (a stage with the embedding and the head on one rank; protocol.hpp's qstep): hold begins
+  /// steps (a stage with the embedding and the head, on every rank; protocol.hpp's qstep): hold begins
   /// it on the device and keeps it; chain begins it with the ids the held step draws, then ends the
   /// held one; flush (no header) ends the held one. Ending a step reports its tokens.
   enum class step_mode : std::int32_t { plain = 0, hold = 1, chain = 2, flush = 3 };

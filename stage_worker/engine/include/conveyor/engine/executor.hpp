@@ -64,7 +64,8 @@ class stage_executor {
   result<step_output> run_raw(const step_plan& plan, const void* hidden_in, void* hidden_out);
 
   /// The two halves of a step, for a host loop that queues step n+1 before it waits for step n (a
-  /// stage with the embedding and the head, one rank, no observer). begin() validates the step,
+  /// stage with the embedding and the head, no observer; tensor-parallel ranks through
+  /// tp_stage::begin, which runs every rank's begin together). begin() validates the step,
   /// queues it and returns without waiting for the device; end() waits for the oldest queued step
   /// and returns its output. At most two steps are queued, and none that reads logits back (run()
   /// those). With `chain`, the step's token ids are the tokens the step queued just before it drew

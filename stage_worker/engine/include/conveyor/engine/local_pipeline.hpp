@@ -43,11 +43,12 @@ class local_pipeline {
   /// Runs one step through every stage.
   result<step_output> step(const step_plan& plan);
   /// A step in two halves, for a host loop that queues step n+1 before it waits for step n
-  /// (stage_executor::begin / end say what may be queued and chained): one stage of one rank only.
+  /// (stage_executor::begin / end say what may be queued and chained): one stage (of any number of
+  /// tensor-parallel ranks) only.
   status begin_step(const step_plan& plan, bool chain);
   result<step_output> end_step();
-  /// True where begin_step/end_step work (one stage of one rank); generate() then overlaps steps.
-  bool can_queue_steps() const { return stages_.size() == 1 && stages_[0]->tp() == 1; }
+  /// True where begin_step/end_step work (one stage); generate() then overlaps steps.
+  bool can_queue_steps() const { return stages_.size() == 1; }
 
   /// Generates for all requests together: prompts are prefilled in chunks of at most
   /// max_step_tokens, then every running sequence decodes one token per step. Where steps can be

@@ -29,6 +29,14 @@ class tp_stage {
   /// The same with raw activations (stage_executor::run_raw): every rank reads `hidden_in`, rank 0
   /// writes `hidden_out`.
   result<step_output> run_raw(const step_plan& plan, const void* hidden_in, void* hidden_out);
+  /// Queued steps (stage_executor::begin / end) on every rank, for a stage with the embedding and
+  /// the head: begin() has each rank queue its part of the step (on GPUs the all-reduces run on the
+  /// devices, so it returns before the step ends), end() waits for the oldest queued step on every
+  /// rank and returns rank 0's output. The ranks hold identical logits and draw with the same
+  /// parameters, so each rank chains its own draw into its next step.
+  status begin(const step_plan& plan, bool chain);
+  result<step_output> end();
+  int queued() const { return ranks_[0]->queued(); }
   /// The dtype of run_raw's activations (the ranks' backends agree on it).
   kernels::dtype act_dtype() const { return act_dtype_; }
 
