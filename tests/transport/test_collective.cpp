@@ -59,6 +59,32 @@ TEST_P(CpuCollective, AllReduceSumMatchesAReferenceAndIsIdenticalOnEveryRank) {
   }
 }
 
+// Many small all-reduces back to back, each rank's values different every time: the barriers'
+// polling (before they sleep) must never let a rank read a buffer of the previous round or one not yet
+// reduced. Each round's sum is checked on every rank.
+TEST_P(CpuCollective, BackToBackSmallAllReducesStayExact) {
+  const int n = GetParam();
+  cpu_group g(n);
+  constexpr int rounds = 3000, count = 17;
+  auto st = run_ranks(g, [&](collective& c) -> status {
+    std::vector<float> v(count);
+    for (int k = 0; k < rounds; ++k) {
+      for (int i = 0; i < count; ++i) v[i] = static_cast<float>(k * 7 + i + c.rank());
+      CONVEYOR_TRY(c.all_reduce_sum(v.data(), count, dtype::f32));
+      for (int i = 0; i < count; ++i) {
+        const float want = static_cast<float>(n * (k * 7 + i) + n * (n - 1) / 2);
+        if (v[i] != want) {
+          return make_error(errc::internal, "round " + std::to_string(k) + " rank " + std::to_string(c.rank()) +
+                                                " element " + std::to_string(i) + ": " + std::to_string(v[i]) +
+                                                " != " + std::to_string(want));
+        }
+      }
+    }
+    return ok_status();
+  });
+  for (auto& s : st) EXPECT_TRUE(s.ok()) << s.err().message;
+}
+
 TEST_P(CpuCollective, AllGatherAndBroadcast) {
   int n = GetParam();
   cpu_group g(n);

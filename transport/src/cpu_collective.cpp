@@ -4,7 +4,9 @@
 #include "conveyor/transport/cpu_collective.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cassert>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
@@ -28,20 +30,28 @@ class cpu_group_state {
   status arrive(int rank) {
     std::unique_lock lock(mu_);
     if (broken_) return make_error(errc::internal, "cpu collective: the group is broken: " + why_);
-    std::uint64_t gen = generation_;
+    std::uint64_t gen = generation_.load();
     if (++arrived_ == size_) {
       arrived_ = 0;
-      ++generation_;
+      generation_.fetch_add(1);
       cv_.notify_all();
       return ok_status();
     }
-    if (!cv_.wait_for(lock, timeout_, [&] { return generation_ != gen || broken_; })) {
+    // The others are usually a few microseconds behind (ranks run the same ops): poll the generation
+    // for a while before sleeping, since a condition variable's wake-up costs ~15 µs a barrier
+    // (bench/tp_step_bench, bench/NOTES.md session 31).
+    lock.unlock();
+    const auto spin_until = std::chrono::steady_clock::now() + spin_for;
+    while (generation_.load() == gen && std::chrono::steady_clock::now() < spin_until) {
+    }
+    lock.lock();
+    if (!cv_.wait_for(lock, timeout_, [&] { return generation_.load() != gen || broken_; })) {
       broken_ = true;
       why_ = "rank " + std::to_string(rank) + " waited " + std::to_string(timeout_.count()) +
              " ms for the other ranks (did one skip or stop calling the collective?)";
       cv_.notify_all();
     }
-    if (generation_ != gen) return ok_status();
+    if (generation_.load() != gen) return ok_status();
     return make_error(errc::internal, "cpu collective: " + why_);
   }
 
@@ -54,7 +64,8 @@ class cpu_group_state {
   std::mutex mu_;
   std::condition_variable cv_;
   int arrived_ = 0;
-  std::uint64_t generation_ = 0;
+  static constexpr std::chrono::microseconds spin_for{50};
+  std::atomic<std::uint64_t> generation_{0};  // written under mu_; read without it while polling
   bool broken_ = false;
   std::string why_;
 
