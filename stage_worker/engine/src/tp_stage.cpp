@@ -1,9 +1,83 @@
 #include "conveyor/engine/tp_stage.hpp"
 
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
 #include <optional>
 #include <thread>
 
 namespace conveyor::engine {
+
+/// One thread per rank past the first, started with the stage: a step hands each the same job and
+/// waits until all have run it (the caller runs rank 0's part itself). Both sides poll for up to
+/// 50 µs before they sleep, as the CPU collective's barriers do: woken by a condition variable alone
+/// these threads made a tp 2 step slower than a thread started per step (bench/NOTES.md, session 31).
+class tp_stage::rank_threads {
+ public:
+  explicit rank_threads(std::size_t ranks) {
+    for (std::size_t r = 1; r < ranks; ++r) threads_.emplace_back([this, r] { loop(r); });
+  }
+  ~rank_threads() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+  /// job(r) for every rank r, rank 0 on the calling thread; returns once every rank's call returned.
+  void run(const std::function<void(std::size_t)>& job) {
+    {
+      std::lock_guard lock(mu_);
+      job_ = &job;
+      pending_.store(threads_.size());
+      generation_.fetch_add(1);
+    }
+    wake_.notify_all();
+    job(0);
+    poll([&] { return pending_.load() == 0; });
+    std::unique_lock lock(mu_);
+    done_.wait(lock, [&] { return pending_.load() == 0; });
+    job_ = nullptr;
+  }
+
+ private:
+  template <class P>
+  static void poll(P ready) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
+    while (!ready() && std::chrono::steady_clock::now() < until) {
+    }
+  }
+  void loop(std::size_t r) {
+    std::uint64_t seen = 0;
+    for (;;) {
+      poll([&] { return generation_.load() != seen; });
+      const std::function<void(std::size_t)>* job = nullptr;
+      {
+        std::unique_lock lock(mu_);
+        wake_.wait(lock, [&] { return stop_ || generation_.load() != seen; });
+        if (stop_) return;
+        seen = generation_.load();
+        job = job_;
+      }
+      (*job)(r);
+      std::lock_guard lock(mu_);
+      if (pending_.fetch_sub(1) == 1) done_.notify_one();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable wake_, done_;
+  const std::function<void(std::size_t)>* job_ = nullptr;
+  std::atomic<std::uint64_t> generation_{0};
+  std::atomic<std::size_t> pending_{0};
+  bool stop_ = false;
+  std::vector<std::thread> threads_;
+};
+
+tp_stage::~tp_stage() = default;
 
 result<std::unique_ptr<tp_stage>> tp_stage::create(const std::vector<kernels::backend*>& rank_backends,
                                                    checkpoint& ckpt, const model_config& config, stage_range range,
@@ -23,28 +97,20 @@ result<std::unique_ptr<tp_stage>> tp_stage::create(const std::vector<kernels::ba
     s->ranks_.push_back(std::move(ex));
   }
   s->act_dtype_ = rank_backends[0]->caps().act_dtype;
+  if (tp > 1) s->threads_ = std::make_unique<rank_threads>(static_cast<std::size_t>(tp));
   return s;
 }
 
 template <class F>
 result<step_output> tp_stage::on_every_rank(F run_rank) {
   if (ranks_.size() == 1) return run_rank(0);
-  // A thread per rank and step. Persistent rank threads woken by a condition variable measured
-  // slower on a 2-core host (tp_step_bench, tp 2: 845-864 µs a step against 679-698; with 2000
-  // yields before blocking 741-762 against 652-669; bench/NOTES.md, session 31): a woken thread
-  // tends to land on its waker's core. To measure again on a GPU host's cores.
-  std::vector<std::optional<result<step_output>>> others(ranks_.size() - 1);
-  std::vector<std::thread> threads;
-  for (std::size_t r = 1; r < ranks_.size(); ++r) {
-    threads.emplace_back([&, r] { others[r - 1].emplace(run_rank(r)); });
+  std::vector<std::optional<result<step_output>>> outs(ranks_.size());
+  threads_->run([&](std::size_t r) { outs[r].emplace(run_rank(r)); });
+  if (!outs[0]->ok()) return std::move(*outs[0]);
+  for (std::size_t r = 1; r < outs.size(); ++r) {
+    if (!outs[r]->ok()) return outs[r]->err();
   }
-  auto out = run_rank(0);
-  for (auto& t : threads) t.join();
-  if (!out) return out;
-  for (auto& o : others) {
-    if (!o->ok()) return o->err();
-  }
-  return out;
+  return std::move(*outs[0]);
 }
 
 result<step_output> tp_stage::run(const step_plan& plan, std::span<const float> hidden) {

@@ -45,10 +45,17 @@ class tp_stage {
   /// Weight bytes over all ranks.
   std::size_t weight_bytes() const;
 
+ public:
+  ~tp_stage();
+
  private:
   tp_stage() = default;
+  class rank_threads;
   std::vector<std::unique_ptr<kernels::collective>> group_;  // outlives the executors that use it
   std::vector<std::unique_ptr<stage_executor>> ranks_;
+  /// Ranks 1.. run each step on threads that live as long as the stage (declared after ranks_: they
+  /// stop before the executors go).
+  std::unique_ptr<rank_threads> threads_;
   kernels::dtype act_dtype_ = kernels::dtype::f32;
   template <class F>
   result<step_output> on_every_rank(F run_rank);
