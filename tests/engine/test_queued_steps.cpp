@@ -114,46 +114,41 @@ class queued_steps : public ::testing::TestWithParam<std::string> {
     return p.ok() ? std::move(p).value() : nullptr;
   }
 
+  /// Six decode steps of every prompt, queued and chained, then one at a time: the same tokens, and
+  /// HF's greedy ones (f32 on the CPU).
+  void expect_chained_equal_plain_and_hf(local_pipeline& pipe) {
+    ASSERT_TRUE(pipe.can_queue_steps());
+    const int steps = 6;
+    const auto plain = decode_all(pipe, steps, false);
+    const auto queued = decode_all(pipe, steps, true);
+    EXPECT_EQ(queued, plain);
+    for (std::size_t i = 0; i < golden_.prompts.size(); ++i) {
+      const auto& want = golden_.prompts[i].greedy;
+      const std::size_t k = std::min(want.size(), plain[i].size());
+      EXPECT_EQ(std::vector<std::int32_t>(plain[i].begin(), plain[i].begin() + k),
+                std::vector<std::int32_t>(want.begin(), want.begin() + k))
+          << "prompt " << i;
+    }
+  }
+
   testing::golden_fixture golden_;
   std::unique_ptr<kernels::backend> backend_;
   std::vector<std::unique_ptr<kernels::backend>> rank_backends_;
 };
 
 // A tensor-parallel stage queues steps too: every rank queues its part (tp_stage::begin) and chains
-// its own draw, which is the same on every rank; the tokens are the step-by-step ones and HF's.
+// its own draw, which is the same on every rank.
 TEST_P(queued_steps, tensor_parallel_ranks_chain_their_own_draws) {
   auto pipe = make_tp(2);
   ASSERT_TRUE(pipe);
-  ASSERT_TRUE(pipe->can_queue_steps());
-  const int steps = 6;
-  const auto plain = decode_all(*pipe, steps, false);
-  const auto queued = decode_all(*pipe, steps, true);
-  EXPECT_EQ(queued, plain);
-  for (std::size_t i = 0; i < golden_.prompts.size(); ++i) {
-    const auto& want = golden_.prompts[i].greedy;
-    const std::size_t k = std::min(want.size(), plain[i].size());
-    EXPECT_EQ(std::vector<std::int32_t>(plain[i].begin(), plain[i].begin() + k),
-              std::vector<std::int32_t>(want.begin(), want.begin() + k))
-        << "prompt " << i;
-  }
+  expect_chained_equal_plain_and_hf(*pipe);
   EXPECT_EQ(pipe->stages()[0]->queued(), 0);
 }
 
 TEST_P(queued_steps, chained_steps_draw_what_step_by_step_draws) {
   auto pipe = make(golden_.dir);
   ASSERT_TRUE(pipe);
-  ASSERT_TRUE(pipe->can_queue_steps());
-  const int steps = 6;
-  const auto plain = decode_all(*pipe, steps, false);
-  const auto queued = decode_all(*pipe, steps, true);
-  EXPECT_EQ(queued, plain);
-  for (std::size_t i = 0; i < golden_.prompts.size(); ++i) {  // and HF's greedy tokens (f32 on the CPU)
-    const auto& want = golden_.prompts[i].greedy;
-    const std::size_t k = std::min(want.size(), plain[i].size());
-    EXPECT_EQ(std::vector<std::int32_t>(plain[i].begin(), plain[i].begin() + k),
-              std::vector<std::int32_t>(want.begin(), want.begin() + k))
-        << "prompt " << i;
-  }
+  expect_chained_equal_plain_and_hf(*pipe);
 }
 
 // The model's EOS made a token that prompt 0's greedy continuation draws at its third step: every
