@@ -153,12 +153,14 @@ struct cuda_backend_options {
   /// against 1.125 with 4 splits (the separate rope_kv and combine launches cost ~5.5 µs a layer
   /// and o_proj's overlap), batch 8 1.317 against 1.333. Still 256 (the behaviour before): at
   /// 257-1024 keys the fused prologue takes a path (the new key's chunk read back from the cache)
-  /// that no GPU test has run yet; bench/s30-check runs them, then this becomes 1024.
+  /// that no GPU test has run yet; bench/s31-call runs them (sessions 30-31 got no GPU for it).
   int decode_one_split_max_keys = 256;
   /// Decode attention on decode_gqa_ring_kernel (batch 1, and steps after an early-releasing qkv):
   /// where a step runs several splits, each takes the fused rope prologue (the query heads roped
   /// per split, the new key written by its own split) and the last split of a row to finish merges
-  /// them, so the separate rope_kv and combine launches go (~5.5 µs a layer, session 30).
+  /// them, so the separate rope_kv and combine launches go (~5.5 µs a layer, session 30). Off until
+  /// a GPU runs test_cuda_ops' fused_split_decode_matches_unfused_bit_for_bit and bench/s31-call
+  /// measures it (session 31 got no GPU).
   bool decode_fuse_splits = false;
   bool tc_prefill = true;  ///< bf16 prefill attention on tensor cores (head_dim 64 or 128)
   /// with tc_prefill, group 1/2/4/8: one block per KV head serves its query-head group (K/V tiles
