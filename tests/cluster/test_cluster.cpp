@@ -335,6 +335,14 @@ TEST(cluster, stages_warm_up_at_load_and_give_the_golden_tokens) {
     }
     (*c)->shutdown();
   }
+  // A warm-up the stage cannot run fails the start-up, naming the stage, the warm-up and the way out.
+  auto bad = base_options("tiny-llama", 1);
+  bad.warm_up_batches = {bad.max_seqs_per_step + 1};
+  auto c = cluster::start(bad);
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.err().message.find("stage 0: warm-up at load: warm-up decode batch"), std::string::npos)
+      << c.err().message;
+  EXPECT_NE(c.err().message.find("serving.warm_up = false"), std::string::npos) << c.err().message;
 }
 
 // serving.queued_steps on one stage: stage 0 starts step n+1 with step n's draws before the tokens

@@ -58,7 +58,10 @@ result<std::unique_ptr<stage_runtime>> stage_runtime::create(const std::vector<k
   rt->stage_ = std::move(stage);
   if (!o.warm_up.decode_batches.empty() || o.warm_up.prefill_tokens > 0) {
     auto warm = engine::warm_up(*rt->stage_, o.warm_up);
-    if (!warm) return make_error(warm.err().code, "stage " + std::to_string(o.stage) + ": " + warm.err().message);
+    if (!warm) {
+      return make_error(warm.err().code, "stage " + std::to_string(o.stage) + ": warm-up at load: " +
+                                             warm.err().message + " (serving.warm_up = false skips it)");
+    }
     rt->load_note_ = warm->describe();
   }
   // Page-locked staging only where a device copies into it: on a CPU stage it would only pin memory
