@@ -167,7 +167,9 @@ result<std::unique_ptr<inference_service>> make_local_inference_service(const st
   eo.quant.lm_head = o.quant_lm_head;
   CONVEYOR_TRY_ASSIGN(pipe, engine::local_pipeline::create(*backend, model_dir, o.stages, eo));
   if (!o.warm_up_batches.empty()) {
-    for (auto& stage : pipe->stages()) CONVEYOR_TRY(engine::warm_up(*stage, {16, o.warm_up_batches}));
+    engine::warm_up_options w;
+    w.decode_batches = o.warm_up_batches;
+    for (auto& stage : pipe->stages()) CONVEYOR_TRY(engine::warm_up(*stage, w));
   }
   scheduler::scheduler_options so;
   so.chunks = 1;  // one process runs the stages back to back: nothing to overlap

@@ -56,7 +56,7 @@ result<std::unique_ptr<stage_runtime>> stage_runtime::create(const std::vector<k
   CONVEYOR_TRY_ASSIGN(stage, engine::tp_stage::create(rank_backends, ckpt, config, o.range, rt->options_.executor,
                                                       make_group));
   rt->stage_ = std::move(stage);
-  if (!o.warm_up.decode_batches.empty() || o.warm_up.prefill_tokens > 0) {
+  if (!o.warm_up.decode_batches.empty()) {
     auto warm = engine::warm_up(*rt->stage_, o.warm_up);
     if (!warm) {
       return make_error(warm.err().code, "stage " + std::to_string(o.stage) + ": warm-up at load: " +

@@ -130,7 +130,6 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, worker_optio
             o.executor.max_step_tokens = a.max_step_tokens;
             o.executor.max_seqs = a.max_seqs;
             o.warm_up.decode_batches.assign(a.warm_up_batches.begin(), a.warm_up_batches.end());
-            o.warm_up.prefill_tokens = a.warm_up_batches.empty() ? 0 : 16;
             auto quant = engine::parse_weight_quant(a.quant);
             if (!quant) {
               self->send(coordinator, failed_atom::value, a.stage, static_cast<std::int32_t>(options.rank),

@@ -14,13 +14,11 @@ namespace {
 /// (recorded like one; its context is in the first bucket). Greedy draws; no logits back.
 step_plan make_plan(int seqs, int tokens, int block_size) {
   step_plan plan;
-  const int start = 0;
-  const int per = (start + tokens + block_size - 1) / block_size;
+  const int per = (tokens + block_size - 1) / block_size;
   for (int i = 0; i < seqs; ++i) {
-    sequence_step s;
+    sequence_step s;  // start_pos 0
     s.seq_id = i;
     s.tokens.assign(static_cast<std::size_t>(tokens), 0);
-    s.start_pos = start;
     for (int b = 0; b < per; ++b) s.block_table.push_back(i * per + b);
     plan.seqs.push_back(std::move(s));
   }

@@ -41,8 +41,9 @@ struct stage_runtime_options {
   /// (bf16 on a bf16 GPU stage: half the bytes of f32, and exact, since that is what the device
   /// holds); f32 forces the float32 wire. The frame header carries it; the receiver converts.
   std::optional<kernels::dtype> wire_dtype;
-  /// Throwaway steps run at load, after the weights (engine::warm_up); none by default.
-  engine::warm_up_options warm_up{0, {}};
+  /// Throwaway steps run at load, after the weights (engine::warm_up), where decode_batches names
+  /// any (none by default).
+  engine::warm_up_options warm_up;
   /// Test only: sleep this long in every step, to make pipelining measurable on tiny models.
   std::chrono::microseconds step_delay{0};
 };
