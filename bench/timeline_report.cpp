@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <map>
+#include <unordered_map>
 
 namespace conveyor::bench {
 namespace {
@@ -136,27 +137,26 @@ void print_summary(std::FILE* out, const std::string& label, const std::vector<g
 }
 
 launch_gaps gaps_between(const std::vector<gpu_span>& spans, const std::vector<std::uint32_t>& launches) {
-  std::vector<std::pair<std::uint64_t, std::uint64_t>> bounds;  // first start, last end per launch
-  for (std::uint32_t c : launches) {
-    std::uint64_t first = UINT64_MAX, last = 0;
-    for (const auto& s : spans) {
-      if (s.correlation != c) continue;
-      first = std::min(first, s.start);
-      last = std::max(last, s.end);
+  // One pass over the spans: each launch's first start and last end, and the spans outside every
+  // launch (uploads, copies of draws, eager kernels), sorted by start to sum what ran in each gap.
+  std::unordered_map<std::uint32_t, std::pair<std::uint64_t, std::uint64_t>> launch_bounds;
+  for (std::uint32_t c : launches) launch_bounds.emplace(c, std::pair<std::uint64_t, std::uint64_t>{UINT64_MAX, 0});
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> others;
+  for (const auto& s : spans) {
+    auto it = launch_bounds.find(s.correlation);
+    if (it == launch_bounds.end()) {
+      others.push_back({s.start, s.end});
+      continue;
     }
-    if (last > 0) bounds.push_back({first, last});
+    it->second.first = std::min(it->second.first, s.start);
+    it->second.second = std::max(it->second.second, s.end);
+  }
+  std::sort(others.begin(), others.end());
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> bounds;  // first start, last end per launch
+  for (const auto& [c, b] : launch_bounds) {
+    if (b.second > 0) bounds.push_back(b);
   }
   std::sort(bounds.begin(), bounds.end());
-  // Spans outside every launch (uploads, copies of draws, eager kernels), by start, to sum what ran in each gap.
-  std::vector<std::pair<std::uint64_t, std::uint64_t>> others;
-  {
-    std::vector<std::uint32_t> sorted(launches);
-    std::sort(sorted.begin(), sorted.end());
-    for (const auto& s : spans) {
-      if (!std::binary_search(sorted.begin(), sorted.end(), s.correlation)) others.push_back({s.start, s.end});
-    }
-    std::sort(others.begin(), others.end());
-  }
   std::vector<double> period, span, idle, busy;
   for (std::size_t i = 0; i < bounds.size(); ++i) {
     span.push_back(us(bounds[i].second - bounds[i].first));
