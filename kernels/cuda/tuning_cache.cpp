@@ -13,7 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <map>
+#include <set>
 #include <optional>
 #include <sstream>
 
@@ -133,14 +133,14 @@ status merge_tuning_cache(const std::string& path, const std::string& device_key
   }
   // Under the lock: what is there now (every device's lines), then ours where the shape is new.
   const std::string text = file_text(path).value_or("");
-  std::map<std::pair<int, std::array<int, 4>>, bool> have;
-  for (const auto& e : parse_tuning_cache(text, device_key, path).entries) have[identity(e)] = true;
+  std::set<std::pair<int, std::array<int, 4>>> have;
+  for (const auto& e : parse_tuning_cache(text, device_key, path).entries) have.insert(identity(e));
   std::ostringstream out;
   if (text.rfind("#", 0) != 0) out << header << '\n';
   out << text;
   if (!text.empty() && text.back() != '\n') out << '\n';
   for (const auto& e : entries) {
-    if (have.emplace(identity(e), true).second) out << format_tuned_gemm(e, device_key) << '\n';
+    if (have.insert(identity(e)).second) out << format_tuned_gemm(e, device_key) << '\n';
   }
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   status st;
